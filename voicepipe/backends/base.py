@@ -1,0 +1,118 @@
+"""The LLM backend interface the agent stage (and council, router classifier) talks to.
+
+A backend answers two questions:
+
+* ``predict(req, rng)`` — pure: the modelled timing of one request on an otherwise idle backend
+  (TTFT and time per output token). The analytic predictor and the live run's ``predicted_ms`` use it.
+* ``start(req, t0_ns, rng)`` — live: a :class:`TokenStream` whose ``token_time(i)`` sleeps until token
+  ``i`` exists (on the shared monotonic clock) and returns that instant. A shared-device backend
+  (continuous batching, queueing) realises contention here; an empirical one just follows its prediction.
+
+Both use the same ``rng`` draws so a lone request's live timing equals its prediction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from voicepipe.messages import Span
+
+
+@dataclass(frozen=True)
+class LLMRequest:
+    session: str
+    turn: int
+    prompt_tokens: int
+    output_tokens: int
+    cached_prompt_tokens: int = 0  # prefix-cache hits skip prefill for these
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Modelled timing of one request on an idle backend (seconds)."""
+
+    ttft_s: float  # request sent -> first output token
+    tpot_s: float  # time per output token after the first (mean, incl. speculative decoding)
+    queue_s: float = 0.0
+
+    def token_s(self, i: int) -> float:
+        """Seconds from the request to output token ``i`` (0-based)."""
+        return self.queue_s + self.ttft_s + i * self.tpot_s
+
+
+@dataclass
+class Prices:
+    input_per_mtok: float  # USD per million input tokens
+    output_per_mtok: float
+    source: str = ""
+
+    def cost(self, input_tokens: int, output_tokens: int) -> float:
+        return (input_tokens * self.input_per_mtok + output_tokens * self.output_per_mtok) / 1e6
+
+
+class TokenStream(Protocol):
+    async def token_time(self, i: int) -> int:
+        """Wait until output token ``i`` is produced; return its monotonic ns."""
+        ...
+
+    def spans(self, upto_token: int) -> list[Span]:
+        """Modelled spans (queue, prefill/ttft, decode) up to and including token ``upto_token``."""
+        ...
+
+    def cancel(self) -> None:
+        """Stop generating (frees the batch slot on a shared device)."""
+        ...
+
+
+class Backend(Protocol):
+    name: str
+    prices: Prices
+    quality: float | None  # modelled accuracy in [0, 1] from a public benchmark; None if unknown
+    kind: str  # "empirical" | "hardware" | ...
+
+    def predict(self, req: LLMRequest, rng: np.random.Generator) -> Timing: ...
+
+    def start(self, req: LLMRequest, t0_ns: int, rng: np.random.Generator) -> TokenStream: ...
+
+    def describe(self) -> dict[str, object]: ...
+
+
+@dataclass
+class ScheduledStream:
+    """A TokenStream that follows a precomputed :class:`Timing` (no contention)."""
+
+    timing: Timing
+    t0_ns: int
+    stage: str = "agent"
+    cancelled: bool = field(default=False)
+
+    def at_ns(self, i: int) -> int:
+        return self.t0_ns + round(self.timing.token_s(i) * 1e9)
+
+    async def token_time(self, i: int) -> int:
+        from voicepipe.clock import sleep_until_ns
+
+        t = self.at_ns(i)
+        await sleep_until_ns(t)
+        return t
+
+    def spans(self, upto_token: int) -> list[Span]:
+        out: list[Span] = []
+        t = self.t0_ns
+        if self.timing.queue_s > 0:
+            d = round(self.timing.queue_s * 1e9)
+            out.append(Span(stage=self.stage, what="queue", start_ns=t, dur_ns=d))
+            t += d
+        d = round(self.timing.ttft_s * 1e9)
+        out.append(Span(stage=self.stage, what="ttft", start_ns=t, dur_ns=d))
+        t += d
+        end = self.at_ns(upto_token)
+        if end > t:
+            out.append(Span(stage=self.stage, what="decode", start_ns=t, dur_ns=end - t))
+        return out
+
+    def cancel(self) -> None:
+        self.cancelled = True

@@ -1,0 +1,104 @@
+"""Turn records: what one measured turn looks like, and run summaries.
+
+A :class:`TurnRecord` is the unit every report, export and comparison works on. ``--json`` writes one
+per line. Fields added by later features (path, cost, quality...) have defaults so older records load.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, Field
+
+from voicepipe.messages import Span
+
+Path = Literal["agent", "cache", "council", "preemptive"]
+
+
+class BreakdownPart(BaseModel):
+    stage: str  # transport, asr, router, agent, council, cache, tts, bus
+    what: str  # e.g. "uplink", "endpoint wait", "ttft", "decode to first clause", "hop"
+    ms: float
+    modelled: bool = True  # False for the measured rest (bus hops, scheduling)
+
+
+class TurnRecord(BaseModel):
+    run: str
+    label: str = ""  # configuration label (compare); "" for a plain run
+    scenario: str
+    session: str
+    turn: int
+    user_text: str = ""
+    transcript: str = ""
+    reply_text: str = ""
+    backend: str = ""
+    status: Literal["ok", "timeout"] = "ok"
+    measured_ms: float | None = None  # client clock: first reply audio heard - end of user speech
+    predicted_ms: float | None = None  # sum of modelled spans on the causal chain after end of speech
+    tax_ms: float | None = None  # measured - predicted: the pipeline's own cost
+    budget_ms: float = 800.0
+    within_budget: bool = False
+    breakdown: list[BreakdownPart] = Field(default_factory=list)
+    spans: list[Span] = Field(default_factory=list)  # causal chain, absolute monotonic ns
+    end_of_speech_ns: int | None = None
+    first_audio_ns: int | None = None
+    clock_offset_ns: int = 0  # add to a monotonic ns value to get Unix epoch ns (for trace exports)
+    # strategy fields (issue 4); defaults mean "plain single-agent turn"
+    path: Path = "agent"
+    route: str = "single"
+    input_tokens: int = 0
+    output_tokens: int = 0
+    wasted_tokens: int = 0
+    cost_usd: float = 0.0
+    quality: float | None = None  # modelled accuracy in [0, 1]; None when unknown
+    premature_endpoint: bool = False
+    barge_in_stop_ms: float | None = None
+
+    def stage_ms(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for p in self.breakdown:
+            out[p.stage] = out.get(p.stage, 0.0) + p.ms
+        return out
+
+
+class Summary(BaseModel):
+    turns: int
+    answered: int
+    p50_ms: float | None
+    p90_ms: float | None
+    p99_ms: float | None
+    within_budget: float  # share of all turns (timeouts count as misses)
+    under_200ms: float
+    tax_p50_ms: float | None
+    mean_cost_usd: float
+    mean_stage_ms: dict[str, float]
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    return float(np.percentile(np.asarray(values, dtype=float), q)) if len(values) else None
+
+
+def summarise(records: Iterable[TurnRecord]) -> Summary:
+    recs = list(records)
+    ok = [r for r in recs if r.measured_ms is not None]
+    m = [r.measured_ms for r in ok if r.measured_ms is not None]
+    tax = [r.tax_ms for r in ok if r.tax_ms is not None]
+    stages: dict[str, float] = {}
+    for r in ok:
+        for k, v in r.stage_ms().items():
+            stages[k] = stages.get(k, 0.0) + v
+    n = len(recs)
+    return Summary(
+        turns=n,
+        answered=len(ok),
+        p50_ms=percentile(m, 50),
+        p90_ms=percentile(m, 90),
+        p99_ms=percentile(m, 99),
+        within_budget=(sum(r.within_budget for r in recs) / n) if n else 0.0,
+        under_200ms=(sum(1 for v in m if v < 200.0) / n) if n else 0.0,
+        tax_p50_ms=percentile(tax, 50),
+        mean_cost_usd=(sum(r.cost_usd for r in recs) / n) if n else 0.0,
+        mean_stage_ms={k: v / len(ok) for k, v in stages.items()} if ok else {},
+    )
