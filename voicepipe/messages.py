@@ -39,6 +39,7 @@ class Span(BaseModel):
 
 
 MessageType = Literal[
+    "turn.script",  # client -> stages: the scripted turn (reference reply, hints): the simulation's oracle
     "user.word",  # client -> asr: one spoken word reached the ASR (after the uplink)
     "user.speech_start",  # client -> all: the user started speaking (barge-in detection)
     "asr.partial",  # asr -> router/cache: interim transcript

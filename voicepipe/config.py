@@ -1,0 +1,202 @@
+"""The pipeline config: one YAML file, validated by pydantic, overridable with ``--set a.b=c``.
+
+Every default carries its source. Durations are milliseconds; a ``Dist`` is a lognormal given by its
+median and p90 (p90 == median makes it a constant).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from voicepipe.errors import UserError, from_validation
+
+Z90 = 1.2815515655446004
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class Dist(Strict):
+    """Lognormal duration by median and p90 (ms). Sampled with a per-(session, turn, stage) generator."""
+
+    median: float = Field(ge=0)
+    p90: float = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _order(self) -> Dist:
+        if self.p90 < self.median:
+            raise ValueError("p90 must be >= median")
+        return self
+
+    def sample_ms(self, rng: np.random.Generator) -> float:
+        z = float(rng.standard_normal())  # always draw, so later draws don't shift with the shape
+        if self.median == 0 or self.p90 == self.median:
+            return self.median
+        return self.median * math.exp(math.log(self.p90 / self.median) / Z90 * z)
+
+
+class BrokerConfig(Strict):
+    url: str | None = None  # mqtt://[user:pass@]host:port ; None -> embedded amqtt broker
+    username: str | None = None
+    password: str | None = None
+    qos: Literal[0, 1] = 1  # design.md §3: QoS 1 for turn-critical messages
+    probe: bool = True  # round-trip probe at start that detects Nagle stalls
+    probe_warn_ms: float = 15.0
+
+
+class TransportConfig(Strict):
+    """Mouth-to-ASR and TTS-to-ear paths. Source: Daily, "Voice AI & Voice Agents: An Illustrated Primer"
+    (2025), voice-to-voice budget table: mic 40, Opus encode 21, network 10, packet 2, jitter buffer 40,
+    decode 1 (uplink 114); return path 74 + speaker 15 (downlink 89)."""
+
+    uplink_ms: float = Field(114.0, ge=0)
+    downlink_ms: float = Field(89.0, ge=0)
+
+
+class ASRConfig(Strict):
+    endpointing: Literal["silence", "smart"] = "silence"
+    # Pipecat VAD stop_secs 0.2 s (2026 default); LiveKit/OpenAI use 0.5 s. reference-figures.md
+    silence_ms: float = Field(200.0, ge=0)
+    # smart endpointing (issue 4): short wait when the utterance looks complete, long when not.
+    # Smart Turn v3: 12 ms CPU inference, 3 s fallback (Pipecat docs, reference-figures.md).
+    smart_complete_ms: float = Field(120.0, ge=0)
+    smart_incomplete_ms: float = Field(1500.0, ge=0)
+    smart_inference_ms: float = Field(12.0, ge=0)
+    smart_source: Literal["annotation", "heuristic"] = "annotation"
+    # Transcript finalisation after the endpoint. Daily primer budgets 300 ms for transcription +
+    # endpointing; with a 200 ms VAD wait that leaves ~100 ms (Deepgram nova-3 p50 247 ms incl. VAD wait,
+    # Pipecat stt-benchmark). p90 from the same benchmark's spread.
+    finalize_ms: Dist = Dist(median=100.0, p90=140.0)
+
+
+class RouterConfig(Strict):
+    policy: Literal["single", "rules", "classifier"] = "single"
+    agent: str = "main"  # the agent a `single` route goes to
+
+
+class AgentConfig(Strict):
+    name: str = "main"
+    backend: str | dict[str, Any] = "sonnet-gpu"
+    # system prompt + tools + history before the first turn; history grows each turn
+    prompt_tokens: int = Field(1000, ge=0)
+    chunk_tokens: int = Field(12, ge=1)  # text streams in chunks: at clause ends or this many tokens
+
+    @field_validator("backend")
+    @classmethod
+    def _known(cls, v: str | dict[str, Any]) -> str | dict[str, Any]:
+        from voicepipe.backends import UnknownBackend, validate_spec
+
+        try:
+            validate_spec(v)
+        except UnknownBackend as exc:
+            raise ValueError(str(exc)) from None
+        return v
+
+
+class TTSConfig(Strict):
+    # Cartesia Sonic-3 p50 188 ms time to first audio (Coval independent benchmark, May 2026); p90 assumed.
+    ttfb_ms: Dist = Dist(median=188.0, p90=260.0)
+    aggregate: Literal["clause", "sentence"] = "clause"
+    min_clause_words: int = Field(3, ge=1)  # don't synthesise a lone "Sure," — too choppy
+    words_per_minute: float = Field(165.0, gt=0)  # speaking rate of the reply audio
+
+
+class ClientConfig(Strict):
+    playout: Literal["full", "first_audio"] = "full"  # listen to whole replies, or move on at first audio
+    turn_timeout_s: float = Field(20.0, gt=0)
+    words_per_minute: float = Field(150.0, gt=0)  # default user speaking rate when a turn gives none
+
+
+class PipelineConfig(Strict):
+    budget_ms: float = Field(800.0, gt=0)  # Daily: 800 ms voice-to-voice median target (2024)
+    seed: int = 0
+    broker: BrokerConfig = BrokerConfig()
+    transport: TransportConfig = TransportConfig()
+    asr: ASRConfig = ASRConfig()
+    router: RouterConfig = RouterConfig()
+    agent: AgentConfig = AgentConfig()
+    tts: TTSConfig = TTSConfig()
+    client: ClientConfig = ClientConfig()
+
+    def backend_label(self) -> str:
+        b = self.agent.backend
+        if isinstance(b, dict):
+            return f"{b.get('hardware')}/{b.get('model')}"
+        return b
+
+
+def _parse_value(raw: str) -> Any:
+    try:
+        return yaml.safe_load(raw)
+    except yaml.YAMLError:
+        return raw
+
+
+def apply_set(data: dict[str, Any], assignment: str) -> None:
+    """Apply one ``path.to.field=value`` (value parsed as YAML) to a nested dict in place."""
+    if "=" not in assignment:
+        raise UserError("--set", f"{assignment!r}: expected path.to.field=value")
+    path, raw = assignment.split("=", 1)
+    keys = [k for k in path.strip().split(".") if k]
+    if not keys:
+        raise UserError("--set", f"{assignment!r}: empty field path")
+    node = data
+    for k in keys[:-1]:
+        nxt = node.get(k)
+        if not isinstance(nxt, dict):
+            nxt = {}
+            node[k] = nxt
+        node = nxt
+    node[keys[-1]] = _parse_value(raw)
+
+
+def load_config(
+    path: str | Path | None = None, sets: list[str] | tuple[str, ...] = (), broker: str | None = None
+) -> PipelineConfig:
+    data: dict[str, Any] = {}
+    source = "config"
+    if path is not None:
+        source = str(path)
+        p = Path(path)
+        if not p.is_file():
+            raise UserError(source, "no such file")
+        try:
+            loaded = yaml.safe_load(p.read_text())
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f"line {mark.line + 1}: " if mark else ""
+            raise UserError(source, f"{where}invalid YAML ({getattr(exc, 'problem', exc)})") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise UserError(source, "top level must be a mapping")
+        data = loaded
+    env_broker = os.environ.get("VOICEPIPE_BROKER")
+    if env_broker and not broker:
+        data.setdefault("broker", {})
+        if isinstance(data["broker"], dict) and not data["broker"].get("url"):
+            data["broker"]["url"] = env_broker
+    for s in sets:
+        apply_set(data, s)
+    if broker:
+        apply_set(data, f"broker.url={broker}")
+    try:
+        return PipelineConfig.model_validate(data)
+    except ValidationError as exc:
+        where = source if not sets else f"{source} (with --set)"
+        raise from_validation(where, exc) from None
+
+
+def config_dict(cfg: PipelineConfig) -> dict[str, Any]:
+    d = cfg.model_dump(mode="json")
+    if d["broker"].get("password"):
+        d["broker"]["password"] = "***"
+    return d

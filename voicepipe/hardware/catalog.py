@@ -1,0 +1,196 @@
+"""Load and validate the device and model catalogs (``data/devices.yaml``, ``data/models.yaml``).
+
+Every numeric field of an entry must have a source string of the same name under ``sources`` (models
+group their architecture numbers under ``config`` and parameter counts under ``params``); validation
+fails otherwise, so a number cannot enter the catalog without its provenance.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib import resources
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+PRECISIONS: dict[str, float] = {
+    # bytes per weight; int4 carries one 8-bit scale per 32 weights (MXFP4 / group-wise int4) = 4.25 bits
+    "bf16": 2.0,
+    "fp16": 2.0,
+    "fp8": 1.0,
+    "int8": 1.0,
+    "int4": 4.25 / 8,
+}
+
+
+class Device(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    key: str = ""
+    name: str
+    kind: Literal["hbm", "sram"]
+    peak_tflops: dict[str, float]
+    price_per_chip_hour: float = Field(gt=0)
+    sources: dict[str, str]
+    # HBM devices
+    memory_gb: float | None = Field(default=None, gt=0)
+    mem_bw_tbs: float | None = Field(default=None, gt=0)
+    link_gbs: float | None = Field(default=None, gt=0)
+    max_tp: int = Field(default=1, ge=1)
+    # SRAM devices
+    sram_gb: float | None = Field(default=None, gt=0)
+    sram_bw_tbs: float | None = Field(default=None, gt=0)
+    layer_us: float | None = Field(default=None, gt=0)
+    layer_bw_tbs: float | None = Field(default=None, ge=0)
+    hop_us: float | None = Field(default=None, ge=0)
+
+    @model_validator(mode="after")
+    def _complete(self) -> Device:
+        need = (
+            ("memory_gb", "mem_bw_tbs", "link_gbs")
+            if self.kind == "hbm"
+            else ("sram_gb", "sram_bw_tbs", "layer_us", "layer_bw_tbs", "hop_us")
+        )
+        missing = [f for f in need if getattr(self, f) is None]
+        if missing:
+            raise ValueError(f"{self.kind} device lacks {', '.join(missing)}")
+        if "bf16" not in self.peak_tflops:
+            raise ValueError("peak_tflops needs a bf16 entry")
+        numeric = [*need, "peak_tflops", "price_per_chip_hour"] + (["max_tp"] if self.kind == "hbm" else [])
+        unsourced = [f for f in numeric if not self.sources.get(f)]
+        if unsourced:
+            raise ValueError(f"no source for {', '.join(unsourced)}")
+        return self
+
+    def peak_flops(self, precision: str) -> float:
+        """Dense FLOP/s per chip for matmuls at ``precision`` (weight-only formats fall back to bf16)."""
+        return self.peak_tflops.get(precision, self.peak_tflops["bf16"]) * 1e12
+
+    @property
+    def capacity_bytes(self) -> float:
+        """Memory (HBM) or SRAM bytes per chip."""
+        return float((self.memory_gb if self.kind == "hbm" else self.sram_gb) or 0.0) * 1e9
+
+
+class Quality(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    benchmark: str
+    score: float = Field(ge=0, le=100)
+
+
+class PublicPrice(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    input: float = Field(ge=0)
+    output: float = Field(ge=0)
+    source: str
+
+
+class ModelSpec(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    key: str = ""
+    layers: int = Field(gt=0)
+    hidden: int = Field(gt=0)
+    heads: int = Field(gt=0)
+    kv_heads: int = Field(gt=0)
+    head_dim: int = Field(gt=0)
+    vocab: int = Field(gt=0)
+    params_total_b: float = Field(gt=0)
+    params_active_b: float | None = Field(default=None, gt=0)
+    experts: int = Field(default=1, ge=1)
+    experts_active: int = Field(default=1, ge=1)
+    kv_dim: int | None = Field(default=None, gt=0)
+    tied_embeddings: bool = False
+    default_precision: str = "bf16"
+    quality: Quality | None = None
+    prices: dict[str, PublicPrice] = Field(default_factory=dict)
+    sources: dict[str, str]
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ModelSpec:
+        for f in ("config", "params"):
+            if not self.sources.get(f):
+                raise ValueError(f"no source for {f}")
+        if self.quality is not None and not self.sources.get("quality"):
+            raise ValueError("no source for quality")
+        if self.default_precision not in PRECISIONS:
+            raise ValueError(f"default_precision {self.default_precision!r} not in {sorted(PRECISIONS)}")
+        if (self.experts > 1) != (self.params_active_b is not None):
+            raise ValueError("MoE models need experts > 1 and params_active_b together")
+        if self.experts_active > self.experts:
+            raise ValueError("experts_active > experts")
+        if self.params_active_b is not None and self.params_active_b > self.params_total_b:
+            raise ValueError("params_active_b > params_total_b")
+        return self
+
+    @property
+    def is_moe(self) -> bool:
+        return self.experts > 1
+
+    @property
+    def total_params(self) -> float:
+        return self.params_total_b * 1e9
+
+    @property
+    def active_params(self) -> float:
+        return (self.params_active_b or self.params_total_b) * 1e9
+
+    @property
+    def embed_params(self) -> float:
+        """Input embedding table (one row read per token; the rest of it is never streamed at decode)."""
+        return float(self.vocab * self.hidden)
+
+    @property
+    def kv_elems_per_token(self) -> int:
+        """KV-cache elements stored per token, all layers (GQA-aware; MLA via ``kv_dim``)."""
+        per_layer = self.kv_dim if self.kv_dim is not None else 2 * self.kv_heads * self.head_dim
+        return self.layers * per_layer
+
+
+class QualityOnly(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    quality: Quality
+    sources: dict[str, str]
+
+
+def _read(name: str) -> dict:
+    return yaml.safe_load(resources.files("voicepipe.hardware").joinpath("data", name).read_text())
+
+
+@cache
+def devices() -> dict[str, Device]:
+    return {k: Device(key=k, **v) for k, v in _read("devices.yaml").items()}
+
+
+@cache
+def models() -> dict[str, ModelSpec]:
+    return {k: ModelSpec(key=k, **v) for k, v in _read("models.yaml")["models"].items()}
+
+
+@cache
+def quality_only() -> dict[str, QualityOnly]:
+    return {k: QualityOnly(**v) for k, v in (_read("models.yaml").get("quality_only") or {}).items()}
+
+
+def device(name: str) -> Device:
+    try:
+        return devices()[name]
+    except KeyError:
+        raise ValueError(f"unknown hardware {name!r}; known: {', '.join(sorted(devices()))}") from None
+
+
+def model(name: str) -> ModelSpec:
+    try:
+        return models()[name]
+    except KeyError:
+        raise ValueError(f"unknown model {name!r}; known: {', '.join(sorted(models()))}") from None
+
+
+def check_precision(precision: str) -> str:
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; use one of {', '.join(PRECISIONS)}")
+    return precision

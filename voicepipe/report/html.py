@@ -1,0 +1,508 @@
+"""A self-contained HTML report of one run or a comparison of configurations.
+
+One file, inline CSS and SVG only: no scripts, stylesheets, fonts or images fetched from anywhere, so it
+can be mailed, archived or opened offline. Sections: summary, per-turn waterfall, latency CDF, budget
+breakdown, missed-budget turns, measured vs predicted, configuration.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import yaml
+
+from voicepipe.records import BreakdownPart, Summary, TurnRecord, percentile, summarise
+from voicepipe.report.svg import (
+    Bar,
+    LegendItem,
+    RefLine,
+    Segment,
+    Series,
+    budget_ref,
+    cdf_chart,
+    esc,
+    fmt_num,
+    hbar_chart,
+    scatter_chart,
+    series_colour,
+    stage_colour,
+    stage_sort_key,
+)
+
+WATERFALL_MAX_BARS = 60
+MISSED_MAX_ROWS = 100
+FAST_MS = 200.0
+
+CSS = """
+:root { --ink:#222; --muted:#666; --line:#e3e3e3; --bad:#b00020; --good:#1b7f3b; }
+* { box-sizing: border-box; }
+body { margin:0; background:#f6f7f9; color:var(--ink);
+  font:15px/1.5 system-ui,-apple-system,'Segoe UI',Roboto,'Helvetica Neue',Arial,sans-serif; }
+main { max-width:1040px; margin:0 auto; padding:28px 24px 60px; }
+header h1 { margin:0 0 4px; font-size:28px; }
+header .sub { color:var(--muted); margin:0 0 14px; }
+.finding { background:#fff; border-left:4px solid #1f5fa8; padding:10px 14px; margin:6px 0;
+  border-radius:4px; }
+.finding.bad { border-left-color:var(--bad); }
+.finding.good { border-left-color:var(--good); }
+section { background:#fff; border:1px solid var(--line); border-radius:8px; padding:18px 22px;
+  margin:22px 0; }
+section h2 { margin:0 0 4px; font-size:20px; }
+section h3 { margin:16px 0 4px; font-size:15px; color:#333; }
+p.caption { color:var(--muted); margin:0 0 12px; font-size:14px; }
+p.note { color:var(--muted); font-size:13px; font-style:italic; }
+table { border-collapse:collapse; width:100%; font-size:13.5px; margin:8px 0 4px; }
+th, td { padding:5px 8px; border-bottom:1px solid var(--line); text-align:left; vertical-align:top; }
+th { background:#fafafa; font-weight:600; white-space:nowrap; }
+td.num, th.num { text-align:right; font-variant-numeric:tabular-nums; white-space:nowrap; }
+.ok { color:var(--good); font-weight:600; } .miss { color:var(--bad); font-weight:600; }
+.swatch { display:inline-block; width:10px; height:10px; border-radius:2px; margin-right:6px; }
+pre { background:#f3f4f6; padding:12px 14px; border-radius:6px; overflow:auto; font-size:12.5px;
+  line-height:1.4; }
+svg.chart { display:block; margin:6px 0; }
+footer { color:var(--muted); font-size:12.5px; text-align:center; }
+"""
+
+
+def _name(label: str, records: Sequence[TurnRecord]) -> str:
+    if label:
+        return label
+    return records[0].run if records and records[0].run else "run"
+
+
+def _ms(v: float | None) -> str:
+    return "—" if v is None else f"{v:,.0f} ms"
+
+
+def _pct(v: float) -> str:
+    return f"{v * 100:.0f}%"
+
+
+def _largest(r: TurnRecord) -> BreakdownPart | None:
+    return max(r.breakdown, key=lambda p: p.ms) if r.breakdown else None
+
+
+def _stages(runs: Mapping[str, Sequence[TurnRecord]]) -> list[str]:
+    seen = {p.stage for recs in runs.values() for r in recs for p in r.breakdown}
+    return sorted(seen, key=stage_sort_key)
+
+
+def _stage_legend(stages: Sequence[str], faded_note: bool) -> list[LegendItem]:
+    items = [LegendItem(s, stage_colour(s)) for s in stages]
+    if faded_note:
+        items.append(LegendItem("paler = measured, not modelled", "#999", "box", faded=True))
+    return items
+
+
+def _turn_label(r: TurnRecord) -> str:
+    return f"{r.session} · t{r.turn}"
+
+
+def _section(sid: str, title: str, caption: str, body: str) -> str:
+    return f'<section id="{sid}"><h2>{esc(title)}</h2><p class="caption">{esc(caption)}</p>{body}</section>'
+
+
+def _table(head: Sequence[tuple[str, bool]], rows: Sequence[Sequence[str]]) -> str:
+    """``head`` is (title, numeric); cells are already-escaped HTML."""
+    th = "".join(f'<th class="num">{esc(h)}</th>' if num else f"<th>{esc(h)}</th>" for h, num in head)
+    body = []
+    for row in rows:
+        tds = "".join(
+            f'<td class="num">{c}</td>' if num else f"<td>{c}</td>"
+            for c, (_, num) in zip(row, head, strict=True)
+        )
+        body.append(f"<tr>{tds}</tr>")
+    return f"<table><thead><tr>{th}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+# --- sections --------------------------------------------------------------------------------------------
+
+
+def _findings(names: Sequence[str], sums: Sequence[Summary], budget_ms: float) -> str:
+    out = []
+    for name, s in zip(names, sums, strict=True):
+        cls = "good" if s.within_budget >= 0.9 else "bad" if s.within_budget < 0.5 else ""
+        timeouts = s.turns - s.answered
+        extra = f", {timeouts} timed out" if timeouts else ""
+        out.append(
+            f'<div class="finding {cls}"><b>{esc(name)}</b>: {_pct(s.within_budget)} of {s.turns} turns '
+            f"answered within the {fmt_num(budget_ms)} ms budget (median {esc(_ms(s.p50_ms))}, "
+            f"p90 {esc(_ms(s.p90_ms))}{esc(extra)}).</div>"
+        )
+    return "".join(out)
+
+
+def _summary(
+    names: Sequence[str], runs: Sequence[Sequence[TurnRecord]], sums: Sequence[Summary], budget_ms: float
+) -> str:
+    has_quality = any(r.quality is not None for recs in runs for r in recs)
+    head: list[tuple[str, bool]] = [
+        ("configuration", False),
+        ("turns", True),
+        ("answered", True),
+        ("p50", True),
+        ("p90", True),
+        ("p99", True),
+        (f"within {fmt_num(budget_ms)} ms", True),
+        (f"under {fmt_num(FAST_MS)} ms", True),
+        ("tax p50", True),
+        ("mean cost / turn", True),
+    ]
+    if has_quality:
+        head.append(("quality (modelled)", True))
+    rows = []
+    for i, (name, recs, s) in enumerate(zip(names, runs, sums, strict=True)):
+        cls = "ok" if s.within_budget >= 0.9 else "miss" if s.within_budget < 0.5 else ""
+        row = [
+            f'<span class="swatch" style="background:{series_colour(i)}"></span>{esc(name)}',
+            str(s.turns),
+            str(s.answered),
+            esc(_ms(s.p50_ms)),
+            esc(_ms(s.p90_ms)),
+            esc(_ms(s.p99_ms)),
+            f'<span class="{cls}">{_pct(s.within_budget)}</span>',
+            _pct(s.under_200ms),
+            esc(_ms(s.tax_p50_ms)),
+            f"${s.mean_cost_usd:.4f}",
+        ]
+        if has_quality:
+            q = [r.quality for r in recs if r.quality is not None]
+            row.append(f"{np.mean(q):.2f}" if q else "—")
+        rows.append(row)
+    bars = []
+    for i, (name, s) in enumerate(zip(names, sums, strict=True)):
+        c = series_colour(i)
+        if s.p50_ms is None or s.p90_ms is None or s.p99_ms is None:
+            bars.append(Bar(name, (), "no answered turns", "#b00020"))
+            continue
+        segs = (
+            Segment(s.p50_ms, c, "", f"p50 {s.p50_ms:.0f} ms"),
+            Segment(s.p90_ms - s.p50_ms, c, "", f"p90 {s.p90_ms:.0f} ms", faded=True),
+            Segment(s.p99_ms - s.p90_ms, "#bbb", "", f"p99 {s.p99_ms:.0f} ms"),
+        )
+        note = f"p50 {s.p50_ms:.0f} · p90 {s.p90_ms:.0f} · p99 {s.p99_ms:.0f} ms"
+        bars.append(Bar(name, segs, note, "#b00020" if s.p90_ms > budget_ms else "#444"))
+    chart = hbar_chart(
+        bars,
+        x_label="voice-to-voice latency, ms (end of user speech → first reply audio)",
+        refs=[budget_ref(budget_ms), _fast_ref()],
+        legend_items=[
+            LegendItem("0 → p50 (half the turns)", "#555"),
+            LegendItem("p50 → p90", "#555", faded=True),
+            LegendItem("p90 → p99 (the slow tail)", "#bbb"),
+        ],
+        aria="latency percentiles per configuration against the budget",
+        bar_h=22,
+        gap=10,
+    )
+    return _section(
+        "summary",
+        "Summary",
+        "Voice-to-voice latency per configuration: each bar runs to the p99, shaded at the median and p90; "
+        "the red dashed line is the turn budget. Percentiles are over answered turns; shares are over all "
+        "turns (a timeout counts as a miss).",
+        _table(head, rows) + chart,
+    )
+
+
+def _fast_ref() -> RefLine:
+    return RefLine(FAST_MS, f"{fmt_num(FAST_MS)} ms", "ref-line", "#1b7f3b", "3 3")
+
+
+def _turn_bar(r: TurnRecord, budget_ms: float, prefix: str = "") -> Bar:
+    segs = [
+        Segment(
+            p.ms,
+            stage_colour(p.stage),
+            p.stage,
+            f"{p.stage} · {p.what}: {p.ms:.0f} ms ({'modelled' if p.modelled else 'measured'})",
+            faded=not p.modelled,
+        )
+        for p in r.breakdown
+    ]
+    if r.measured_ms is None:
+        note, colour = "timeout — no reply", "#b00020"
+    else:
+        over = r.measured_ms > budget_ms
+        note = f"{r.measured_ms:.0f} ms{' ✗' if over else ''}"
+        colour = "#b00020" if over else "#444"
+    text = (r.user_text[:80] + "…") if len(r.user_text) > 80 else r.user_text
+    tip = f"{r.scenario} / {r.session} turn {r.turn}: {text!r}"
+    return Bar(prefix + _turn_label(r), segs, note, colour, tip)
+
+
+def _waterfall(
+    names: Sequence[str], runs: Sequence[Sequence[TurnRecord]], stages: Sequence[str], budget_ms: float
+) -> str:
+    per = max(10, WATERFALL_MAX_BARS // max(1, len(runs)))
+    any_measured = any(not p.modelled for recs in runs for r in recs for p in r.breakdown)
+    parts = []
+    notes = []
+    for i, (name, recs) in enumerate(zip(names, runs, strict=True)):
+        if i * per >= WATERFALL_MAX_BARS:
+            notes.append(f"{len(runs) - i} further configuration(s) not drawn; see the CDF and summary.")
+            break
+        shown = list(recs[:per])
+        if len(runs) > 1:
+            parts.append(f"<h3>{esc(name)}</h3>")
+        parts.append(
+            hbar_chart(
+                [_turn_bar(r, budget_ms) for r in shown],
+                x_label="ms after the end of the user's speech",
+                refs=[budget_ref(budget_ms)],
+                legend_items=_stage_legend(stages, any_measured),
+                aria=f"per-turn latency waterfall for {name}",
+            )
+        )
+        if len(recs) > len(shown):
+            notes.append(f"{name}: showing the first {len(shown)} of {len(recs)} turns.")
+    note_html = "".join(f'<p class="note">{esc(n)}</p>' for n in notes)
+    return _section(
+        "waterfall",
+        "Per-turn waterfall",
+        "Each bar is one turn, from the end of the user's speech (left) to the first reply audio heard "
+        "(right end), split into the stages that held it in time order; the number is the measured latency, "
+        "✗ marks a turn over the budget. Hover a segment for its exact part.",
+        "".join(parts) + note_html,
+    )
+
+
+def _cdf(
+    names: Sequence[str], runs: Sequence[Sequence[TurnRecord]], sums: Sequence[Summary], budget_ms: float
+) -> str:
+    series = [
+        Series(
+            f"{name} ({_pct(s.within_budget)} ≤ {fmt_num(budget_ms)} ms)",
+            series_colour(i),
+            [r.measured_ms for r in recs],
+        )
+        for i, (name, recs, s) in enumerate(zip(names, runs, sums, strict=True))
+    ]
+    chart = cdf_chart(
+        series,
+        x_label="voice-to-voice latency, ms",
+        refs=[budget_ref(budget_ms), _fast_ref()],
+        aria="cumulative distribution of voice-to-voice latency per configuration",
+    )
+    return _section(
+        "cdf",
+        "Latency distribution (CDF)",
+        "For any latency on the x axis, the share of turns that had heard their reply by then; a line "
+        "further left is faster, and the height where it crosses the red budget line is the share "
+        "answered in time (timeouts never arrive, so their line stops short of 100%).",
+        chart,
+    )
+
+
+def _breakdown(names: Sequence[str], sums: Sequence[Summary], stages: Sequence[str], budget_ms: float) -> str:
+    bars = []
+    rows = []
+    for name, s in zip(names, sums, strict=True):
+        segs = [
+            Segment(s.mean_stage_ms[st], stage_colour(st), st, f"{st}: {s.mean_stage_ms[st]:.0f} ms mean")
+            for st in stages
+            if st in s.mean_stage_ms
+        ]
+        total = sum(s.mean_stage_ms.values())
+        bars.append(Bar(name, segs, f"{total:.0f} ms mean" if s.answered else "no answered turns"))
+        rows.append(
+            [esc(name)]
+            + [f"{s.mean_stage_ms[st]:.0f}" if st in s.mean_stage_ms else "—" for st in stages]
+            + [f"{total:.0f}"]
+        )
+    chart = hbar_chart(
+        bars,
+        x_label="mean ms per answered turn",
+        refs=[budget_ref(budget_ms)],
+        legend_items=_stage_legend(stages, False),
+        aria="mean latency per stage per configuration",
+        bar_h=24,
+        gap=10,
+    )
+    head = [("configuration", False), *((f"{st} ms", True) for st in stages), ("total ms", True)]
+    return _section(
+        "breakdown",
+        "Where the milliseconds go",
+        "Mean time each stage held an answered turn, stacked in pipeline order; the bar's length is the mean "
+        "measured latency, so the stage that crowds the budget line is the one to work on.",
+        chart + _table(head, rows),
+    )
+
+
+def _missed(
+    names: Sequence[str], runs: Sequence[Sequence[TurnRecord]], stages: Sequence[str], budget_ms: float
+) -> str:
+    multi = len(runs) > 1
+    missed = [(n, r) for n, recs in zip(names, runs, strict=True) for r in recs if not r.within_budget]
+    total = sum(len(recs) for recs in runs)
+    if not missed:
+        body = f'<p class="ok">All {total} turns answered within the {fmt_num(budget_ms)} ms budget.</p>'
+        return _section("missed", "Turns that missed the budget", "None this time.", body)
+    missed.sort(key=lambda nr: (nr[1].measured_ms is not None, -(nr[1].measured_ms or 0.0)))
+    head: list[tuple[str, bool]] = [("configuration", False)] if multi else []
+    head += [
+        ("turn", False),
+        ("scenario", False),
+        ("session", False),
+        ("user said", False),
+        ("measured", True),
+        ("over by", True),
+        ("largest part", False),
+        ("part ms", True),
+    ]
+    rows = []
+    for name, r in missed[:MISSED_MAX_ROWS]:
+        big = _largest(r)
+        said = (r.user_text[:60] + "…") if len(r.user_text) > 60 else r.user_text
+        row = [esc(name)] if multi else []
+        row += [
+            str(r.turn),
+            esc(r.scenario),
+            esc(r.session),
+            esc(said),
+            '<span class="miss">timeout</span>' if r.measured_ms is None else esc(_ms(r.measured_ms)),
+            "—" if r.measured_ms is None else esc(_ms(r.measured_ms - budget_ms)),
+            "—"
+            if big is None
+            else f'<span class="swatch" style="background:{stage_colour(big.stage)}"></span>'
+            f"{esc(big.stage)} · {esc(big.what)}",
+            "—" if big is None else f"{big.ms:,.0f}",
+        ]
+        rows.append(row)
+    bars = [_turn_bar(r, budget_ms, f"{n} · " if multi else "") for n, r in missed[:30]]
+    any_measured = any(not p.modelled for _, r in missed for p in r.breakdown)
+    chart = hbar_chart(
+        bars,
+        x_label="ms after the end of the user's speech",
+        refs=[budget_ref(budget_ms)],
+        legend_items=_stage_legend(stages, any_measured),
+        aria="waterfall of the turns that missed the budget",
+    )
+    notes = []
+    if len(missed) > MISSED_MAX_ROWS:
+        notes.append(f"Table shows the {MISSED_MAX_ROWS} slowest of {len(missed)} missed turns.")
+    if len(missed) > 30:
+        notes.append(f"Chart shows the 30 slowest of {len(missed)} missed turns.")
+    return _section(
+        "missed",
+        "Turns that missed the budget",
+        f"{len(missed)} of {total} turns went past {fmt_num(budget_ms)} ms or timed out, slowest first; "
+        "the largest part is the single stretch of work that held the turn longest.",
+        _table(head, rows) + chart + "".join(f'<p class="note">{esc(n)}</p>' for n in notes),
+    )
+
+
+def _tax(names: Sequence[str], runs: Sequence[Sequence[TurnRecord]], budget_ms: float) -> str:
+    series = []
+    rows = []
+    for i, (name, recs) in enumerate(zip(names, runs, strict=True)):
+        pts = [
+            (
+                r.predicted_ms,
+                r.measured_ms,
+                f"{_turn_label(r)}: predicted {r.predicted_ms:.0f} ms, measured {r.measured_ms:.0f} ms",
+            )
+            for r in recs
+            if r.predicted_ms is not None and r.measured_ms is not None
+        ]
+        series.append(Series(name, series_colour(i), points=pts))
+        tax = [r.tax_ms for r in recs if r.tax_ms is not None]
+        rows.append(
+            [
+                esc(name),
+                str(len(tax)),
+                esc(_ms(percentile(tax, 50))),
+                esc(_ms(percentile(tax, 99))),
+                esc(_ms(max(tax) if tax else None)),
+            ]
+        )
+    chart = scatter_chart(
+        series,
+        x_label="predicted ms (sum of modelled spans after end of speech)",
+        y_label="measured ms (client clock)",
+        refs_y=[budget_ref(budget_ms)],
+        diagonal="measured = predicted (no tax)",
+        aria="measured versus predicted latency per turn",
+    )
+    head = [
+        ("configuration", False),
+        ("turns", True),
+        ("tax p50", True),
+        ("tax p99", True),
+        ("tax max", True),
+    ]
+    return _section(
+        "tax",
+        "Measured vs predicted (the pipeline tax)",
+        "Measured = first reply audio minus end of speech on the client's clock over the real MQTT bus; "
+        "predicted = the modelled spans alone. Points above the grey diagonal paid a tax (bus hops, "
+        "scheduling); points above the red line missed the budget.",
+        chart + _table(head, rows),
+    )
+
+
+def _config_dump(cfg: Mapping[str, Any]) -> str:
+    try:
+        return yaml.safe_dump(dict(cfg), sort_keys=False, allow_unicode=True, default_flow_style=False)
+    except yaml.YAMLError:
+        return json.dumps(cfg, indent=2, default=str)
+
+
+def _config(names: Sequence[str], labels: Sequence[str], configs: Mapping[str, Mapping[str, Any]]) -> str:
+    parts = []
+    for name, label in zip(names, labels, strict=True):
+        cfg = configs.get(label)
+        if len(names) > 1:
+            parts.append(f"<h3>{esc(name)}</h3>")
+        parts.append(f"<pre>{esc(_config_dump(cfg))}</pre>" if cfg else '<p class="note">not recorded</p>')
+    return _section(
+        "config",
+        "Configuration",
+        "The pipeline configuration each run used, after overrides.",
+        "".join(parts),
+    )
+
+
+def render_html(
+    runs: dict[str, list[TurnRecord]],
+    configs: dict[str, dict],
+    title: str = "voicepipe report",
+    budget_ms: float = 800.0,
+) -> str:
+    """Render one self-contained HTML page; ``runs`` maps configuration label → its turn records."""
+    labels = list(runs)
+    recs = [list(runs[k]) for k in labels]
+    names = [_name(k, r) for k, r in zip(labels, recs, strict=True)]
+    sums = [summarise(r) for r in recs]
+    stages = _stages(runs)
+    run_ids = sorted({r.run for rs in recs for r in rs if r.run})
+    total = sum(len(r) for r in recs)
+    sub = (
+        f"{total} turns · {len(labels)} configuration{'s' if len(labels) != 1 else ''} · "
+        f"budget {fmt_num(budget_ms)} ms from the end of the user's speech to the first sound of the reply"
+        + (f" · run {', '.join(run_ids)}" if run_ids else "")
+    )
+    body = [
+        f'<header><h1>{esc(title)}</h1><p class="sub">{esc(sub)}</p>',
+        _findings(names, sums, budget_ms),
+        "</header>",
+        _summary(names, recs, sums, budget_ms),
+        _waterfall(names, recs, stages, budget_ms),
+        _cdf(names, recs, sums, budget_ms),
+        _breakdown(names, sums, stages, budget_ms),
+        _missed(names, recs, stages, budget_ms),
+        _tax(names, recs, budget_ms),
+        _config(names, labels, configs),
+        "<footer>Generated by voicepipe. Latency is measured on the client's monotonic clock over a real "
+        "MQTT broker; modelled parts come from the hardware and service models.</footer>",
+    ]
+    return (
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{esc(title)}</title><style>{CSS}</style></head><body><main>"
+        + "".join(body)
+        + "</main></body></html>\n"
+    )

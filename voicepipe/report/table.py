@@ -1,0 +1,118 @@
+"""Terminal tables (rich): per-turn results and per-configuration summaries, compact for ~100 columns."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from voicepipe.records import TurnRecord, summarise
+from voicepipe.report.svg import stage_sort_key
+
+CAPTION = "measured on the client's clock over the real MQTT bus; predicted = modelled spans"
+
+
+def _ms(v: float | None) -> str:
+    return "—" if v is None else f"{v:,.0f}"
+
+
+def _short(text: str, n: int) -> str:
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def top_parts(r: TurnRecord, n: int = 2, width: int = 1000) -> str:
+    """The turn's ``n`` largest breakdown parts, e.g. ``"agent ttft 812, tts first audio 140"``; one per
+    line when they do not fit in ``width`` characters."""
+    parts = [f"{p.stage} {p.what} {p.ms:.0f}" for p in sorted(r.breakdown, key=lambda p: -p.ms)[:n]]
+    one = ", ".join(parts)
+    return (one if len(one) <= width else "\n".join(parts)) or "—"
+
+
+def print_turns(console: Console, records: Sequence[TurnRecord], budget_ms: float = 800.0) -> None:
+    """One row per turn: measured/predicted/tax (ms), within budget, and where the time went.
+
+    Records of several configurations print as one table per configuration label."""
+    by_label: dict[str, list[TurnRecord]] = {}
+    for r in records:
+        by_label.setdefault(r.label, []).append(r)
+    show_path = any(r.path != "agent" for r in records)
+    for label, recs in by_label.items():
+        title = f"Turns{f' — {label}' if label else ''} (budget {budget_ms:.0f} ms)"
+        parts_w = console.width - (74 if show_path else 65)
+        console.print(_turn_table(recs, title, show_path, budget_ms, parts_w))
+    console.print(Text(CAPTION, style="dim"))
+
+
+def _turn_table(
+    records: Sequence[TurnRecord], title: str, show_path: bool, budget_ms: float, parts_w: int
+) -> Table:
+    t = Table(title=title, header_style="bold", box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0))
+    t.add_column("session", no_wrap=True, max_width=10, overflow="ellipsis")
+    t.add_column("#", justify="right", no_wrap=True)
+    t.add_column("user said", no_wrap=True, max_width=20, overflow="ellipsis")
+    t.add_column("meas ms", justify="right", no_wrap=True)
+    t.add_column("pred ms", justify="right", no_wrap=True)
+    t.add_column("tax", justify="right", no_wrap=True)
+    t.add_column("ok", justify="center", no_wrap=True)
+    if show_path:
+        t.add_column("path", no_wrap=True, max_width=8, overflow="ellipsis")
+    t.add_column("largest parts (ms)", min_width=20)
+    for r in records:
+        if r.measured_ms is None:
+            meas: str | Text = Text("timeout", style="red")
+            ok = Text("✗", style="bold red")
+        else:
+            meas = _ms(r.measured_ms)
+            over = r.measured_ms > budget_ms
+            ok = Text("✗", style="bold red") if over else Text("✓", style="bold green")
+        row: list[str | Text] = [r.session, str(r.turn), _short(r.user_text, 20), meas]
+        row += [_ms(r.predicted_ms), _ms(r.tax_ms), ok]
+        if show_path:
+            row.append(r.path)
+        row.append(top_parts(r, 2, parts_w))
+        t.add_row(*row)
+    return t
+
+
+def print_summary(console: Console, records_by_label: Mapping[str, Sequence[TurnRecord]]) -> None:
+    """Percentiles and budget shares per configuration, then mean ms per stage (stages as rows)."""
+    budget = next((recs[0].budget_ms for recs in records_by_label.values() if recs), 800.0)
+    sums = {label or "run": summarise(recs) for label, recs in records_by_label.items()}
+    t = Table(title="Summary", header_style="bold", box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0))
+    t.add_column("config", no_wrap=True, max_width=16, overflow="ellipsis")
+    t.add_column("turns", justify="right")
+    for h in ("p50 ms", "p90 ms", "p99 ms", f"≤{budget:.0f}ms", "<200ms", "tax p50", "$/turn"):
+        t.add_column(h, justify="right")
+    for name, s in sums.items():
+        share = f"{s.within_budget * 100:.0f}%"
+        style = "green" if s.within_budget >= 0.9 else "red" if s.within_budget < 0.5 else "yellow"
+        turns = f"{s.turns}" if s.answered == s.turns else f"{s.answered}/{s.turns}"
+        t.add_row(
+            name,
+            turns,
+            _ms(s.p50_ms),
+            _ms(s.p90_ms),
+            _ms(s.p99_ms),
+            Text(share, style=style),
+            f"{s.under_200ms * 100:.0f}%",
+            _ms(s.tax_p50_ms),
+            f"{s.mean_cost_usd:.4f}",
+        )
+    console.print(t)
+    console.print(Text(CAPTION, style="dim"))
+    stages = sorted({st for s in sums.values() for st in s.mean_stage_ms}, key=stage_sort_key)
+    if not stages:
+        return
+    st_t = Table(title="Mean ms per stage", header_style="bold", box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0))
+    st_t.add_column("stage", no_wrap=True)
+    for name in sums:
+        st_t.add_column(name, justify="right", max_width=16, overflow="ellipsis")
+    for st in stages:
+        st_t.add_row(st, *(_ms(s.mean_stage_ms.get(st)) for s in sums.values()))
+    st_t.add_row(
+        Text("total", style="bold"), *(_ms(sum(s.mean_stage_ms.values()) or None) for s in sums.values())
+    )
+    console.print(st_t)

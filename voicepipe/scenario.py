@@ -1,0 +1,93 @@
+"""Scripted conversations: what the user says (with timing and hesitations) and the reference replies."""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from voicepipe.errors import UserError, from_validation
+from voicepipe.text import plain
+
+
+class Turn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    user: str  # what the user says; "[900]" / "[pause 900ms]" / "[1.2s]" mark silences inside it
+    reply: str  # the reference reply the simulated assistant speaks
+    words_per_minute: float | None = Field(None, gt=0)
+    gap_ms: float = Field(400.0, ge=0)  # silence after the reply ends before the user speaks
+    intent: str | None = None
+    complexity: Literal["low", "medium", "high"] | None = None
+    # smart-turn annotation: is the utterance complete at each pause? (list per pause; default: no)
+    complete_at_pauses: list[bool] = Field(default_factory=list)
+    barge_in_after_ms: float | None = Field(None, ge=0)  # user talks over the reply this long after it starts
+    barge_in: str = "wait, sorry"  # what the user says when barging in
+
+    @field_validator("user", "reply")
+    @classmethod
+    def _not_blank(cls, v: str) -> str:
+        if not plain(v):
+            raise ValueError("must not be empty")
+        return v
+
+
+class CacheEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    questions: list[str] = Field(min_length=1)
+    answer: str
+
+
+class Scenario(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    description: str = ""
+    turns: list[Turn] = Field(min_length=1)
+    cache: list[CacheEntry] = Field(default_factory=list)  # answers predicted in advance (issue 4)
+    source: str = Field("", exclude=True)
+
+
+def shipped_dir() -> Path:
+    """The scenarios/ folder next to the package (repo checkout) or installed with it."""
+    here = Path(__file__).resolve().parent.parent / "scenarios"
+    if here.is_dir():
+        return here
+    return Path(str(resources.files("voicepipe"))) / "scenarios"  # pragma: no cover
+
+
+def shipped() -> list[Path]:
+    return sorted(p for p in shipped_dir().glob("*.yaml"))
+
+
+def resolve(name_or_path: str) -> Path:
+    p = Path(name_or_path)
+    if p.is_file():
+        return p
+    for cand in (shipped_dir() / name_or_path, shipped_dir() / f"{name_or_path}.yaml"):
+        if cand.is_file():
+            return cand
+    raise UserError(name_or_path, "no such scenario file (see `voicepipe scenarios`)")
+
+
+def load_scenario(name_or_path: str) -> Scenario:
+    path = resolve(name_or_path)
+    src = str(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}: " if mark else ""
+        raise UserError(src, f"{where}invalid YAML ({getattr(exc, 'problem', exc)})") from None
+    if not isinstance(data, dict):
+        raise UserError(src, "top level must be a mapping with name and turns")
+    try:
+        sc = Scenario.model_validate(data)
+    except ValidationError as exc:
+        raise from_validation(src, exc) from None
+    sc.source = src
+    return sc

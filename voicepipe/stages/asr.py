@@ -1,0 +1,136 @@
+"""ASR: partial transcripts while the user speaks, endpointing, then the final transcript.
+
+Receives each spoken word after the uplink. Every word resets the endpoint timer; when the timer runs
+out (``silence``: a fixed wait; ``smart``: short if the utterance looks complete, long if not, plus the
+detector's inference time) the turn is endpointed, and the final transcript follows after the modelled
+finalisation latency. A word that arrives after an endpoint means the user was not done: the segment is
+cancelled downstream (a premature endpoint) and the turn continues as the next segment.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from voicepipe.clock import now_ns, rng_for, sleep_until_ns
+from voicepipe.config import ASRConfig
+from voicepipe.messages import Envelope, Span
+from voicepipe.stages.base import Stage
+from voicepipe.text import normalise
+
+
+def looks_complete(text: str) -> bool:
+    """Text heuristic for smart endpointing: does the utterance read as finished?
+
+    Ends in sentence punctuation, or does not end in a filler / conjunction / preposition.
+    """
+    words = normalise(text).split()
+    if not words:
+        return False
+    if text.rstrip().endswith(("?", ".", "!")):
+        return True
+    dangling = {
+        "um", "uh", "er", "erm", "hmm", "and", "or", "but", "so", "because", "the", "a", "an", "to",
+        "of", "with", "for", "like", "i", "my", "is", "was", "if", "then", "that", "in", "on", "at",
+    }  # fmt: skip
+    return words[-1] not in dangling
+
+
+def endpoint_wait_ms(cfg: ASRConfig, text: str, annotated_complete: bool | None) -> tuple[float, float]:
+    """(silence wait, detector inference) in ms before the turn is declared over."""
+    if cfg.endpointing == "silence":
+        return cfg.silence_ms, 0.0
+    complete = (
+        annotated_complete
+        if cfg.smart_source == "annotation" and annotated_complete is not None
+        else looks_complete(text)
+    )
+    wait = cfg.smart_complete_ms if complete else cfg.smart_incomplete_ms
+    return wait, cfg.smart_inference_ms
+
+
+@dataclass
+class Utterance:
+    turn: int
+    words: list[str] = field(default_factory=list)
+    segment: int = 0
+    finalised: bool = False  # the current segment has been sent as final
+    pauses_seen: int = 0
+    complete_at_pauses: list[bool] = field(default_factory=list)
+    last: Envelope | None = None
+
+
+class ASR(Stage):
+    name = "asr"
+    channels = ("user/word", "turn/script")
+
+    def __init__(self, *a, **kw) -> None:
+        super().__init__(*a, **kw)
+        self.utt: dict[str, Utterance] = {}
+        self.scripts: dict[tuple[str, int], dict] = {}
+        self.on("user.word", self.word)
+        self.on("turn.script", self.script)
+
+    def forget(self, session: str) -> None:
+        self.utt.pop(session, None)
+        for k in [k for k in self.scripts if k[0] == session]:
+            del self.scripts[k]
+
+    async def script(self, env: Envelope) -> None:
+        self.scripts[(env.session, env.turn)] = env.payload
+
+    async def word(self, env: Envelope) -> None:
+        arrived = now_ns()
+        u = self.utt.get(env.session)
+        if u is None or u.turn != env.turn:
+            u = Utterance(turn=env.turn)
+            self.scripts.pop((env.session, env.turn - 1), None)
+            script = self.scripts.get((env.session, env.turn), {})
+            u.complete_at_pauses = list(script.get("complete_at_pauses", []))
+            self.utt[env.session] = u
+        if u.finalised:
+            # the user kept talking after we endpointed: that endpoint was premature
+            await self.bus.publish(
+                self.reply(env, "control.cancel", {"segment": u.segment, "reason": "user resumed"}, [])
+            )
+            u.segment += 1
+            u.finalised = False
+        if env.payload.get("pause_before"):
+            u.pauses_seen += 1
+        u.words.append(str(env.payload.get("text", "")))
+        u.last = env
+        text = " ".join(u.words)
+        await self.bus.publish(
+            self.reply(env, "asr.partial", {"text": text, "words": len(u.words), "segment": u.segment}, []),
+            qos=0,
+        )
+        annotated = self._annotation(u, env)
+        self.spawn(env.session, "endpoint", self._endpoint(env, u, arrived, annotated))
+
+    def _annotation(self, u: Utterance, env: Envelope) -> bool | None:
+        """Scenario's smart-turn label for a pause after this word (True at the utterance's last word)."""
+        if env.payload.get("last_word"):
+            return True
+        if u.pauses_seen < len(u.complete_at_pauses):
+            return u.complete_at_pauses[u.pauses_seen]
+        return False
+
+    async def _endpoint(self, env: Envelope, u: Utterance, arrived: int, annotated: bool | None) -> None:
+        cfg = self.cfg.asr
+        text = " ".join(u.words)
+        wait_ms, infer_ms = endpoint_wait_ms(cfg, text, annotated)
+        spans = list(env.spans)
+        t = arrived
+        spans.append(Span(stage="asr", what="endpoint wait", start_ns=t, dur_ns=round(wait_ms * 1e6)))
+        t += round(wait_ms * 1e6)
+        if infer_ms:
+            spans.append(Span(stage="asr", what="turn detector", start_ns=t, dur_ns=round(infer_ms * 1e6)))
+            t += round(infer_ms * 1e6)
+        rng = rng_for(self.cfg.seed, env.session, env.turn, u.segment, "asr")
+        fin = round(cfg.finalize_ms.sample_ms(rng) * 1e6)
+        await sleep_until_ns(t)
+        # endpointed: from here a new word means the user was not done
+        u.finalised = True
+        spans.append(Span(stage="asr", what="finalise", start_ns=t, dur_ns=fin))
+        await sleep_until_ns(t + fin)
+        payload = {"text": text, "words": len(u.words), "segment": u.segment}
+        await self.bus.publish(self.reply(env, "asr.final", payload, spans))

@@ -1,0 +1,134 @@
+"""What every stage shares: one bus client, a receive loop that never dies, per-session tasks and state.
+
+A stage subscribes once per channel for the whole run and serves every session through that
+subscription. Work longer than a handler (sleeping out a modelled duration, streaming) runs in tasks
+registered under (session, key); ``session.end`` cancels them and drops the session's state, so nothing
+is left behind when a conversation ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import structlog
+
+from voicepipe.backends import BackendPool
+from voicepipe.bus import Bus
+from voicepipe.config import PipelineConfig
+from voicepipe.messages import Envelope, Span
+
+log = structlog.get_logger("voicepipe.stage")
+
+Handler = Callable[[Envelope], Awaitable[None]]
+
+
+@dataclass
+class RunContext:
+    run: str
+    cfg: PipelineConfig
+    backends: BackendPool = field(default_factory=BackendPool)
+
+
+class Stage:
+    name: ClassVar[str] = "stage"
+    channels: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, bus: Bus, ctx: RunContext) -> None:
+        self.bus = bus
+        self.ctx = ctx
+        self.cfg = ctx.cfg
+        self.tasks: dict[str, dict[Any, asyncio.Task[None]]] = {}
+        self.errors = 0
+        self.ready = asyncio.Event()
+        self.handlers: dict[str, Handler] = {}
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    async def run(self) -> None:
+        await self.bus.subscribe(*self.channels, "session/end")
+        self.ready.set()
+        async for _channel, env in self.bus.messages():
+            if env.type == "session.end":
+                self.end_session(env.session)
+                continue
+            handler = self.handlers.get(env.type)
+            if handler is None:
+                continue
+            try:
+                await handler(env)
+            except Exception as exc:  # a bad message never kills the stage
+                self.errors += 1
+                log.warning("handler failed", stage=self.name, type=env.type, error=repr(exc))
+                await self.bus.deadletter(f"{env.session}/{env.type}", f"handler error: {exc!r}", b"")
+
+    def on(self, type_: str, handler: Handler) -> None:
+        self.handlers[type_] = handler
+
+    # -- per-session tasks -----------------------------------------------------------------------
+    def spawn(self, session: str, key: Any, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """Run ``coro`` for a session under ``key``, replacing (cancelling) an older task with that key."""
+        bucket = self.tasks.setdefault(session, {})
+        old = bucket.pop(key, None)
+        if old:
+            old.cancel()
+        task = asyncio.create_task(self._guard(coro))
+        bucket[key] = task
+
+        def _done(t: asyncio.Task[None], session: str = session, key: Any = key) -> None:
+            b = self.tasks.get(session)
+            if b is not None and b.get(key) is t:
+                del b[key]
+                if not b:
+                    del self.tasks[session]
+
+        task.add_done_callback(_done)
+        return task
+
+    async def _guard(self, coro: Coroutine[Any, Any, None]) -> None:
+        try:
+            await coro
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.errors += 1
+            log.warning("task failed", stage=self.name, error=repr(exc))
+
+    def cancel(self, session: str, match: Callable[[Any], bool]) -> int:
+        n = 0
+        for key, task in list(self.tasks.get(session, {}).items()):
+            if match(key):
+                task.cancel()
+                n += 1
+        return n
+
+    def end_session(self, session: str) -> None:
+        for task in self.tasks.pop(session, {}).values():
+            task.cancel()
+        self.forget(session)
+
+    def forget(self, session: str) -> None:
+        """Drop per-session state (stages with state override)."""
+
+    def open_tasks(self) -> int:
+        return sum(len(b) for b in self.tasks.values())
+
+    async def shutdown(self) -> None:
+        for s in list(self.tasks):
+            self.end_session(s)
+        await asyncio.sleep(0)
+
+    # -- helpers -----------------------------------------------------------------------------------
+    def reply(self, env: Envelope, type_: str, payload: dict[str, Any], spans: list[Span]) -> Envelope:
+        """A new envelope for the same session/turn carrying the causal chain forward."""
+        return Envelope(
+            type=type_, run=env.run, session=env.session, turn=env.turn, spans=spans, payload=payload
+        )
+
+
+async def cancel_quietly(task: asyncio.Task[Any]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task

@@ -1,0 +1,118 @@
+"""TTS: aggregate reply text to the first speakable clause, then time-to-first-audio, then audio.
+
+Text arrives in chunks. As soon as a clause is complete (punctuation after ``min_clause_words`` words,
+or the reply's end) it is synthesised: the first clause after the modelled time to first audio, later
+clauses streamed behind it. Audio leaves one message per clause with its duration at the speaking
+rate, carrying the causal chain of the text that completed the first clause.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from voicepipe.clock import now_ns, rng_for, sleep_until_ns
+from voicepipe.config import TTSConfig
+from voicepipe.messages import Envelope, Span
+from voicepipe.stages.base import Stage
+from voicepipe.text import first_clause_end
+
+
+def split_clauses(words: list[str], cfg: TTSConfig, final: bool) -> tuple[list[list[str]], list[str]]:
+    """Complete clauses in ``words`` and the rest still waiting for more text (flushed when final)."""
+    out: list[list[str]] = []
+    rest = list(words)
+    while rest:
+        end = first_clause_end(rest, cfg.min_clause_words, sentence=cfg.aggregate == "sentence")
+        if end is None:
+            break
+        out.append(rest[:end])
+        rest = rest[end:]
+    if final and rest:
+        out.append(rest)
+        rest = []
+    return out, rest
+
+
+def audio_ms(words: list[str], words_per_minute: float) -> float:
+    return len(words) * 60_000.0 / words_per_minute
+
+
+@dataclass
+class Reply:
+    pending: list[str] = field(default_factory=list)
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    seq: int = 0
+
+
+class TTS(Stage):
+    name = "tts"
+    channels = ("reply/text", "control/cancel")
+
+    def __init__(self, *a, **kw) -> None:
+        super().__init__(*a, **kw)
+        self.replies: dict[tuple[str, int, int], Reply] = {}
+        self.on("reply.text", self.text)
+        self.on("control.cancel", self.cancelled)
+
+    def forget(self, session: str) -> None:
+        for k in [k for k in self.replies if k[0] == session]:
+            del self.replies[k]
+
+    async def cancelled(self, env: Envelope) -> None:
+        seg = env.payload.get("segment")
+        self.cancel(env.session, lambda k: k[0] == env.turn and (seg is None or k[1] == seg))
+        for k in [k for k in self.replies if k[:2] == (env.session, env.turn)]:
+            if seg is None or k[2] == seg:
+                del self.replies[k]
+
+    async def text(self, env: Envelope) -> None:
+        arrived = now_ns()
+        seg = int(env.payload.get("segment", 0))
+        key = (env.session, env.turn, seg)
+        r = self.replies.get(key)
+        if r is None:
+            if env.payload.get("seq", 0) != 0:
+                return  # tail of a reply we already dropped (cancelled)
+            r = self.replies[key] = Reply()
+            self.spawn(env.session, (env.turn, seg), self._speak(env, r, key))
+        r.pending.extend(str(env.payload.get("text", "")).split())
+        final = bool(env.payload.get("final"))
+        clauses, r.pending = split_clauses(r.pending, self.cfg.tts, final)
+        for i, clause in enumerate(clauses):
+            r.queue.put_nowait((clause, env, arrived, final and i == len(clauses) - 1))
+
+    async def _speak(self, first_env: Envelope, r: Reply, key: tuple[str, int, int]) -> None:
+        cfg = self.cfg.tts
+        rng = rng_for(self.cfg.seed, key[0], key[1], key[2], "tts")
+        ttfb = round(cfg.ttfb_ms.sample_ms(rng) * 1e6)
+        ready = 0
+        try:
+            while True:
+                clause, env, arrived, last = await r.queue.get()
+                if r.seq == 0:
+                    spans = [
+                        *env.spans,
+                        Span(stage="tts", what="time to first audio", start_ns=arrived, dur_ns=ttfb),
+                    ]
+                    ready = arrived + ttfb
+                else:
+                    # later clauses stream behind the first; modelled as a fraction of the first latency
+                    ready = max(ready, arrived) + ttfb // 4
+                    spans = []
+                await sleep_until_ns(ready)
+                payload = {
+                    "seq": r.seq,
+                    "text": " ".join(clause),
+                    "duration_ms": audio_ms(clause, cfg.words_per_minute),
+                    "last": last,
+                    "words": env.payload.get("words", 0),
+                    "segment": key[2],
+                    "meta": env.payload.get("meta", {}),
+                }
+                await self.bus.publish(self.reply(env, "tts.audio", payload, spans))
+                r.seq += 1
+                if last:
+                    return
+        finally:
+            self.replies.pop(key, None)
