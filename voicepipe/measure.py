@@ -7,6 +7,7 @@ the span covering it that started last (the most recent cause); instants no span
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -40,7 +41,7 @@ def measure(spans: Iterable[Span], t0_ns: int, t1_ns: int) -> Measurement:
     totals: dict[tuple[str, str], int] = {}
     modelled: dict[tuple[str, str], bool] = {}
     predicted = 0
-    for a, b in zip(cuts, cuts[1:], strict=False):
+    for a, b in itertools.pairwise(cuts):
         covering = [(s.start_ns, order, s) for lo, hi, order, s in clipped if lo <= a and hi >= b]
         if covering:
             _, _, s = max(covering, key=lambda c: (c[0], c[1]))

@@ -33,7 +33,8 @@ from voicepipe.report.svg import (
 )
 
 WATERFALL_MAX_BARS = 60
-MISSED_MAX_ROWS = 100
+MISSED_MAX_ROWS = 25
+MISSED_MAX_BARS = 30
 FAST_MS = 200.0
 
 CSS = """
@@ -56,8 +57,9 @@ p.caption { color:var(--muted); margin:0 0 12px; font-size:14px; }
 p.note { color:var(--muted); font-size:13px; font-style:italic; }
 table { border-collapse:collapse; width:100%; font-size:13.5px; margin:8px 0 4px; }
 th, td { padding:5px 8px; border-bottom:1px solid var(--line); text-align:left; vertical-align:top; }
-th { background:#fafafa; font-weight:600; white-space:nowrap; }
-td.num, th.num { text-align:right; font-variant-numeric:tabular-nums; white-space:nowrap; }
+th { background:#fafafa; font-weight:600; }
+td.num, th.num { text-align:right; font-variant-numeric:tabular-nums; }
+td.num { white-space:nowrap; }
 .ok { color:var(--good); font-weight:600; } .miss { color:var(--bad); font-weight:600; }
 .swatch { display:inline-block; width:10px; height:10px; border-radius:2px; margin-right:6px; }
 pre { background:#f3f4f6; padding:12px 14px; border-radius:6px; overflow:auto; font-size:12.5px;
@@ -356,7 +358,7 @@ def _missed(
     rows = []
     for name, r in missed[:MISSED_MAX_ROWS]:
         big = _largest(r)
-        said = (r.user_text[:60] + "…") if len(r.user_text) > 60 else r.user_text
+        said = (r.user_text[:38] + "…") if len(r.user_text) > 40 else r.user_text
         row = [esc(name)] if multi else []
         row += [
             str(r.turn),
@@ -372,7 +374,7 @@ def _missed(
             "—" if big is None else f"{big.ms:,.0f}",
         ]
         rows.append(row)
-    bars = [_turn_bar(r, budget_ms, f"{n} · " if multi else "") for n, r in missed[:30]]
+    bars = [_turn_bar(r, budget_ms, f"{n} · " if multi else "") for n, r in missed[:MISSED_MAX_BARS]]
     any_measured = any(not p.modelled for _, r in missed for p in r.breakdown)
     chart = hbar_chart(
         bars,
@@ -384,14 +386,14 @@ def _missed(
     notes = []
     if len(missed) > MISSED_MAX_ROWS:
         notes.append(f"Table shows the {MISSED_MAX_ROWS} slowest of {len(missed)} missed turns.")
-    if len(missed) > 30:
-        notes.append(f"Chart shows the 30 slowest of {len(missed)} missed turns.")
+    if len(missed) > MISSED_MAX_BARS:
+        notes.append(f"Chart shows the {MISSED_MAX_BARS} slowest of {len(missed)} missed turns.")
     return _section(
         "missed",
         "Turns that missed the budget",
         f"{len(missed)} of {total} turns went past {fmt_num(budget_ms)} ms or timed out, slowest first; "
         "the largest part is the single stretch of work that held the turn longest.",
-        _table(head, rows) + chart + "".join(f'<p class="note">{esc(n)}</p>' for n in notes),
+        chart + _table(head, rows) + "".join(f'<p class="note">{esc(n)}</p>' for n in notes),
     )
 
 

@@ -10,6 +10,7 @@ the turn's gap, and speaks the next turn.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -125,10 +126,8 @@ class Client(Stage):
         )
         # let the reply play out (or stop it), then the user's pause before speaking again
         if cfg.client.playout == "full" and record.status == "ok":
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(lis.done.wait(), cfg.client.turn_timeout_s)
-            except TimeoutError:
-                pass
             await sleep_until_ns(lis.play_until_ns)
         else:
             await self.bus.publish(
