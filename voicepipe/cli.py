@@ -62,7 +62,9 @@ SetOpt = Annotated[
 BrokerOpt = Annotated[
     str | None,
     typer.Option(
-        "--broker", "-b", help="mqtt://[user:pass@]host:port (default: env VOICEPIPE_BROKER, config, embedded)"
+        "--broker",
+        "-b",
+        help="mqtt://[user:pass@]host:port (default: env VOICEPIPE_BROKER, config, embedded)",
     ),
 ]
 ScenariosArg = Annotated[list[str], typer.Argument(help="Scenario files or shipped names (see `scenarios`).")]
@@ -110,7 +112,11 @@ def progress_bar(total: int, label: str) -> Progress:
 
 
 def run_live(
-    cfg: PipelineConfig, scenarios: list[Scenario], sessions: int, sink: Callable[[TurnRecord], None], label: str
+    cfg: PipelineConfig,
+    scenarios: list[Scenario],
+    sessions: int,
+    sink: Callable[[TurnRecord], None],
+    label: str,
 ):
     from voicepipe.runner import run_pipeline
 
@@ -157,7 +163,9 @@ def run(
     config: ConfigOpt = None,
     set_: SetOpt = None,
     broker: BrokerOpt = None,
-    json_out: Annotated[Path | None, typer.Option("--json", help="Write one JSON turn record per line.")] = None,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="Write one JSON turn record per line.")
+    ] = None,
     sessions: Annotated[int, typer.Option("--sessions", "-n", min=1, help="Concurrent copies of each.")] = 1,
     report: Annotated[Path | None, typer.Option("--report", help="Self-contained HTML report.")] = None,
     csv: Annotated[Path | None, typer.Option("--csv", help="Turn records as CSV.")] = None,

@@ -30,6 +30,11 @@ class Dist(Strict):
     median: float = Field(ge=0)
     p90: float = Field(ge=0)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _scalar(cls, v: Any) -> Any:
+        return {"median": v, "p90": v} if isinstance(v, int | float) else v
+
     @model_validator(mode="after")
     def _order(self) -> Dist:
         if self.p90 < self.median:
@@ -158,6 +163,14 @@ def apply_set(data: dict[str, Any], assignment: str) -> None:
     node[keys[-1]] = _parse_value(raw)
 
 
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``over`` on top of ``base``, recursively for mappings (so --set a.b=1 keeps a's other fields)."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
 def load_config(
     path: str | Path | None = None, sets: list[str] | tuple[str, ...] = (), broker: str | None = None
 ) -> PipelineConfig:
@@ -179,6 +192,7 @@ def load_config(
         if not isinstance(loaded, dict):
             raise UserError(source, "top level must be a mapping")
         data = loaded
+    data = _merge(PipelineConfig().model_dump(mode="python"), data)
     env_broker = os.environ.get("VOICEPIPE_BROKER")
     if env_broker and not broker:
         data.setdefault("broker", {})

@@ -29,15 +29,16 @@ SERVICE = "voicepipe"
 SPAN_KIND_INTERNAL = 1
 STATUS_OK, STATUS_ERROR = 1, 2
 
-# conventional attribute names for well-known parts: (stage, what) -> attribute
-_CONVENTIONAL: dict[tuple[str, str], str] = {
-    ("agent", "ttft"): "ttft",
-    ("council", "ttft"): "ttft",
-    ("tts", "first audio"): "ttfb",
-    ("tts", "ttfa"): "ttfb",
-    ("tts", "ttfb"): "ttfb",
-    ("tts", "time to first audio"): "ttfb",
-}
+
+def conventional_name(stage: str, what: str) -> str | None:
+    """The usual attribute name for a well-known part: an LLM's time to first token (``ttft``) and a TTS
+    engine's time to first audio byte (``ttfb``); ``None`` for anything else."""
+    w = what.lower()
+    if stage in ("agent", "council") and w == "ttft":
+        return "ttft"
+    if stage == "tts" and (w in ("ttfa", "ttfb") or "first audio" in w or "first byte" in w):
+        return "ttfb"
+    return None
 
 
 def _json_field(annotation: Any) -> bool:
@@ -144,7 +145,7 @@ def _child(r: TurnRecord, tid: str, parent: str, i: int, s: Span) -> dict[str, A
     ms = s.dur_ns / 1e6
     pairs: list[tuple[str, Any]] = [("stage", s.stage), ("what", s.what), ("modelled", s.modelled)]
     pairs.append(("duration_ms", ms))
-    conv = _CONVENTIONAL.get((s.stage, s.what))
+    conv = conventional_name(s.stage, s.what)
     if conv:
         pairs.append((conv, ms))
     if s.stage in ("agent", "council") and r.backend:

@@ -61,6 +61,9 @@ th { background:#fafafa; font-weight:600; }
 td.num, th.num { text-align:right; font-variant-numeric:tabular-nums; }
 td.num { white-space:nowrap; }
 .ok { color:var(--good); font-weight:600; } .miss { color:var(--bad); font-weight:600; }
+.said { display:inline-block; max-width:240px; overflow:hidden; text-overflow:ellipsis; white-space:nowrap;
+  vertical-align:bottom; }
+.nowrap { white-space:nowrap; }
 .swatch { display:inline-block; width:10px; height:10px; border-radius:2px; margin-right:6px; }
 pre { background:#f3f4f6; padding:12px 14px; border-radius:6px; overflow:auto; font-size:12.5px;
   line-height:1.4; }
@@ -197,6 +200,7 @@ def _summary(
             LegendItem("p90 → p99 (the slow tail)", "#bbb"),
         ],
         aria="latency percentiles per configuration against the budget",
+        x_max=_x_cap(runs, budget_ms),
         bar_h=22,
         gap=10,
     )
@@ -210,6 +214,25 @@ def _summary(
     )
 
 
+def _x_cap(runs: Sequence[Sequence[TurnRecord]], budget_ms: float) -> float | None:
+    """An x-axis limit that keeps a few extreme turns from squashing the rest (``None``: no cap).
+    Bars past it are clipped at the edge; their notes still give the true number."""
+    vals = [r.measured_ms for recs in runs for r in recs if r.measured_ms is not None]
+    p95 = percentile(vals, 95)
+    if p95 is None:
+        return None
+    top = max(vals)
+    cap = max(2.0 * p95, 1.5 * budget_ms)
+    return cap if top > cap else None
+
+
+def _cap_note(runs: Sequence[Sequence[TurnRecord]], x_max: float | None) -> list[str]:
+    if x_max is None:
+        return []
+    n = sum(1 for recs in runs for r in recs if r.measured_ms is not None and r.measured_ms > x_max)
+    return [f"The axis is cut at {x_max:,.0f} ms; {n} slower turn(s) are drawn at its edge."]
+
+
 def _fast_ref() -> RefLine:
     return RefLine(FAST_MS, f"{fmt_num(FAST_MS)} ms", "ref-line", "#1b7f3b", "3 3")
 
@@ -219,9 +242,10 @@ def _turn_bar(r: TurnRecord, budget_ms: float, prefix: str = "") -> Bar:
         Segment(
             p.ms,
             stage_colour(p.stage),
-            p.stage,
+            p.what,
             f"{p.stage} · {p.what}: {p.ms:.0f} ms ({'modelled' if p.modelled else 'measured'})",
             faded=not p.modelled,
+            short=p.stage,
         )
         for p in r.breakdown
     ]
@@ -240,9 +264,11 @@ def _waterfall(
     names: Sequence[str], runs: Sequence[Sequence[TurnRecord]], stages: Sequence[str], budget_ms: float
 ) -> str:
     per = max(10, WATERFALL_MAX_BARS // max(1, len(runs)))
+    x_max = _x_cap(runs, budget_ms)
     any_measured = any(not p.modelled for recs in runs for r in recs for p in r.breakdown)
-    parts = []
-    notes = []
+    parts: list[str] = []
+    notes: list[str] = []
+    cut: list[str] = []
     for i, (name, recs) in enumerate(zip(names, runs, strict=True)):
         if i * per >= WATERFALL_MAX_BARS:
             notes.append(f"{len(runs) - i} further configuration(s) not drawn; see the CDF and summary.")
@@ -257,10 +283,14 @@ def _waterfall(
                 refs=[budget_ref(budget_ms)],
                 legend_items=_stage_legend(stages, any_measured),
                 aria=f"per-turn latency waterfall for {name}",
+                x_max=x_max,
             )
         )
         if len(recs) > len(shown):
-            notes.append(f"{name}: showing the first {len(shown)} of {len(recs)} turns.")
+            cut.append(f"{name} {len(shown)} of {len(recs)}")
+    if cut:
+        notes.insert(0, f"Showing the first turns only ({'; '.join(cut)}); the CDF covers every turn.")
+    notes += _cap_note(runs, x_max)
     note_html = "".join(f'<p class="note">{esc(n)}</p>' for n in notes)
     return _section(
         "waterfall",
@@ -275,6 +305,7 @@ def _waterfall(
 def _cdf(
     names: Sequence[str], runs: Sequence[Sequence[TurnRecord]], sums: Sequence[Summary], budget_ms: float
 ) -> str:
+    x_max = _x_cap(runs, budget_ms)
     series = [
         Series(
             f"{name} ({_pct(s.within_budget)} ≤ {fmt_num(budget_ms)} ms)",
@@ -288,6 +319,7 @@ def _cdf(
         x_label="voice-to-voice latency, ms",
         refs=[budget_ref(budget_ms), _fast_ref()],
         aria="cumulative distribution of voice-to-voice latency per configuration",
+        x_max=x_max,
     )
     return _section(
         "cdf",
@@ -295,7 +327,7 @@ def _cdf(
         "For any latency on the x axis, the share of turns that had heard their reply by then; a line "
         "further left is faster, and the height where it crosses the red budget line is the share "
         "answered in time (timeouts never arrive, so their line stops short of 100%).",
-        chart,
+        chart + "".join(f'<p class="note">{esc(n)}</p>' for n in _cap_note(runs, x_max)),
     )
 
 
@@ -364,17 +396,18 @@ def _missed(
             str(r.turn),
             esc(r.scenario),
             esc(r.session),
-            esc(said),
+            f'<span class="said" title="{esc(r.user_text)}">{esc(said)}</span>',
             '<span class="miss">timeout</span>' if r.measured_ms is None else esc(_ms(r.measured_ms)),
             "—" if r.measured_ms is None else esc(_ms(r.measured_ms - budget_ms)),
             "—"
             if big is None
-            else f'<span class="swatch" style="background:{stage_colour(big.stage)}"></span>'
-            f"{esc(big.stage)} · {esc(big.what)}",
+            else f'<span class="nowrap"><span class="swatch" style="background:{stage_colour(big.stage)}">'
+            f"</span>{esc(big.stage)} · {esc(big.what)}</span>",
             "—" if big is None else f"{big.ms:,.0f}",
         ]
         rows.append(row)
     bars = [_turn_bar(r, budget_ms, f"{n} · " if multi else "") for n, r in missed[:MISSED_MAX_BARS]]
+    x_max = _x_cap(runs, budget_ms)
     any_measured = any(not p.modelled for _, r in missed for p in r.breakdown)
     chart = hbar_chart(
         bars,
@@ -382,6 +415,7 @@ def _missed(
         refs=[budget_ref(budget_ms)],
         legend_items=_stage_legend(stages, any_measured),
         aria="waterfall of the turns that missed the budget",
+        x_max=x_max,
     )
     notes = []
     if len(missed) > MISSED_MAX_ROWS:
@@ -429,6 +463,28 @@ def _tax(names: Sequence[str], runs: Sequence[Sequence[TurnRecord]], budget_ms: 
         diagonal="measured = predicted (no tax)",
         aria="measured versus predicted latency per turn",
     )
+    tax_bars = []
+    for i, (name, recs) in enumerate(zip(names, runs, strict=True)):
+        tax = [r.tax_ms for r in recs if r.tax_ms is not None]
+        p50, p99 = percentile(tax, 50), percentile(tax, 99)
+        if p50 is None or p99 is None:
+            tax_bars.append(Bar(name, (), "no measured turns"))
+            continue
+        c = series_colour(i)
+        segs = (
+            Segment(max(p50, 0.0), c, "", f"tax p50 {p50:.1f} ms"),
+            Segment(max(p99 - max(p50, 0.0), 0.0), c, "", f"tax p99 {p99:.1f} ms", faded=True),
+        )
+        note = f"p50 {p50:.1f} · p99 {p99:.1f} ms ({p50 / budget_ms:.1%} of the budget at p50)"
+        tax_bars.append(Bar(name, segs, note))
+    tax_chart = hbar_chart(
+        tax_bars,
+        x_label="pipeline tax per turn, ms (measured − predicted)",
+        legend_items=[LegendItem("0 → tax p50", "#555"), LegendItem("p50 → p99", "#555", faded=True)],
+        aria="pipeline tax per configuration",
+        bar_h=20,
+        gap=8,
+    )
     head = [
         ("configuration", False),
         ("turns", True),
@@ -441,8 +497,8 @@ def _tax(names: Sequence[str], runs: Sequence[Sequence[TurnRecord]], budget_ms: 
         "Measured vs predicted (the pipeline tax)",
         "Measured = first reply audio minus end of speech on the client's clock over the real MQTT bus; "
         "predicted = the modelled spans alone. Points above the grey diagonal paid a tax (bus hops, "
-        "scheduling); points above the red line missed the budget.",
-        chart + _table(head, rows),
+        "scheduling); points above the red line missed the budget. The bars below zoom in on the tax alone.",
+        chart + tax_chart + _table(head, rows),
     )
 
 

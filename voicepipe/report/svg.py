@@ -40,6 +40,7 @@ FONT = "system-ui, -apple-system, 'Segoe UI', Roboto, 'Helvetica Neue', Arial, s
 INK = "#222"
 MUTED = "#666"
 GRID = "#e6e6e6"
+HALO = 'stroke="#fff" stroke-width="3" stroke-linejoin="round" paint-order="stroke"'  # legible over lines
 
 
 def esc(text: object) -> str:
@@ -96,6 +97,7 @@ class Segment:
     label: str = ""  # drawn inside the segment when it fits
     tip: str = ""  # hover tooltip
     faded: bool = False
+    short: str = ""  # drawn instead of ``label`` when only a shorter text fits
 
 
 @dataclass(frozen=True)
@@ -195,7 +197,7 @@ def _vref(ref: RefLine, x: float, y_top: float, y_bot: float, anchor: str = "sta
         f'<g class="{esc(ref.css)}"><line x1="{x:.1f}" y1="{y_top:.1f}" x2="{x:.1f}" y2="{y_bot:.1f}" '
         f'stroke="{ref.colour}" stroke-width="1.8" stroke-dasharray="{ref.dash}"/>'
         f'<text x="{x + dx:.1f}" y="{y_top + 10:.1f}" text-anchor="{anchor}" fill="{ref.colour}" '
-        f'font-weight="600" font-size="11">{esc(ref.label)}</text></g>'
+        f'font-weight="600" font-size="11" {HALO}>{esc(ref.label)}</text></g>'
     )
 
 
@@ -237,6 +239,7 @@ def hbar_chart(
             f'<text x="{(x0 + x1) / 2:.1f}" y="{top + plot_h / 2 + 4:.1f}" text-anchor="middle" '
             f'fill="{MUTED}">no turns to show</text>'
         )
+    notes: list[str] = []
     for i, b in enumerate(bars):
         y = top + gap + i * (bar_h + gap)
         out.append('<g class="bar">')
@@ -260,19 +263,21 @@ def hbar_chart(
                 f'fill="{s.colour}"{op} stroke="#fff" stroke-width="0.6">'
                 f"{f'<title>{esc(s.tip)}</title>' if s.tip else ''}</rect>"
             )
-            if s.label and xb - xa > text_width(s.label, 10) + 6 and bar_h >= 13:
+            fits = [t for t in (s.label, s.short) if t and xb - xa > text_width(t, 10) + 6]
+            if fits and bar_h >= 13:
                 out.append(
                     f'<text x="{(xa + xb) / 2:.1f}" y="{y + bar_h * 0.7:.1f}" text-anchor="middle" '
-                    f'font-size="10" fill="#fff" pointer-events="none">{esc(s.label)}</text>'
+                    f'font-size="10" fill="#fff" pointer-events="none">{esc(fits[0])}</text>'
                 )
-        if b.note:
-            out.append(
-                f'<text x="{sx(acc) + 5:.1f}" y="{y + bar_h * 0.72:.1f}" font-size="11" '
-                f'fill="{b.note_colour}">{esc(b.note)}</text>'
-            )
         out.append("</g>")
+        if b.note:  # drawn after the reference lines so they stay legible
+            notes.append(
+                f'<text class="note" x="{sx(acc) + 5:.1f}" y="{y + bar_h * 0.72:.1f}" font-size="11" '
+                f'fill="{b.note_colour}" {HALO}>{esc(b.note)}</text>'
+            )
     for r in refs:
         out.append(_vref(r, sx(r.value), top - 14, bot))
+    out.extend(notes)
     out.append("</svg>")
     return "".join(out)
 
@@ -398,7 +403,7 @@ def scatter_chart(
             f'<g class="{esc(r.css)}"><line x1="{x0:.1f}" y1="{y:.1f}" x2="{x1:.1f}" y2="{y:.1f}" '
             f'stroke="{r.colour}" stroke-width="1.8" stroke-dasharray="{r.dash}"/>'
             f'<text x="{x1 - 4:.1f}" y="{y - 5:.1f}" text-anchor="end" fill="{r.colour}" font-weight="600" '
-            f'font-size="11">{esc(r.label)}</text></g>'
+            f'font-size="11" {HALO}>{esc(r.label)}</text></g>'
         )
     for s in series:
         out.append(f'<g class="points" fill="{s.colour}" fill-opacity="0.7">')

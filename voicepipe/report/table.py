@@ -49,17 +49,24 @@ def print_turns(console: Console, records: Sequence[TurnRecord], budget_ms: floa
 def _turn_table(
     records: Sequence[TurnRecord], title: str, show_path: bool, budget_ms: float, parts_w: int
 ) -> Table:
+    narrow = parts_w < 26  # room for one part only: show the largest, cut with an ellipsis
+    user_w = 12 if narrow else 20
     t = Table(title=title, header_style="bold", box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0))
     t.add_column("session", no_wrap=True, max_width=10, overflow="ellipsis")
     t.add_column("#", justify="right", no_wrap=True)
-    t.add_column("user said", no_wrap=True, max_width=20, overflow="ellipsis")
+    t.add_column("user said", no_wrap=True, max_width=user_w, overflow="ellipsis")
     t.add_column("meas ms", justify="right", no_wrap=True)
     t.add_column("pred ms", justify="right", no_wrap=True)
     t.add_column("tax", justify="right", no_wrap=True)
-    t.add_column("ok", justify="center", no_wrap=True)
+    t.add_column("ok", justify="center", no_wrap=True, min_width=2)
     if show_path:
         t.add_column("path", no_wrap=True, max_width=8, overflow="ellipsis")
-    t.add_column("largest parts (ms)", min_width=20)
+    t.add_column(
+        "largest (ms)" if narrow else "largest parts (ms)",
+        min_width=14,
+        no_wrap=narrow,
+        overflow="ellipsis" if narrow else "fold",
+    )
     for r in records:
         if r.measured_ms is None:
             meas: str | Text = Text("timeout", style="red")
@@ -68,11 +75,11 @@ def _turn_table(
             meas = _ms(r.measured_ms)
             over = r.measured_ms > budget_ms
             ok = Text("✗", style="bold red") if over else Text("✓", style="bold green")
-        row: list[str | Text] = [r.session, str(r.turn), _short(r.user_text, 20), meas]
+        row: list[str | Text] = [r.session, str(r.turn), _short(r.user_text, user_w), meas]
         row += [_ms(r.predicted_ms), _ms(r.tax_ms), ok]
         if show_path:
             row.append(r.path)
-        row.append(top_parts(r, 2, parts_w))
+        row.append(top_parts(r, 1 if narrow else 2, parts_w))
         t.add_row(*row)
     return t
 

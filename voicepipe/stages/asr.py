@@ -1,6 +1,7 @@
 """ASR: partial transcripts while the user speaks, endpointing, then the final transcript.
 
-Receives each spoken word after the uplink. Every word resets the endpoint timer; when the timer runs
+Receives each spoken word as its audio starts arriving (after the uplink), with its duration. Every word
+resets the endpoint timer, which starts counting silence when the word's audio ends; when it runs
 out (``silence``: a fixed wait; ``smart``: short if the utterance looks complete, long if not, plus the
 detector's inference time) the turn is endpointed, and the final transcript follows after the modelled
 finalisation latency. A word that arrives after an endpoint means the user was not done: the segment is
@@ -26,11 +27,15 @@ def looks_complete(text: str) -> bool:
     words = normalise(text).split()
     if not words:
         return False
-    if text.rstrip().endswith(("?", ".", "!")):
+    tail = text.rstrip()
+    if tail.endswith(("?", ".", "!")):
         return True
+    if tail.endswith((",", "-", "—", "…")):
+        return False
     dangling = {
         "um", "uh", "er", "erm", "hmm", "and", "or", "but", "so", "because", "the", "a", "an", "to",
         "of", "with", "for", "like", "i", "my", "is", "was", "if", "then", "that", "in", "on", "at",
+        "maybe", "think", "want", "need", "are", "be",
     }  # fmt: skip
     return words[-1] not in dangling
 
@@ -104,7 +109,9 @@ class ASR(Stage):
             qos=0,
         )
         annotated = self._annotation(u, env)
-        self.spawn(env.session, "endpoint", self._endpoint(env, u, arrived, annotated))
+        # the silence clock starts when this word's audio ends, not when it began arriving
+        speech_end = arrived + int(env.payload.get("dur_ns", 0))
+        self.spawn(env.session, "endpoint", self._endpoint(env, u, speech_end, annotated))
 
     def _annotation(self, u: Utterance, env: Envelope) -> bool | None:
         """Scenario's smart-turn label for a pause after this word (True at the utterance's last word)."""
@@ -114,12 +121,12 @@ class ASR(Stage):
             return u.complete_at_pauses[u.pauses_seen]
         return False
 
-    async def _endpoint(self, env: Envelope, u: Utterance, arrived: int, annotated: bool | None) -> None:
+    async def _endpoint(self, env: Envelope, u: Utterance, speech_end: int, annotated: bool | None) -> None:
         cfg = self.cfg.asr
         text = " ".join(u.words)
         wait_ms, infer_ms = endpoint_wait_ms(cfg, text, annotated)
         spans = list(env.spans)
-        t = arrived
+        t = speech_end
         spans.append(Span(stage="asr", what="endpoint wait", start_ns=t, dur_ns=round(wait_ms * 1e6)))
         t += round(wait_ms * 1e6)
         if infer_ms:

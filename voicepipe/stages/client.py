@@ -103,10 +103,13 @@ class Client(Stage):
         self.listening[session] = lis
         prev_end = 0.0
         for i, w in enumerate(words):
+            # a word's audio starts reaching the ASR one uplink after the user starts saying it
+            w_start = t_start + round(w.start_ms * 1e6)
             w_end = t_start + round(w.end_ms * 1e6)
-            await sleep_until_ns(w_end + uplink)
+            await sleep_until_ns(w_start + uplink)
             payload = {
                 "text": w.text,
+                "dur_ns": w_end - w_start,
                 "index": i,
                 "pause_before": w.start_ms - prev_end > 1.0,
                 "last_word": i == len(words) - 1,

@@ -1,0 +1,77 @@
+"""Shared fixtures: brokers (embedded amqtt, a spawned mosquitto) and tiny scenarios.
+
+Real-broker tests skip when no mosquitto binary exists — except under CI (CI=true), where they fail:
+the CI script installs mosquitto, so a missing binary there is a broken setup, not a reason to skip.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from voicepipe.brokers import Mosquitto, MosquittoMissing
+from voicepipe.config import load_config
+from voicepipe.scenario import Scenario, Turn
+
+UNDER_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def _mosquitto(**kw) -> Mosquitto:
+    try:
+        Mosquitto.binary()
+    except MosquittoMissing as exc:
+        if UNDER_CI or os.environ.get("VOICEPIPE_REQUIRE_MOSQUITTO"):
+            pytest.fail(f"real-broker tests are required here: {exc}")
+        pytest.skip(str(exc))
+    return Mosquitto(**kw)
+
+
+@pytest.fixture
+def mosquitto():
+    m = _mosquitto()
+    m.start()
+    yield m
+    m.stop()
+
+
+@pytest.fixture
+def mosquitto_nagle():
+    """A mosquitto like Debian's default config: no set_tcp_nodelay, so small messages stall."""
+    m = _mosquitto(nodelay=False)
+    m.start()
+    yield m
+    m.stop()
+
+
+@pytest.fixture
+def make_mosquitto():
+    started: list[Mosquitto] = []
+
+    def make(**kw) -> Mosquitto:
+        m = _mosquitto(**kw)
+        m.start()
+        started.append(m)
+        return m
+
+    yield make
+    for m in started:
+        m.stop()
+
+
+def tiny_scenario(name: str = "tiny", turns: int = 2) -> Scenario:
+    script = [
+        ("Hi, can I get a latte?", "Sure, one latte. Anything else for you today?"),
+        ("No thanks.", "Great, that will be four fifty, please."),
+        ("When do you close?", "We close at six tonight, thanks for asking."),
+    ]
+    return Scenario(
+        name=name,
+        turns=[Turn(user=u, reply=r, gap_ms=50, words_per_minute=220) for u, r in (script * 3)[:turns]],
+    )
+
+
+def fast_config(*sets: str, broker: str | None = None):
+    """A config that keeps integration tests short: fast backend, move on at first audio."""
+    base = ["client.playout=first_audio", "agent.backend=cerebras-llama-3.1-8b", "client.turn_timeout_s=10"]
+    return load_config(None, [*base, *sets], broker)

@@ -1,0 +1,407 @@
+"""Report and exports: HTML structure and self-containment, headless render, CSV and OTel round-trips."""
+
+from __future__ import annotations
+
+import io
+import random
+import re
+import shutil
+import struct
+import subprocess
+import zlib
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+from rich.console import Console
+
+from voicepipe.messages import Span
+from voicepipe.records import BreakdownPart, TurnRecord
+from voicepipe.report import otel_json, read_csv, read_otel, render_html, write_csv, write_otel
+from voicepipe.report.svg import esc, nice_ticks, stage_colour
+from voicepipe.report.table import print_summary, print_turns
+
+BUDGET = 800.0
+EPOCH_OFFSET = 1_700_000_000_000_000_000
+SECTIONS = ("summary", "waterfall", "cdf", "breakdown", "missed", "tax", "config")
+CHART_SECTIONS = ("summary", "waterfall", "cdf", "breakdown", "tax")
+
+# (stage, what, modelled, typical ms) along a plausible causal chain after the end of speech
+CHAIN = (
+    ("transport", "uplink", True, 40.0),
+    ("asr", "endpoint wait", True, 220.0),
+    ("bus", "hop", False, 3.0),
+    ("router", "route", True, 8.0),
+    ("bus", "hop", False, 3.0),
+    ("agent", "ttft", True, 300.0),
+    ("agent", "decode to first clause", True, 90.0),
+    ("bus", "hop", False, 3.0),
+    ("tts", "first audio", True, 120.0),
+    ("transport", "downlink", True, 45.0),
+)
+
+
+def make_record(
+    turn: int,
+    *,
+    label: str = "",
+    session: str = "s1",
+    seed: int = 0,
+    slow: float = 1.0,
+    timeout: bool = False,
+    path: str = "agent",
+) -> TurnRecord:
+    """A plausible turn: spans laid end to end after the end of speech; breakdown sums to measured."""
+    rng = random.Random(f"{label}|{session}|{turn}|{seed}")
+    t0 = 5_000_000_000 + turn * 10_000_000_000
+    spans = [Span(stage="asr", what="partial", start_ns=t0 - 400_000_000, dur_ns=150_000_000)]
+    parts: list[BreakdownPart] = []
+    t = t0
+    chain = CHAIN[:6] if timeout else CHAIN
+    for stage, what, modelled, ms in chain:
+        d_ms = ms * rng.uniform(0.6, 1.5) * (slow if stage == "agent" else 1.0)
+        d_ns = round(d_ms * 1e6)
+        spans.append(Span(stage=stage, what=what, start_ns=t, dur_ns=d_ns, modelled=modelled))
+        parts.append(BreakdownPart(stage=stage, what=what, ms=d_ns / 1e6, modelled=modelled))
+        t += d_ns
+    measured = (t - t0) / 1e6
+    predicted = sum(p.ms for p in parts if p.modelled)
+    return TurnRecord(
+        run="run-test",
+        label=label,
+        scenario="weather" if turn % 2 else "smalltalk",
+        session=session,
+        turn=turn,
+        user_text=f"what's the weather like in Paris on day {turn} <b>&</b>",
+        reply_text="It will be sunny.",
+        backend="sonnet-empirical",
+        status="timeout" if timeout else "ok",
+        measured_ms=None if timeout else measured,
+        predicted_ms=None if timeout else predicted,
+        tax_ms=None if timeout else measured - predicted,
+        budget_ms=BUDGET,
+        within_budget=not timeout and measured <= BUDGET,
+        breakdown=parts,
+        spans=spans,
+        end_of_speech_ns=t0,
+        first_audio_ns=None if timeout else t,
+        clock_offset_ns=EPOCH_OFFSET,
+        path=path,  # type: ignore[arg-type]
+        input_tokens=120,
+        output_tokens=40,
+        cost_usd=0.0012 * slow,
+        quality=0.8 if label == "council" else None,
+    )
+
+
+def make_runs(n: int = 12) -> dict[str, list[TurnRecord]]:
+    base = [make_record(i, label="baseline", session=f"s{i % 3}") for i in range(n)]
+    base.append(make_record(n, label="baseline", timeout=True))
+    slow = [make_record(i, label="council", slow=2.0, path="council") for i in range(n)]
+    return {"baseline": base, "council": slow}
+
+
+CONFIGS = {
+    "baseline": {"budget_ms": 800, "broker": {"url": "mqtt://localhost:1883"}, "agents": {"main": "sonnet"}},
+    "council": {"budget_ms": 800, "council": {"members": 3, "mode": "first"}},
+}
+
+
+class _Collector(HTMLParser):
+    """Tracks sections and what each contains; records mismatched nesting."""
+
+    VOID: ClassVar[frozenset[str]] = frozenset({"meta", "br", "img", "input", "link", "hr", "wbr", "source"})
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stack: list[str] = []
+        self.errors: list[str] = []
+        self.section: str | None = None
+        self.sections: dict[str, dict[str, int]] = {}
+        self.attrs: list[tuple[str, str, str]] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        for k, v in attrs:
+            self.attrs.append((tag, k, v or ""))
+        if tag == "section":
+            self.section = dict(attrs).get("id") or "?"
+            self.sections[self.section] = {"svg": 0, "budget": 0}
+        if self.section:
+            if tag == "svg":
+                self.sections[self.section]["svg"] += 1
+            if "budget-line" in (dict(attrs).get("class") or "").split():
+                self.sections[self.section]["budget"] += 1
+        if tag not in self.VOID:
+            self.stack.append(tag)
+
+    def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.handle_starttag(tag, attrs)
+        if tag not in self.VOID:
+            self.stack.pop()
+
+    def handle_endtag(self, tag: str) -> None:
+        if not self.stack or self.stack[-1] != tag:
+            self.errors.append(f"unexpected </{tag}> with open {self.stack[-3:]}")
+            return
+        self.stack.pop()
+        if tag == "section":
+            self.section = None
+
+
+def _parse(doc: str) -> _Collector:
+    p = _Collector()
+    p.feed(doc)
+    p.close()
+    return p
+
+
+@pytest.fixture(scope="module")
+def report() -> str:
+    return render_html(make_runs(), CONFIGS, title="test report", budget_ms=BUDGET)
+
+
+def test_html_parses_and_has_sections(report: str) -> None:
+    p = _parse(report)
+    assert p.errors == []
+    assert p.stack == [], f"unclosed tags: {p.stack}"
+    assert set(SECTIONS) <= set(p.sections)
+    for sid in CHART_SECTIONS:
+        assert p.sections[sid]["svg"] >= 1, sid
+        assert p.sections[sid]["budget"] >= 1, sid
+    # there are misses (the timeout and slow council turns), so the missed section draws them too
+    assert p.sections["missed"]["svg"] == 1 and p.sections["missed"]["budget"] == 1
+    for heading in (
+        "Per-turn waterfall",
+        "Latency distribution",
+        "Where the milliseconds go",
+        "Configuration",
+    ):
+        assert heading in report
+
+
+def test_html_is_self_contained(report: str) -> None:
+    p = _parse(report)
+    loading = {"src", "href", "xlink:href", "srcset", "data", "poster", "action", "background"}
+    for tag, k, v in p.attrs:
+        assert k not in loading, f"<{tag} {k}={v!r}> may load something"
+    assert tag_free(report, "script") and tag_free(report, "link") and tag_free(report, "iframe")
+    for m in re.finditer(r"url\(\s*['\"]?([^)'\"]*)", report):
+        assert m.group(1).startswith("#"), f"external url({m.group(1)})"
+    assert "@import" not in report
+
+
+def tag_free(doc: str, tag: str) -> bool:
+    return re.search(rf"<{tag}\b", doc, re.I) is None
+
+
+def test_html_content_escapes_and_reports(report: str) -> None:
+    assert "<b>&</b>" not in report  # user text is escaped
+    assert esc("<b>&</b>") in report
+    assert "mqtt://localhost:1883" in report  # config shown as text
+    assert "timeout" in report
+    assert "quality (modelled)" in report
+    assert "800 ms budget" in report and "200 ms" in report
+
+
+def test_html_handles_empty_and_plain_run() -> None:
+    doc = render_html({"": []}, {}, budget_ms=BUDGET)
+    assert _parse(doc).errors == []
+    recs = [make_record(i) for i in range(3)]
+    doc = render_html({"": recs}, {"": {"budget_ms": 800}})
+    p = _parse(doc)
+    assert p.errors == [] and set(SECTIONS) <= set(p.sections)
+    assert "quality (modelled)" not in doc
+    assert "run-test" in doc
+
+
+def test_waterfall_caps_bars() -> None:
+    recs = [make_record(i) for i in range(150)]
+    doc = render_html({"big": recs}, {})
+    p = _parse(doc)
+    assert "big 60 of 150" in doc
+    wf = doc[doc.index('id="waterfall"') : doc.index('id="cdf"')]
+    assert wf.count('class="bar"') == 60
+    assert p.errors == []
+
+
+def test_svg_helpers() -> None:
+    assert nice_ticks(830)[-1] >= 830 and nice_ticks(830)[0] == 0
+    assert len(nice_ticks(830)) <= 8
+    assert stage_colour("agent") != stage_colour("tts")
+    assert stage_colour("mystery") == stage_colour("mystery")
+
+
+# --- exports --------------------------------------------------------------------------------------
+
+
+def test_csv_round_trip(tmp_path: Path) -> None:
+    runs = make_runs(5)
+    recs = [r for rs in runs.values() for r in rs]
+    path = tmp_path / "turns.csv"
+    write_csv(recs, path)
+    back = read_csv(path)
+    assert back == recs
+    header = path.read_text().splitlines()[0].split(",")
+    assert "measured_ms" in header and "stage_ms.agent" in header
+
+
+def test_csv_none_and_text_fields(tmp_path: Path) -> None:
+    r = make_record(1, timeout=True).model_copy(update={"user_text": 'a, "quoted"\nline', "quality": None})
+    write_csv([r], tmp_path / "t.csv")
+    (back,) = read_csv(tmp_path / "t.csv")
+    assert back.measured_ms is None and back.quality is None and back.user_text == r.user_text
+    assert back.breakdown == r.breakdown and back.spans == r.spans
+
+
+def test_otel_round_trip(tmp_path: Path) -> None:
+    recs = [make_record(i, session=f"s{i % 2}") for i in range(4)] + [make_record(9, timeout=True)]
+    doc = otel_json(recs)
+    rs = doc["resourceSpans"][0]
+    assert rs["resource"]["attributes"][0] == {"key": "service.name", "value": {"stringValue": "voicepipe"}}
+    write_otel(recs, tmp_path / "t.json")
+    spans = read_otel(tmp_path / "t.json")
+    assert len(spans) == sum(1 + len(r.spans) for r in recs)
+    by_trace: dict[str, list[dict]] = {}
+    for s in spans:
+        assert re.fullmatch(r"[0-9a-f]{32}", s["trace_id"]) and int(s["trace_id"], 16)
+        assert re.fullmatch(r"[0-9a-f]{16}", s["span_id"]) and int(s["span_id"], 16)
+        assert s["end_ns"] >= s["start_ns"] > EPOCH_OFFSET
+        by_trace.setdefault(s["trace_id"], []).append(s)
+    assert len(by_trace) == len(recs)
+    assert len({s["span_id"] for s in spans}) == len(spans)
+    for r in recs:
+        tspans = next(v for v in by_trace.values() if v[0]["attributes"]["turn"] == r.turn)
+        root, children = tspans[0], tspans[1:]
+        assert root["name"] == "turn" and root["parent_span_id"] == ""
+        assert all(c["parent_span_id"] == root["span_id"] for c in children)
+        assert [c["name"] for c in children] == [f"{s.stage}.{s.what}" for s in r.spans]
+        assert root["start_ns"] == r.end_of_speech_ns + EPOCH_OFFSET
+        for c, s in zip(children, r.spans, strict=True):
+            assert c["start_ns"] == s.start_ns + EPOCH_OFFSET and c["end_ns"] == s.end_ns + EPOCH_OFFSET
+        a = root["attributes"]
+        assert a["within_budget"] is r.within_budget and a["scenario"] == r.scenario
+        if r.measured_ms is None:
+            assert "e2e_latency" not in a
+        else:
+            assert root["end_ns"] == r.first_audio_ns + EPOCH_OFFSET
+            assert a["e2e_latency"] == pytest.approx(r.measured_ms)
+            assert a["tax"] == pytest.approx(r.tax_ms) and a["budget"] == BUDGET
+            assert (root["end_ns"] - root["start_ns"]) / 1e6 == pytest.approx(r.measured_ms)
+        ttft = next(c for c in children if c["name"] == "agent.ttft")
+        assert ttft["attributes"]["ttft"] == pytest.approx((ttft["end_ns"] - ttft["start_ns"]) / 1e6)
+        if r.status == "ok":
+            ttfb = next(c for c in children if c["name"] == "tts.first audio")
+            assert "ttfb" in ttfb["attributes"] and ttfb["attributes"]["modelled"] is True
+    # deterministic ids: the same records give the same document
+    assert otel_json(recs) == doc
+
+
+# --- terminal tables ------------------------------------------------------------------------------
+
+
+def test_rich_tables_fit_and_mark_budget() -> None:
+    runs = make_runs(4)
+    buf = io.StringIO()
+    con = Console(file=buf, width=100, color_system=None)
+    print_turns(con, runs["baseline"] + runs["council"], BUDGET)
+    print_summary(con, runs)
+    out = buf.getvalue()
+    assert max(len(line) for line in out.splitlines()) <= 100
+    assert "✓" in out and "timeout" in out and "path" in out
+    assert "agent ttft" in out and "client's clock" in out
+    assert "baseline" in out and "council" in out and "p99" in out
+
+
+# --- headless render ------------------------------------------------------------------------------
+
+
+def _chromium() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
+        if path := shutil.which(name):
+            return path
+    return None
+
+
+def png_pixels(data: bytes) -> tuple[int, int, list[bytes]]:
+    """Decode an 8-bit non-interlaced RGB/RGBA PNG into rows of raw pixel bytes (no PIL)."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat, hdr = 8, b"", b""
+    while pos < len(data):
+        (n,) = struct.unpack(">I", data[pos : pos + 4])
+        kind, body = data[pos + 4 : pos + 8], data[pos + 8 : pos + 8 + n]
+        if kind == b"IHDR":
+            hdr = body
+        elif kind == b"IDAT":
+            idat += body
+        pos += 12 + n
+    w, h, depth, ctype, _, _, interlace = struct.unpack(">IIBBBBB", hdr)
+    assert depth == 8 and ctype in (2, 6) and interlace == 0, (depth, ctype, interlace)
+    bpp = 3 if ctype == 2 else 4
+    raw = zlib.decompress(idat)
+    stride = w * bpp
+    rows: list[bytes] = []
+    prev = bytearray(stride)
+    for y in range(h):
+        f = raw[y * (stride + 1)]
+        line = bytearray(raw[y * (stride + 1) + 1 : (y + 1) * (stride + 1)])
+        for i in range(stride):
+            a = line[i - bpp] if i >= bpp else 0
+            b = prev[i]
+            c = prev[i - bpp] if i >= bpp else 0
+            if f == 1:
+                line[i] = (line[i] + a) & 0xFF
+            elif f == 2:
+                line[i] = (line[i] + b) & 0xFF
+            elif f == 3:
+                line[i] = (line[i] + (a + b) // 2) & 0xFF
+            elif f == 4:
+                p = a + b - c
+                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                pred = a if pa <= pb and pa <= pc else b if pb <= pc else c
+                line[i] = (line[i] + pred) & 0xFF
+        rows.append(bytes(line))
+        prev = line
+    return w, bpp, rows
+
+
+@pytest.mark.skipif(_chromium() is None, reason="no chromium binary")
+def test_renders_in_headless_chromium(tmp_path: Path, report: str) -> None:
+    html_path = tmp_path / "report.html"
+    html_path.write_text(report, encoding="utf-8")
+    png = tmp_path / "shot.png"
+    cmd = [
+        str(_chromium()),
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--hide-scrollbars",
+        f"--user-data-dir={tmp_path / 'profile'}",
+        f"--screenshot={png}",
+        "--window-size=1280,2000",
+        html_path.as_uri(),
+    ]
+    subprocess.run(cmd, capture_output=True, timeout=60, check=False)
+    assert png.exists() and png.stat().st_size > 1000
+    w, bpp, rows = png_pixels(png.read_bytes())
+    colours: set[bytes] = set()
+    for row in rows[::7]:
+        for x in range(0, w * bpp, bpp * 5):
+            colours.add(row[x : x + 3])
+    assert len(colours) > 20, f"only {len(colours)} colours: blank render?"
+    assert stage_colour("agent").lstrip("#") in {c.hex() for c in colours}  # the waterfall drew agent bars
+
+
+def test_axis_cut_keeps_outliers_from_squashing() -> None:
+    recs = [make_record(i) for i in range(20)]
+    slow = recs[3]
+    extra = BreakdownPart(stage="agent", what="cold start", ms=20_000.0 - (slow.measured_ms or 0.0))
+    recs[3] = slow.model_copy(update={"measured_ms": 20_000.0, "breakdown": [*slow.breakdown, extra]})
+    doc = render_html({"": recs}, {})
+    cdf = doc[doc.index('id="cdf"') : doc.index('id="breakdown"')]
+    assert "The axis is cut at" in cdf and ">20,000<" not in cdf
+    assert "20000 ms ✗" in doc  # the clipped bar still states its true latency

@@ -1,0 +1,277 @@
+"""Hardware-modelled LLM backends: ``make_hardware_backend("cerebras-wse3/llama-3.1-8b")`` or a dict.
+
+Dict keys: ``hardware``, ``model`` (required); ``precision``, ``tp``, ``max_batch``, ``context`` (tokens
+per sequence the system is sized for, default 4096), ``speculative: {alpha, gamma, draft_cost}``,
+``fast`` (same model at a small max batch, priced accordingly), ``prompt_cache`` (honour the request's
+``cached_prompt_tokens``; default true).
+
+``predict`` is the idle device: ``ttft = t_step(prefill of prompt − cached)`` (that forward pass emits
+token 0), ``tpot = t_step(1 sequence at prompt + output/2 context) / E``. ``start`` runs the request on the
+backend's one shared :class:`~voicepipe.hardware.serving.DeviceServer`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from voicepipe.backends.base import LLMRequest, Prices, Timing
+from voicepipe.hardware.catalog import Device, ModelSpec, check_precision, device, model
+from voicepipe.hardware.model import (
+    DoesNotFit,
+    Speculative,
+    System,
+    decode_step_s,
+    make_system,
+    max_sequences,
+    mean_context,
+    mixed_step_s,
+    prefill_s,
+    tokens_per_step,
+    tp_options,
+)
+from voicepipe.hardware.quality import quality_of
+from voicepipe.hardware.serving import DeviceServer, DeviceStream, prefill_split
+
+DEFAULT_MAX_BATCH = 64  # vLLM's default max_num_seqs is 256; 64 is a latency-oriented deployment
+FAST_MAX_BATCH = 4  # "fast mode": the same model on the same chips, at most 4 sequences per step
+DEFAULT_CONTEXT = 4096
+SRAM_MIN_BATCH = 8  # SRAM systems get chips for at least 8 sequences of KV
+PRICE_PROMPT_TOKENS = 4096  # prefill chunk used to price input tokens
+SPEC_KEYS = {"hardware", "model", "precision", "tp", "max_batch", "context", "speculative", "fast", "prompt_cache"}
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """A sized serving configuration (what a backend is built from; also used by the CLI sweep)."""
+
+    system: System
+    max_batch: int
+    context: int
+    spec: Speculative | None = None
+    fast: bool = False
+    prompt_cache: bool = True
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+def parse_spec(spec: str | dict[str, Any]) -> dict[str, Any]:
+    if isinstance(spec, str):
+        hw, sep, mdl = spec.partition("/")
+        if not sep or not hw or not mdl:
+            raise ValueError(f"hardware backend {spec!r} must look like DEVICE/MODEL")
+        return {"hardware": hw.strip(), "model": mdl.strip()}
+    if not isinstance(spec, dict):
+        raise ValueError(f"hardware backend spec must be DEVICE/MODEL or a mapping, got {type(spec).__name__}")
+    unknown = sorted(set(spec) - SPEC_KEYS)
+    if unknown:
+        raise ValueError(f"unknown hardware backend field {unknown[0]!r}; allowed: {', '.join(sorted(SPEC_KEYS))}")
+    for key in ("hardware", "model"):
+        if not spec.get(key):
+            raise ValueError(f"hardware backend needs a {key!r} field")
+    return dict(spec)
+
+
+def _int(cfg: dict[str, Any], key: str, lo: int = 1) -> int | None:
+    value = cfg.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+        raise ValueError(f"{key} must be an integer >= {lo}, got {value!r}")
+    return value
+
+
+def _speculative(value: Any) -> Speculative | None:
+    if value is None or value is False:
+        return None
+    if not isinstance(value, dict):
+        raise ValueError("speculative must be a mapping {alpha, gamma, draft_cost}")
+    extra = sorted(set(value) - {"alpha", "gamma", "draft_cost"})
+    if extra:
+        raise ValueError(f"unknown speculative field {extra[0]!r}")
+    try:
+        return Speculative(float(value["alpha"]), int(value["gamma"]), float(value.get("draft_cost", 0.05)))
+    except KeyError as exc:
+        raise ValueError(f"speculative needs {exc.args[0]!r}") from None
+
+
+def deploy(cfg: dict[str, Any]) -> Deployment:
+    """Size the system for a parsed spec (raises ValueError / DoesNotFit with a one-line reason)."""
+    dev: Device = device(str(cfg["hardware"]))
+    mdl: ModelSpec = model(str(cfg["model"]))
+    prec = check_precision(str(cfg.get("precision") or mdl.default_precision))
+    tp = _int(cfg, "tp")
+    asked_batch = _int(cfg, "max_batch")
+    context = _int(cfg, "context") or DEFAULT_CONTEXT
+    fast = bool(cfg.get("fast", False))
+    notes: list[str] = []
+    if asked_batch is not None:
+        system = make_system(dev, mdl, prec, tp=tp, seqs=asked_batch, context=context)
+        max_batch = asked_batch
+    elif dev.kind == "sram":
+        leftover = max_sequences(make_system(dev, mdl, prec, seqs=1, context=context), context)
+        max_batch = max(SRAM_MIN_BATCH, min(DEFAULT_MAX_BATCH, leftover))
+        system = make_system(dev, mdl, prec, seqs=max_batch, context=context)
+        notes.append(f"max_batch {max_batch}: KV room left beside the weights (at least {SRAM_MIN_BATCH})")
+    else:
+        try:
+            system = make_system(dev, mdl, prec, tp=tp, seqs=DEFAULT_MAX_BATCH, context=context)
+            max_batch = DEFAULT_MAX_BATCH
+        except DoesNotFit:
+            system = _widest_useful(dev, mdl, prec, tp, context)
+            max_batch = max_sequences(system, context)
+            notes.append(f"max_batch {max_batch}: KV memory left at tp {system.chips}")
+    if fast:
+        max_batch = min(max_batch, FAST_MAX_BATCH)
+    return Deployment(
+        system=system,
+        max_batch=max_batch,
+        context=context,
+        spec=_speculative(cfg.get("speculative")),
+        fast=fast,
+        prompt_cache=bool(cfg.get("prompt_cache", True)),
+        notes=tuple(notes),
+    )
+
+
+def _widest_useful(dev: Device, mdl: ModelSpec, prec: str, tp: int | None, context: int) -> System:
+    """Fallback when 64 sequences don't fit: the first TP width holding 8 sequences, else the widest."""
+    widths = [tp] if tp is not None else tp_options(dev)
+    last: System | None = None
+    for width in widths:
+        system = System(dev, mdl, prec, width)
+        n = max_sequences(system, context)
+        if n >= 8:
+            return system
+        if n >= 1:
+            last = system
+    if last is None:
+        return make_system(dev, mdl, prec, tp=tp, seqs=1, context=context)  # raises DoesNotFit
+    return last
+
+
+def aggregate_tokens_per_s(dep: Deployment, batch: int) -> float:
+    """Modelled output tok/s of the whole system with ``batch`` sequences at half the sized context."""
+    step = float(decode_step_s(dep.system, batch, dep.context / 2, dep.spec))
+    return batch * tokens_per_step(dep.spec) / step
+
+
+def modelled_prices(dep: Deployment) -> Prices:
+    """$/Mtok from the chips' hourly price and modelled throughput (output at max batch; input prefill)."""
+    sys_ = dep.system
+    per_hour = sys_.chips * sys_.device.price_per_chip_hour
+    out_tps = aggregate_tokens_per_s(dep, dep.max_batch)
+    in_tps = PRICE_PROMPT_TOKENS / float(prefill_s(sys_, PRICE_PROMPT_TOKENS))
+    return Prices(
+        input_per_mtok=per_hour / (in_tps * 3600) * 1e6,
+        output_per_mtok=per_hour / (out_tps * 3600) * 1e6,
+        source=(
+            f"MODELLED: {sys_.chips} x {sys_.device.key} at ${sys_.device.price_per_chip_hour}/chip-h "
+            f"({sys_.device.sources['price_per_chip_hour']}) / modelled throughput at max_batch {dep.max_batch}"
+        ),
+    )
+
+
+def prices_for(dep: Deployment) -> Prices:
+    """The public per-token price for this device+model if one exists (fast mode scaled by the modelled
+    cost ratio), else :func:`modelled_prices`."""
+    sys_ = dep.system
+    public = sys_.model.prices.get(sys_.device.key)
+    if public is None or sys_.precision != sys_.model.default_precision:
+        return modelled_prices(dep)
+    if not dep.fast:
+        return Prices(public.input, public.output, public.source)
+    normal = deploy({"hardware": sys_.device.key, "model": sys_.model.key, "context": dep.context})
+    ratio = modelled_prices(dep).output_per_mtok / modelled_prices(normal).output_per_mtok
+    return Prices(
+        public.input * ratio,
+        public.output * ratio,
+        f"{public.source} x {ratio:.2f} (MODELLED fast-mode cost ratio: max_batch {dep.max_batch} "
+        f"vs {normal.max_batch})",
+    )
+
+
+class HardwareBackend:
+    """A :class:`voicepipe.backends.base.Backend` on a modelled device; one shared device per object."""
+
+    kind = "hardware"
+
+    def __init__(self, dep: Deployment, name: str) -> None:
+        self.deployment = dep
+        self.system = dep.system
+        self.name = name
+        self.prices = prices_for(dep)
+        self.quality = quality_of(dep.system.model.key)
+        self.server = DeviceServer(
+            dep.system, max_batch=dep.max_batch, spec=dep.spec, prompt_cache=dep.prompt_cache
+        )
+
+    def predict(self, req: LLMRequest, rng: np.random.Generator) -> Timing:
+        """Idle device: deterministic physics (``rng`` unused)."""
+        n, cached = prefill_split(req, self.deployment.prompt_cache)
+        spec = self.deployment.spec
+        ttft = float(mixed_step_s(self.system, 0, 0.0, prefill_tokens=n, prefill_cached=cached, spec=spec))
+        ctx = mean_context(req.prompt_tokens, req.output_tokens)
+        step = float(mixed_step_s(self.system, 1, ctx, spec=spec))
+        return Timing(ttft_s=ttft, tpot_s=step / tokens_per_step(spec))
+
+    def start(self, req: LLMRequest, t0_ns: int, rng: np.random.Generator) -> DeviceStream:
+        return self.server.open(req, t0_ns)
+
+    def describe(self) -> dict[str, object]:
+        dep, sys_ = self.deployment, self.system
+        probe = LLMRequest(session="describe", turn=0, prompt_tokens=1024, output_tokens=256)
+        t = self.predict(probe, np.random.default_rng(0))
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "hardware": sys_.device.key,
+            "model": sys_.model.key,
+            "precision": sys_.precision,
+            "chips": sys_.chips,
+            "max_batch": dep.max_batch,
+            "context": dep.context,
+            "fast": dep.fast,
+            "prompt_cache": dep.prompt_cache,
+            "speculative": None if dep.spec is None else dep.spec.__dict__,
+            "modelled": True,
+            "ttft_ms_1024_prompt": t.ttft_s * 1e3,
+            "tokens_per_s": 1.0 / t.tpot_s,
+            "aggregate_tokens_per_s_at_max_batch": aggregate_tokens_per_s(dep, dep.max_batch),
+            "price_in_per_mtok": self.prices.input_per_mtok,
+            "price_out_per_mtok": self.prices.output_per_mtok,
+            "price_source": self.prices.source,
+            "quality": self.quality,
+            "notes": list(dep.notes),
+            "sources": {
+                "device": dict(sys_.device.sources),
+                "model": dict(sys_.model.sources),
+                "method": "MODELLED: voicepipe.hardware.model (docs/hardware-model.md)",
+            },
+        }
+
+
+def backend_name(cfg: dict[str, Any], dep: Deployment) -> str:
+    sys_ = dep.system
+    name = f"{sys_.device.key}/{sys_.model.key}"
+    if sys_.precision != sys_.model.default_precision:
+        name += f"@{sys_.precision}"
+    if cfg.get("tp") is not None:
+        name += f"+tp{sys_.chips}"
+    if cfg.get("max_batch") is not None:
+        name += f"+b{dep.max_batch}"
+    if dep.spec is not None:
+        name += "+spec"
+    if dep.fast:
+        name += "+fast"
+    if not dep.prompt_cache:
+        name += "+nocache"
+    return name
+
+
+def make_hardware_backend(spec: str | dict[str, Any]) -> HardwareBackend:
+    """Build a hardware backend from ``DEVICE/MODEL`` or a mapping (raises ValueError naming the bad field)."""
+    cfg = parse_spec(spec)
+    dep = deploy(cfg)
+    return HardwareBackend(dep, backend_name(cfg, dep))

@@ -1,0 +1,538 @@
+"""A shared device on virtual time: continuous batching, FCFS queue, prefix cache, speculative decoding.
+
+The device is a fluid model of a continuous-batching engine. Between membership changes (an arrival, a
+prefill finishing, a sequence finishing, a cancel) its state is constant, so every decoding sequence
+advances at the same rate ``E / t_step`` tokens per second, where ``t_step`` is
+:func:`voicepipe.hardware.model.mixed_step_s` of the current batch (``d`` decoders, their KV tokens,
+and the prompt being prefilled, if any — prefill shares the step and slows every decoder) and ``E`` the
+expected tokens per step (1, or ``(1 − α^(γ+1)) / (1 − α)`` with speculative decoding).
+
+That shared rate gives a single progress clock ``V(t) = ∫ E / t_step dt``: a sequence that joined decode at
+``V_join`` emits token ``i`` when ``V = V_join + i``. ``V`` is piecewise linear, so token times are closed
+form. Arrivals and cancels change the future, so the server keeps:
+
+* the *realised* past — the state at ``self.t`` and the breakpoints of ``V`` so far — which never changes;
+* a *projection* of the future assuming no more arrivals, recomputed lazily once per change (``version``).
+
+``DeviceStream.token_time(i)`` sleeps until the projected instant of token ``i`` and re-reads the
+projection if the version moved meanwhile (one timer per waiting token, no background tasks).
+
+Admission: FCFS; the head of the queue starts its prefill when no other prefill runs and fewer than
+``max_batch`` sequences hold slots. A request alone on the device realises exactly
+``t0 + prefill_s(prompt − cached) + i · t_step(1, ctx) / E`` = :meth:`HardwareBackend.predict`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import math
+from bisect import bisect_left
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from voicepipe.backends.base import LLMRequest
+from voicepipe.clock import now_ns
+from voicepipe.hardware.model import Speculative, System, mean_context, mixed_step_s, tokens_per_step
+from voicepipe.messages import Span
+
+INF = math.inf
+
+
+def prefill_split(req: LLMRequest, prompt_cache: bool = True) -> tuple[int, int]:
+    """(tokens to prefill, cached tokens): cached prefix skips prefill; at least one token runs."""
+    cached = min(req.cached_prompt_tokens, max(req.prompt_tokens - 1, 0)) if prompt_cache else 0
+    return max(req.prompt_tokens - cached, 1), cached
+
+
+@dataclass(eq=False)
+class Job:
+    """One request on the device; realised times (float ns) fill in as the device's past advances."""
+
+    id: int
+    req: LLMRequest
+    arrive_ns: float
+    prefill_tokens: int
+    cached_tokens: int
+    context: float
+    outputs: int
+    start_ns: float | None = None  # prefill started (left the queue)
+    first_ns: float | None = None  # token 0 emitted (prefill done)
+    v_join: float | None = None
+    finish_ns: float | None = None
+    cancelled: bool = False
+    history: tuple[list[float], list[float], list[float]] | None = None  # own V breakpoints once done
+
+
+@dataclass
+class _Curve:
+    """Piecewise-linear progress clock: breakpoints (t, V) and the rate after each."""
+
+    t: list[float] = field(default_factory=list)
+    v: list[float] = field(default_factory=list)
+    r: list[float] = field(default_factory=list)
+
+    def add(self, t: float, v: float, r: float) -> None:
+        if self.t and self.t[-1] == t:
+            self.v[-1], self.r[-1] = v, r
+        else:
+            self.t.append(t)
+            self.v.append(v)
+            self.r.append(r)
+
+    def time_at(self, target: float) -> float | None:
+        """First time V reaches ``target`` along this curve (None if it never does)."""
+        k = bisect_left(self.v, target)
+        if k < len(self.v) and self.v[k] == target:
+            while k > 0 and self.v[k - 1] == target:
+                k -= 1
+            return self.t[k]
+        if k == 0:
+            return None
+        if self.r[k - 1] <= 0:
+            return None
+        return self.t[k - 1] + (target - self.v[k - 1]) / self.r[k - 1]
+
+
+@dataclass
+class _Projection:
+    curve: _Curve
+    start: dict[int, float]
+    first: dict[int, float]
+    v_join: dict[int, float]
+    finish: dict[int, float]
+
+
+class _State:
+    """The engine state at time ``t`` and the event loop that moves it forward."""
+
+    def __init__(self, server: DeviceServer) -> None:
+        self.server = server
+        self.t = 0.0
+        self.v = 0.0
+        self.heap: list[tuple[float, int]] = []  # (V at which the member finishes, job id)
+        self.members: dict[int, Job] = {}
+        self.kv = 0.0
+        self.prefill: Job | None = None
+        self.prefill_left = 0.0  # fraction of the current prefill still to run
+        self.queue: deque[Job] = deque()
+
+    def copy(self) -> _State:
+        s = _State(self.server)
+        s.t, s.v, s.kv = self.t, self.v, self.kv
+        s.heap = list(self.heap)
+        s.members = dict(self.members)
+        s.prefill, s.prefill_left = self.prefill, self.prefill_left
+        s.queue = deque(self.queue)
+        return s
+
+    def step_ns(self) -> float:
+        pf = self.prefill
+        return self.server.step_ns(
+            len(self.members), self.kv, pf.prefill_tokens if pf else 0, pf.cached_tokens if pf else 0
+        )
+
+    def rate(self) -> float:
+        """Decode progress per ns (0 when nobody decodes)."""
+        return self.server.tokens_per_step / self.step_ns() if self.members else 0.0
+
+    def admit(self, on: _Recorder) -> None:
+        while self.prefill is None and self.queue and len(self.members) + 1 <= self.server.max_batch:
+            job = self.queue.popleft()
+            self.prefill, self.prefill_left = job, 1.0
+            on.start(job, self.t)
+
+    def run(self, until: float, on: _Recorder) -> None:
+        """Process every event up to ``until`` (inclusive), then move the state to ``until``."""
+        while True:
+            while self.heap and self.heap[0][1] not in self.members:
+                heapq.heappop(self.heap)  # lazily drop cancelled members
+            step = self.step_ns()
+            r = self.server.tokens_per_step / step if self.members else 0.0
+            t_pf = self.t + self.prefill_left * step if self.prefill is not None else INF
+            t_fin = self.t + (self.heap[0][0] - self.v) / r if self.heap else INF
+            t_ev = min(t_pf, t_fin)
+            if t_ev > until or t_ev == INF:
+                if until != INF and until > self.t:
+                    self._move(until, r, step)
+                return
+            if t_pf <= t_fin:
+                self._move(t_ev, r, step)
+                job = self.prefill
+                assert job is not None
+                self.prefill, self.prefill_left = None, 0.0
+                on.first(job, self.t, self.v)
+                if job.outputs <= 1:
+                    on.finish(job, self.t)
+                else:
+                    self.members[job.id] = job
+                    self.kv += job.context
+                    heapq.heappush(self.heap, (self.v + job.outputs - 1, job.id))
+            else:
+                target, jid = heapq.heappop(self.heap)
+                self._move(t_ev, r, step)
+                self.v = target
+                job = self.members.pop(jid)
+                self.kv -= job.context
+                on.finish(job, self.t)
+            if not self.members:
+                self.kv = 0.0
+            self.admit(on)
+            on.mark(self.t, self.v, self.rate())
+
+    def _move(self, t: float, r: float, step: float) -> None:
+        dt = t - self.t
+        if self.members:
+            self.v += r * dt
+        if self.prefill is not None:
+            self.prefill_left = max(0.0, self.prefill_left - dt / step)
+        self.t = t
+
+
+class _Recorder:
+    """Where the event loop writes what happened (real past) or what will happen (projection)."""
+
+    def __init__(
+        self, curve: _Curve, proj: _Projection | None = None, on_done: Callable[[Job], None] | None = None
+    ) -> None:
+        self.curve = curve
+        self.proj = proj
+        self.on_done = on_done
+
+    def start(self, job: Job, t: float) -> None:
+        if self.proj is None:
+            job.start_ns = t
+        else:
+            self.proj.start[job.id] = t
+
+    def first(self, job: Job, t: float, v: float) -> None:
+        if self.proj is None:
+            job.first_ns, job.v_join = t, v
+        else:
+            self.proj.first[job.id], self.proj.v_join[job.id] = t, v
+
+    def finish(self, job: Job, t: float) -> None:
+        if self.proj is None:
+            job.finish_ns = t
+            if self.on_done is not None:
+                self.on_done(job)
+        else:
+            self.proj.finish[job.id] = t
+
+    def mark(self, t: float, v: float, r: float) -> None:
+        self.curve.add(t, v, r)
+
+
+class DeviceServer:
+    """One simulated serving instance shared by every stream started on it."""
+
+    def __init__(
+        self,
+        system: System,
+        *,
+        max_batch: int,
+        spec: Speculative | None = None,
+        prompt_cache: bool = True,
+        stage: str = "agent",
+    ) -> None:
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        self.system = system
+        self.max_batch = max_batch
+        self.spec = spec
+        self.prompt_cache = prompt_cache
+        self.stage = stage
+        self.tokens_per_step = tokens_per_step(spec)
+        self.version = 0
+        self._state = _State(self)
+        self._history = _Curve()
+        self._real = _Recorder(self._history, on_done=self._finalise)
+        self._proj: _Projection | None = None
+        self._proj_version = -1
+        self._ids = 0
+        self._step_cache: dict[tuple[int, float, int, int], float] = {}
+        self._waiters: set[asyncio.Future[None]] = set()
+        self._committed = -INF  # latest token instant handed out; the past before it is fixed
+
+    # ------------------------------------------------------------ model
+
+    def step_ns(self, decoders: int, kv: float, prefill: int, cached: int) -> float:
+        key = (decoders, kv, prefill, cached)
+        got = self._step_cache.get(key)
+        if got is None:
+            s = mixed_step_s(
+                self.system, decoders, kv, prefill_tokens=prefill, prefill_cached=cached, spec=self.spec
+            )
+            got = float(s) * 1e9
+            if len(self._step_cache) > 65536:
+                self._step_cache.clear()
+            self._step_cache[key] = got
+        return got
+
+    # ------------------------------------------------------------ membership changes
+
+    def submit(self, req: LLMRequest, t0_ns: float) -> Job:
+        """A request arrives at ``t0_ns`` (clamped to the device's realised past)."""
+        t = max(float(t0_ns), self._state.t, self._committed)
+        self._advance(t)
+        n, m = prefill_split(req, self.prompt_cache)
+        self._ids += 1
+        job = Job(
+            id=self._ids,
+            req=req,
+            arrive_ns=t,
+            prefill_tokens=n,
+            cached_tokens=m,
+            context=mean_context(req.prompt_tokens, req.output_tokens),
+            outputs=max(req.output_tokens, 1),
+        )
+        self._state.queue.append(job)
+        self._state.admit(self._real)
+        self._changed()
+        return job
+
+    def cancel(self, job: Job, t_ns: float | None = None) -> None:
+        """Free ``job``'s slot (or queue place) from ``t_ns`` (default: now) on."""
+        if job.cancelled or self._done_by(job, self._state.t):
+            return
+        t = max(float(now_ns() if t_ns is None else t_ns), self._state.t)
+        self._advance(t)
+        if job.finish_ns is not None:
+            return
+        job.cancelled = True
+        s = self._state
+        if job in s.queue:
+            s.queue.remove(job)
+        elif s.prefill is job:
+            s.prefill, s.prefill_left = None, 0.0
+        elif job.id in s.members:
+            del s.members[job.id]
+            s.kv = s.kv - job.context if s.members else 0.0
+        self._finalise(job)
+        s.admit(self._real)
+        self._changed()
+
+    def _done_by(self, job: Job, t: float) -> bool:
+        return job.finish_ns is not None and job.finish_ns <= t
+
+    def _advance(self, t: float) -> None:
+        self._state.run(t, self._real)
+        self._prune()
+
+    def _changed(self) -> None:
+        s = self._state
+        self._history.add(s.t, s.v, s.rate())
+        self.version += 1
+        for fut in self._waiters:
+            if not fut.done():
+                fut.set_result(None)
+
+    def _prune(self) -> None:
+        """Forget realised breakpoints no live member can need (finished jobs keep their own copy)."""
+        h = self._history
+        if len(h.t) < 4096:
+            return
+        joins = [j.v_join for j in self._state.members.values() if j.v_join is not None]
+        floor_v = min(joins) if joins else self._state.v
+        k = max(0, bisect_left(h.v, floor_v) - 1)
+        if k > 0:
+            del h.t[:k], h.v[:k], h.r[:k]
+
+    def _finalise(self, job: Job) -> None:
+        """Keep a finished/cancelled job's own slice of the realised curve."""
+        if job.history is not None or job.v_join is None:
+            return
+        h = self._history
+        k = max(0, bisect_left(h.v, job.v_join) - 1)
+        job.history = (h.t[k:], h.v[k:], h.r[k:])
+
+    # ------------------------------------------------------------ projection
+
+    def projection(self) -> _Projection:
+        if self._proj is None or self._proj_version != self.version:
+            proj = _Projection(_Curve(), {}, {}, {}, {})
+            state = self._state.copy()
+            proj.curve.add(state.t, state.v, state.rate())
+            state.run(INF, _Recorder(proj.curve, proj))
+            self._proj, self._proj_version = proj, self.version
+        return self._proj
+
+    def first_ns(self, job: Job) -> float:
+        if job.first_ns is not None:
+            return job.first_ns
+        proj = self.projection()
+        return proj.first.get(job.id, INF)
+
+    def start_ns(self, job: Job) -> float:
+        if job.start_ns is not None:
+            return job.start_ns
+        return self.projection().start.get(job.id, INF)
+
+    def token_ns(self, job: Job, i: int) -> float:
+        """Projected (or realised) instant of output token ``i`` of ``job`` (float ns)."""
+        i = min(max(i, 0), job.outputs - 1)
+        if i == 0:
+            return self.first_ns(job)
+        if job.v_join is None:
+            proj = self.projection()
+            v_join = proj.v_join.get(job.id)
+            if v_join is None:
+                return INF
+            t = proj.curve.time_at(v_join + i)
+            return INF if t is None else t
+        target = job.v_join + i
+        if job.history is not None:
+            c = _Curve(*job.history)
+            t = c.time_at(target)
+            return INF if t is None else t
+        if target <= self._state.v:
+            t = self._history.time_at(target)
+            if t is not None:
+                return t
+        t = self.projection().curve.time_at(target)
+        return INF if t is None else t
+
+    def finish_ns(self, job: Job) -> float:
+        if job.finish_ns is not None:
+            return job.finish_ns
+        return self.token_ns(job, job.outputs - 1)
+
+    # ------------------------------------------------------------ live streams
+
+    def open(self, req: LLMRequest, t0_ns: int) -> DeviceStream:
+        return DeviceStream(self, self.submit(req, t0_ns), int(t0_ns))
+
+    async def wait_change_or(self, deadline_ns: int) -> None:
+        """Sleep until ``deadline_ns`` or until the schedule changes, whichever is first."""
+        delay = (deadline_ns - now_ns()) / 1e9
+        if delay <= 0:
+            return
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        handle = loop.call_later(delay, lambda: fut.done() or fut.set_result(None))
+        self._waiters.add(fut)
+        try:
+            await fut
+        finally:
+            handle.cancel()
+            self._waiters.discard(fut)
+
+    def commit(self, t_ns: int) -> None:
+        self._committed = max(self._committed, float(t_ns))
+
+    def load(self) -> dict[str, int]:
+        s = self._state
+        return {"decoding": len(s.members), "prefilling": int(s.prefill is not None), "queued": len(s.queue)}
+
+
+class DeviceStream:
+    """A :class:`voicepipe.backends.base.TokenStream` on a shared :class:`DeviceServer`.
+
+    After :meth:`cancel` the device no longer spends work on the request; tokens that had a realised
+    decode rate keep following it (like ``ScheduledStream``), others resolve at once.
+    """
+
+    def __init__(self, server: DeviceServer, job: Job, t0_ns: int) -> None:
+        self.server = server
+        self.job = job
+        self.t0_ns = t0_ns
+        self._got: dict[int, int] = {}
+
+    def at_ns(self, i: int) -> int:
+        """Best current knowledge of token ``i``'s instant (int ns; later arrivals may delay it)."""
+        if i in self._got:
+            return self._got[i]
+        t = self.server.token_ns(self.job, i)
+        if t == INF:
+            if self.job.cancelled:
+                return max(now_ns(), self.t0_ns)
+            raise RuntimeError(f"token {i} of {self.job.req.session}/{self.job.req.turn} has no schedule")
+        return round(t)
+
+    async def token_time(self, i: int) -> int:
+        if i in self._got:
+            return self._got[i]
+        while True:
+            t = self.at_ns(i)
+            if now_ns() >= t:
+                break
+            await self.server.wait_change_or(t)
+        self._got[i] = t
+        self.server.commit(t)
+        return t
+
+    def spans(self, upto_token: int) -> list[Span]:
+        stage = self.server.stage
+        first = self.at_ns(0)
+        began = self.server.start_ns(self.job)
+        start = first if began == INF else min(max(round(began), self.t0_ns), first)
+        out: list[Span] = []
+        if start > self.t0_ns:
+            out.append(Span(stage=stage, what="queue", start_ns=self.t0_ns, dur_ns=start - self.t0_ns))
+        out.append(Span(stage=stage, what="ttft", start_ns=start, dur_ns=first - start))
+        end = self.at_ns(upto_token)
+        if end > first:
+            out.append(Span(stage=stage, what="decode", start_ns=first, dur_ns=end - first))
+        return out
+
+    def cancel(self) -> None:
+        self.server.cancel(self.job)
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    """Outcome of a closed-loop load run on virtual time (see :func:`closed_loop`)."""
+
+    clients: int
+    requests: int
+    duration_s: float
+    output_tokens: int
+    mean_ttft_s: float
+    mean_user_tokens_per_s: float  # decode rate one user sees (tokens 1.. over their decode time)
+
+    @property
+    def aggregate_tokens_per_s(self) -> float:
+        return self.output_tokens / self.duration_s
+
+
+def closed_loop(
+    server: DeviceServer,
+    clients: int,
+    requests_per_client: int,
+    prompt_tokens: int,
+    output_tokens: int,
+    cached_prompt_tokens: int = 0,
+) -> LoadResult:
+    """``clients`` users each send a request as soon as their previous one finished (virtual time only).
+
+    A finish is final once no arrival precedes it, so the run walks arrivals and finishes in time order.
+    """
+    pending: list[tuple[float, int, int]] = [(0.0, c, 0) for c in range(clients)]
+    active: dict[int, tuple[Job, int]] = {}
+    done: list[Job] = []
+    while pending or active:
+        fin = min(((server.finish_ns(j), c) for c, (j, _) in active.items()), default=(INF, -1))
+        arrival = pending[0][0] if pending else INF
+        if active and fin[0] <= arrival:
+            job, k = active.pop(fin[1])
+            done.append(job)
+            if k + 1 < requests_per_client:
+                heapq.heappush(pending, (fin[0], fin[1], k + 1))
+            continue
+        t, c, k = heapq.heappop(pending)
+        req = LLMRequest(f"u{c}", k, prompt_tokens, output_tokens, cached_prompt_tokens)
+        active[c] = (server.submit(req, t), k)
+    end = max(server.finish_ns(j) for j in done)
+    ttft = [server.first_ns(j) - j.arrive_ns for j in done]
+    rates = [
+        (j.outputs - 1) / ((server.finish_ns(j) - server.first_ns(j)) / 1e9) for j in done if j.outputs > 1
+    ]
+    return LoadResult(
+        clients=clients,
+        requests=len(done),
+        duration_s=end / 1e9,
+        output_tokens=sum(j.outputs for j in done),
+        mean_ttft_s=sum(ttft) / len(ttft) / 1e9,
+        mean_user_tokens_per_s=sum(rates) / len(rates) if rates else INF,
+    )
