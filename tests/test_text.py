@@ -1,3 +1,5 @@
+import itertools
+
 from voicepipe.config import TTSConfig
 from voicepipe.stages.agent import chunk_ends
 from voicepipe.stages.tts import split_clauses
@@ -9,7 +11,7 @@ def test_speak_times_words_and_pauses():
     assert [w.text for w in words] == ["Hi", "there", "friend"]
     gap = words[2].start_ms - words[1].end_ms
     assert gap == 900
-    assert all(b.start_ms >= a.end_ms for a, b in zip(words, words[1:], strict=False))
+    assert all(b.start_ms >= a.end_ms for a, b in itertools.pairwise(words))
     assert speak("a [1.5s] b", 150)[1].start_ms - speak("a [1.5s] b", 150)[0].end_ms == 1500
 
 
@@ -53,4 +55,4 @@ def test_agent_chunks_end_at_clauses_or_size():
     ends = chunk_ends(toks, 4)
     assert ends[-1] == len(toks) - 1
     assert ends[0] == 0  # "Sure," ends a clause
-    assert all(b - a <= 4 for a, b in zip(ends, ends[1:], strict=False))
+    assert all(b - a <= 4 for a, b in itertools.pairwise(ends))
