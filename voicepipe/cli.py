@@ -143,7 +143,7 @@ def write_outputs(
     if report:
         from voicepipe.report.html import render_html
 
-        report.write_text(render_html(runs, configs, budget_ms=budget_ms))
+        report.write_text(render_html(runs, configs, budget_ms=budget_ms), encoding="utf-8")
         err.print(f"report: {report}")
     if csv:
         from voicepipe.report.export import write_csv
