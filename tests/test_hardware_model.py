@@ -149,7 +149,7 @@ def test_moe_reads_only_active_experts_at_small_batch():
 
 
 def test_fits_and_does_not_fit():
-    with pytest.raises(hm.DoesNotFit, match="llama-3.1-405b"):
+    with pytest.raises(hm.DoesNotFit, match=r"llama-3\.1-405b"):
         hm.make_system(dev("a100-40gb"), mdl("llama-3.1-405b"))
     with pytest.raises(hm.DoesNotFit):
         hm.make_system(dev("h100-sxm"), mdl("llama-3.1-70b"), tp=1)
@@ -251,4 +251,26 @@ def test_doc_residual_table_matches_model():
     doc = (Path(__file__).resolve().parents[1] / "docs" / "hardware-model.md").read_text()
     m = re.search(r"<!-- residuals:begin -->\n(.*?)\n<!-- residuals:end -->", doc, re.S)
     assert m, "docs/hardware-model.md lacks the residual table markers"
-    assert m.group(1).strip() == hw.residual_table().strip(), "regenerate: python -m voicepipe.hardware"
+    assert m.group(1).strip() == hw.residual_table().strip(), (
+        "regenerate: python -c 'import voicepipe.hardware as h; h.update_doc()'"
+    )
+
+
+def test_gpu_bench_runs_a_tiny_shape_on_cpu(monkeypatch):
+    pytest.importorskip("torch")
+    import importlib.util
+    import sys
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "gpu_decode.py"
+    spec = importlib.util.spec_from_file_location("gpu_decode", path)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "gpu_decode", bench)
+    spec.loader.exec_module(bench)
+    rows = bench.main(
+        ["--shape", "tiny", "--device", "cpu", "--batches", "1,2", "--steps", "2", "--context", "32"]
+    )
+    assert [r["batch"] for r in rows] == [1, 2]
+    assert all(float(r["measured_ms"]) > 0 for r in rows)
+    kernel, serving = bench.modelled("h200-sxm", "llama-3.1-8b", 1, 1024)
+    assert serving - kernel == pytest.approx(hm.DEFAULT_EFFICIENCY.step_overhead_s)

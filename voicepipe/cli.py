@@ -210,6 +210,199 @@ def run(
     write_outputs({"": sink.records}, {"": config_dict(cfg)}, report, csv, otel, cfg.budget_ms)
 
 
+ConfigsOpt = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--config",
+        "-c",
+        help="Pipeline config YAML (repeatable: one row per file; with --vary, several files are crossed "
+        "with the varied values, one file is the base).",
+    ),
+]
+VaryOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--vary",
+        help="Vary one config field: path.to.field=v1,v2,... (values parsed as YAML like --set; a value "
+        "containing a comma is not supported). Give twice for a grid of two fields.",
+    ),
+]
+
+
+def _run_error(cfg: PipelineConfig, exc: BaseException) -> typer.Exit | None:
+    """The one-line failure for a broker that cannot be reached; None for anything else."""
+    if isinstance(exc, OSError):
+        return fail(f"broker {cfg.broker.url or 'embedded'}: cannot connect ({exc})")
+    if type(exc).__name__ == "MqttError":
+        return fail(f"broker {cfg.broker.url or 'embedded'}: {exc}")
+    return None
+
+
+def compare_table(
+    rows: list,
+    names: list[str],
+    heading: str,
+    title: str,
+    stage_width: int | None = None,
+    expected: int | None = None,
+) -> Table:
+    """One row per configuration: percentiles, budget shares, modelled cost and quality, and the largest
+    stages (on one line, or wrapped into lines of ``stage_width``)."""
+    from rich import box
+    from rich.text import Text
+
+    from voicepipe.compare import fmt_usd, join_parts
+
+    budgets = {r.budget_ms for r in rows}
+    budget = budgets.pop() if len(budgets) == 1 else None
+    t = Table(
+        title=title,
+        title_justify="left",
+        header_style="bold",
+        box=box.SIMPLE_HEAD,
+        padding=(0, 1, 0, 0),
+        caption="latency measured on the client clock over MQTT; cost and quality modelled from catalog "
+        "prices/benchmarks",
+        caption_justify="left",
+        caption_style="dim",
+    )
+    name_w = min(24, max(len(heading), *(len(n) for n in names)))
+    t.add_column(heading, no_wrap=True, min_width=name_w, max_width=30, overflow="ellipsis")
+    for h in ("p50", "p90", "p99"):
+        t.add_column(f"{h}\nms", justify="right", no_wrap=True, min_width=5)
+    t.add_column(f"≤{budget:.0f}\nms" if budget else "in\nbudget", justify="right", no_wrap=True, min_width=4)
+    t.add_column("<200\nms", justify="right", no_wrap=True, min_width=4)
+    t.add_column("$ per\n1k turns", justify="right", no_wrap=True, min_width=7)
+    t.add_column("quality\nmodelled", justify="right", no_wrap=True, min_width=8)
+    t.add_column("largest stages\n(mean ms)", min_width=12, no_wrap=True, overflow="ellipsis")
+
+    def ms(v: float | None) -> str:
+        return "—" if v is None else f"{v:,.0f}"
+
+    for name, r in zip(names, rows, strict=True):
+        share_style = "green" if r.within_budget >= 0.9 else "red" if r.within_budget < 0.5 else "yellow"
+        p50 = Text(ms(r.p50_ms), style=("green" if r.fits else "red") + (" bold" if r.best_p50 else ""))
+        planned = max(r.turns, expected or 0)
+        label = Text(name + (f" ({r.answered}/{planned})" if r.answered < planned else ""))
+        cost = Text(fmt_usd(r.cost_per_1k_usd), style="bold cyan" if r.cheapest else "")
+        qual = Text(
+            "—" if r.quality is None else f"{r.quality * 100:.0f}%",
+            style="bold cyan" if r.best_quality else "",
+        )
+        stages = join_parts([f"{st} {v:,.0f}" for st, v in r.top_stages(3)], stage_width) or "—"
+        t.add_row(
+            label,
+            p50,
+            ms(r.p90_ms),
+            ms(r.p99_ms),
+            Text(f"{r.within_budget * 100:.0f}%", style=share_style),
+            f"{r.under_200ms * 100:.0f}%",
+            cost,
+            qual,
+            stages,
+        )
+    return t
+
+
+@app.command()
+def compare(
+    scenario: ScenariosArg,
+    config: ConfigsOpt = None,
+    vary: VaryOpt = None,
+    set_: SetOpt = None,
+    broker: BrokerOpt = None,
+    sessions: Annotated[int, typer.Option("--sessions", "-n", min=1, help="Concurrent copies of each.")] = 1,
+    json_out: Annotated[
+        Path | None,
+        typer.Option("--json", help="Write every turn record (JSON lines) with its configuration label."),
+    ] = None,
+    csv: Annotated[Path | None, typer.Option("--csv", help="Turn records as CSV.")] = None,
+    report: Annotated[Path | None, typer.Option("--report", help="Self-contained HTML report.")] = None,
+    otel: Annotated[Path | None, typer.Option("--otel", help="Per-turn spans as OTLP/JSON traces.")] = None,
+    predict: Annotated[
+        bool, typer.Option("--predict", help="Predict instead of running (large grids). Not yet built.")
+    ] = False,
+) -> None:
+    """Run the same scenarios under several configurations: one row each with latency, budget share, cost.
+
+    Configurations are whole files (--config a.yaml --config b.yaml), one field varied (--vary agent.backend=sonnet-gpu,groq-llama-3.1-8b), or a grid of two fields (--vary twice).
+
+    Runs are sequential and real time, with the same seed; Ctrl-C keeps what was measured.
+    """
+    from voicepipe.compare import compare_rows, display_names, join_parts, plan_variants, verdict
+
+    # --- hook: `compare --predict` (issue 5 part 2) -- wire to `voicepipe predict` once it exists ---
+    if predict:
+        raise fail("--predict needs `voicepipe predict` (not yet built)")
+
+    with user_errors():
+        variants = plan_variants(config or [], vary or [], set_ or [], broker)
+        scs = load_scenarios(scenario)
+
+    from voicepipe.runner import run_pipeline
+
+    per_run = sum(len(s.turns) for s in scs) * sessions
+    sink = RecordSink(json_out)
+    runs: dict[str, list[TurnRecord]] = {}
+    results = {}
+    interrupted = False
+    try:
+        with progress_bar(per_run * len(variants), "comparing") as prog:
+            task = prog.task_ids[0]
+            for i, (label, cfg) in enumerate(variants):
+                prog.update(task, description=f"{i + 1}/{len(variants)} {label}")
+                sink.label = label
+                got = runs.setdefault(label, [])
+
+                def on_record(r: TurnRecord, got: list[TurnRecord] = got) -> None:
+                    sink(r)
+                    got.append(r)
+                    prog.advance(task)
+
+                try:
+                    results[label] = asyncio.run(run_pipeline(cfg, scs, sessions, on_record=on_record))
+                except Exception as exc:
+                    failure = _run_error(cfg, exc)
+                    if failure is None:
+                        raise
+                    raise failure from None
+    except KeyboardInterrupt:
+        interrupted = True
+        n = sum(len(v) for v in runs.values())
+        err.print(f"interrupted: keeping {n} measured turns")
+    finally:
+        sink.close()
+
+    runs = {k: v for k, v in runs.items() if v}
+    if not runs:
+        return
+    rows = compare_rows(runs)
+    heading, names = display_names(list(runs))
+    sc_names = ", ".join(s.name for s in scs)
+    title = f"compare: {sc_names} · {per_run} turns each" + (" · interrupted" if interrupted else "")
+    from rich.measure import Measurement
+
+    table = compare_table(rows, names, heading, title, expected=per_run)
+    excess = Measurement.get(out, out.options.update_width(1000), table).maximum - out.width
+    if excess > 0:  # fold the stage parts onto more lines rather than cut anything
+        widest = max(len(join_parts([f"{st} {v:,.0f}" for st, v in r.top_stages(3)])) for r in rows)
+        table = compare_table(rows, names, heading, title, max(1, widest - excess), per_run)
+    out.print(table)
+    for line in verdict(rows, names):
+        out.print(line, highlight=False, markup=False, soft_wrap=True)
+    seen: set[str] = set()
+    for label, res in results.items():
+        for w in res.warnings:
+            if w not in seen:
+                seen.add(w)
+                err.print(f"[bold yellow]warning:[/] {label}: {w}", soft_wrap=True)
+        if res.deadletters:
+            err.print(f"[yellow]{label}: {res.deadletters} malformed bus message(s) dead-lettered[/]")
+    cfgs = dict(variants)
+    budget = next(iter(cfgs.values())).budget_ms
+    write_outputs(runs, {k: config_dict(cfgs[k]) for k in runs}, report, csv, otel, budget)
+
+
 @app.command()
 def scenarios() -> None:
     """List the shipped scenarios."""

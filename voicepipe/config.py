@@ -82,14 +82,83 @@ class ASRConfig(Strict):
     finalize_ms: Dist = Dist(median=100.0, p90=140.0)
 
 
+class RuleWhen(Strict):
+    """All given conditions must hold (absent ones match anything)."""
+
+    intent: list[str] | None = None
+    complexity: list[Literal["low", "medium", "high"]] | None = None
+    keywords: list[str] | None = None  # any of these words in the final transcript
+    max_words: int | None = None
+    min_words: int | None = None
+
+
+class Rule(Strict):
+    when: RuleWhen = RuleWhen()
+    to: str  # "cache", "council", "agent" (the main one) or "agent:NAME"
+
+
+class PreemptiveConfig(Strict):
+    """Start the LLM on a partial transcript that has been stable a while; commit or cancel at the end.
+
+    LiveKit's preemptive generation: LLM only (TTS waits), <= 3 tries per turn, reused only if the final
+    transcript matches ignoring case and punctuation (reference-figures.md)."""
+
+    enabled: bool = False
+    stable_ms: float = Field(150.0, ge=0)
+    max_tries: int = Field(3, ge=1)
+
+
 class RouterConfig(Strict):
     policy: Literal["single", "rules", "classifier"] = "single"
     agent: str = "main"  # the agent a `single` route goes to
+    rules: list[Rule] = Field(default_factory=list)  # policy `rules`: first match wins
+    default: str = "agent"  # where `rules` sends a turn no rule matched
+    # policy `classifier`: a small built-in complexity classifier (modelled, e.g. a BERT-size model on
+    # CPU: ~5-15 ms; RouteLLM-style one routing step). Routes low -> `classifier_low`, else `default`.
+    classifier_ms: float = Field(10.0, ge=0)
+    classifier_low: str = "cache"
+    cache_first: bool = False  # try the cache before any agent route (a miss falls through)
+    preemptive: PreemptiveConfig = PreemptiveConfig()
+
+
+class CacheConfig(Strict):
+    """Speculative response cache. GPTCache defaults: similarity threshold 0.8, LRU 1,000 entries."""
+
+    enabled: bool = False
+    threshold: float = Field(0.8, ge=0, le=1)
+    partial_threshold: float = Field(0.9, ge=0, le=1)  # confidence needed to pre-render on a partial
+    capacity: int = Field(1000, ge=0)  # learned entries (LRU)
+    learn: bool = True  # answers generated earlier become entries
+    lookup_ms: float = Field(2.0, ge=0)  # modelled embedding + lookup time
+    entries: list[dict[str, Any]] = Field(default_factory=list)  # {questions: [...], answer: ...}
+
+
+class CouncilConfig(Strict):
+    members: list[str | dict[str, Any]] = Field(default_factory=list)
+    aggregation: Literal["first", "vote", "judge", "draft-refine"] = "first"
+    k: int = Field(2, ge=1)  # vote: the first k complete answers vote
+    judge: str | dict[str, Any] | None = None  # judge / refine backend (default: first member)
+    judge_gain: float = Field(0.02, ge=0, le=1)  # modelled accuracy a judge adds over its best member
+    deadline_ms: float = Field(3000.0, gt=0)  # members not done by then are dropped
+
+    @field_validator("members", "judge")
+    @classmethod
+    def _known(cls, v: Any) -> Any:
+        from voicepipe.backends import UnknownBackend, validate_spec
+
+        for spec in v if isinstance(v, list) else ([v] if v is not None else []):
+            try:
+                validate_spec(spec)
+            except UnknownBackend as exc:
+                raise ValueError(str(exc)) from None
+        return v
 
 
 class AgentConfig(Strict):
     name: str = "main"
     backend: str | dict[str, Any] = "sonnet-gpu"
+    # further named agents a router can send turns to: {fast: cerebras-llama-3.1-8b, ...}
+    extra: dict[str, str | dict[str, Any]] = Field(default_factory=dict)
     # system prompt + tools + history before the first turn; history grows each turn
     prompt_tokens: int = Field(1000, ge=0)
     chunk_tokens: int = Field(12, ge=1)  # text streams in chunks: at clause ends or this many tokens
@@ -105,6 +174,16 @@ class AgentConfig(Strict):
             raise ValueError(str(exc)) from None
         return v
 
+    @field_validator("extra")
+    @classmethod
+    def _known_extra(cls, v: dict[str, Any]) -> dict[str, Any]:
+        for spec in v.values():
+            cls._known(spec)
+        return v
+
+    def backends(self) -> dict[str, str | dict[str, Any]]:
+        return {self.name: self.backend, **self.extra}
+
 
 class TTSConfig(Strict):
     # Cartesia Sonic-3 p50 188 ms time to first audio (Coval independent benchmark, May 2026); p90 assumed.
@@ -112,6 +191,8 @@ class TTSConfig(Strict):
     aggregate: Literal["clause", "sentence"] = "clause"
     min_clause_words: int = Field(3, ge=1)  # don't synthesise a lone "Sure," — too choppy
     words_per_minute: float = Field(165.0, gt=0)  # speaking rate of the reply audio
+    # barge-in: VAD onset before TTS stops (Silero VAD frames are 32 ms; a start needs ~2 — modelled)
+    barge_in_detect_ms: float = Field(64.0, ge=0)
 
 
 class ClientConfig(Strict):
@@ -129,6 +210,8 @@ class PipelineConfig(Strict):
     router: RouterConfig = RouterConfig()
     agent: AgentConfig = AgentConfig()
     tts: TTSConfig = TTSConfig()
+    cache: CacheConfig = CacheConfig()
+    council: CouncilConfig = CouncilConfig()
     client: ClientConfig = ClientConfig()
 
     def backend_label(self) -> str:

@@ -54,6 +54,7 @@ class TurnRecord(BaseModel):
     cost_usd: float = 0.0
     quality: float | None = None  # modelled accuracy in [0, 1]; None when unknown
     premature_endpoint: bool = False
+    false_hit: bool = False  # cache answered with something other than the scenario's reply
     barge_in_stop_ms: float | None = None
 
     def stage_ms(self) -> dict[str, float]:

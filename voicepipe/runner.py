@@ -18,7 +18,9 @@ from voicepipe.scenario import Scenario
 from voicepipe.stages.agent import Agent
 from voicepipe.stages.asr import ASR
 from voicepipe.stages.base import RunContext, Stage
+from voicepipe.stages.cache import Cache
 from voicepipe.stages.client import Client
+from voicepipe.stages.council import Council
 from voicepipe.stages.router import Router
 from voicepipe.stages.tts import TTS
 
@@ -52,13 +54,27 @@ def session_ids(scenarios: list[Scenario], sessions: int) -> list[tuple[Scenario
 
 
 def build_stages(bus_for: Callable[[str], Bus], ctx: RunContext, **client_kw) -> list[Stage]:
-    return [
+    """The diagram's boxes; the cache and the council only when configured."""
+    stages: list[Stage] = [
         ASR(bus_for("asr"), ctx),
         Router(bus_for("router"), ctx),
-        Agent(bus_for("agent"), ctx, agent_name=ctx.cfg.router.agent),
-        TTS(bus_for("tts"), ctx),
-        Client(bus_for("client"), ctx, **client_kw),
+        Agent(bus_for("agent"), ctx),
     ]
+    if ctx.cfg.cache.enabled or ctx.cfg.router.cache_first or _routes_to(ctx, "cache"):
+        stages.append(Cache(bus_for("cache"), ctx))
+    if ctx.cfg.council.members:
+        stages.append(Council(bus_for("council"), ctx))
+    stages += [TTS(bus_for("tts"), ctx), Client(bus_for("client"), ctx, **client_kw)]
+    return stages
+
+
+def _routes_to(ctx: RunContext, dest: str) -> bool:
+    r = ctx.cfg.router
+    if r.policy == "rules":
+        return dest in [r.default, *(rule.to for rule in r.rules)]
+    if r.policy == "classifier":
+        return dest in (r.classifier_low, r.default)
+    return False
 
 
 async def run_pipeline(

@@ -80,3 +80,17 @@ def residual_table() -> str:
             f"{'floor met' if p.lower_bound and p.ok else f'{p.residual * 100:+.1f} %'} | {p.source} |"
         )
     return "\n".join(lines)
+
+
+BEGIN, END = "<!-- residuals:begin -->", "<!-- residuals:end -->"
+
+
+def update_doc(path: str = "docs/hardware-model.md") -> None:
+    """Rewrite the residual table between the markers in ``path`` from the current model."""
+    from pathlib import Path
+
+    doc = Path(path)
+    text = doc.read_text()
+    head, _, rest = text.partition(BEGIN)
+    _, _, tail = rest.partition(END)
+    doc.write_text(f"{head}{BEGIN}\n{residual_table()}\n{END}{tail}")

@@ -40,7 +40,17 @@ FAST_MAX_BATCH = 4  # "fast mode": the same model on the same chips, at most 4 s
 DEFAULT_CONTEXT = 4096
 SRAM_MIN_BATCH = 8  # SRAM systems get chips for at least 8 sequences of KV
 PRICE_PROMPT_TOKENS = 4096  # prefill chunk used to price input tokens
-SPEC_KEYS = {"hardware", "model", "precision", "tp", "max_batch", "context", "speculative", "fast", "prompt_cache"}
+SPEC_KEYS = {
+    "hardware",
+    "model",
+    "precision",
+    "tp",
+    "max_batch",
+    "context",
+    "speculative",
+    "fast",
+    "prompt_cache",
+}
 
 
 @dataclass(frozen=True)
@@ -63,10 +73,14 @@ def parse_spec(spec: str | dict[str, Any]) -> dict[str, Any]:
             raise ValueError(f"hardware backend {spec!r} must look like DEVICE/MODEL")
         return {"hardware": hw.strip(), "model": mdl.strip()}
     if not isinstance(spec, dict):
-        raise ValueError(f"hardware backend spec must be DEVICE/MODEL or a mapping, got {type(spec).__name__}")
+        raise ValueError(
+            f"hardware backend spec must be DEVICE/MODEL or a mapping, got {type(spec).__name__}"
+        )
     unknown = sorted(set(spec) - SPEC_KEYS)
     if unknown:
-        raise ValueError(f"unknown hardware backend field {unknown[0]!r}; allowed: {', '.join(sorted(SPEC_KEYS))}")
+        raise ValueError(
+            f"unknown hardware backend field {unknown[0]!r}; allowed: {', '.join(sorted(SPEC_KEYS))}"
+        )
     for key in ("hardware", "model"):
         if not spec.get(key):
             raise ValueError(f"hardware backend needs a {key!r} field")

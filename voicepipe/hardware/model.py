@@ -157,7 +157,9 @@ def max_sequences(system: System, context: int) -> int:
     """How many sequences of ``context`` tokens fit beside the weights (≥ 0)."""
     dev, m = system.device, system.model
     if dev.kind == "hbm":
-        free = dev.capacity_bytes * system.eff.usable_memory - weight_bytes(m, system.precision) / system.chips
+        free = (
+            dev.capacity_bytes * system.eff.usable_memory - weight_bytes(m, system.precision) / system.chips
+        )
         per_seq = context * kv_bytes_per_token(m, system.precision) / kv_shards(m, system.chips)
     else:
         free = system.chips * dev.capacity_bytes * system.eff.usable_sram - weight_bytes(m, system.precision)

@@ -4,17 +4,25 @@ The simulated model "writes" the scenario's reference reply: the words are scrip
 backend's (empirical profile or hardware model, possibly shared with other sessions). Text leaves in
 chunks — at clause ends or every ``chunk_tokens`` tokens — never a message per token. Each chunk carries
 the causal chain plus the backend's modelled spans (queue, ttft, decode) up to its last token.
+
+A preemptive request (``hold``) generates at once but publishes nothing until the router commits it;
+a cancelled one counts its generated tokens (and prompt) as wasted work.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
-from voicepipe.backends.base import Backend, LLMRequest
+from voicepipe.backends.base import Backend, LLMRequest, TokenStream
 from voicepipe.clock import now_ns, rng_for
-from voicepipe.messages import Envelope
+from voicepipe.messages import Envelope, Span
 from voicepipe.stages.base import Stage
 from voicepipe.text import CLAUSE_END, count_tokens, tokens_of
+
+CACHED_INPUT_PRICE = 0.1  # cached prompt tokens billed at 10% (Anthropic/OpenAI prompt-caching docs)
 
 
 def chunk_ends(tokens: list[str], max_tokens: int) -> list[int]:
@@ -28,88 +36,165 @@ def chunk_ends(tokens: list[str], max_tokens: int) -> list[int]:
     return ends
 
 
-@dataclass
-class History:
-    tokens: int = 0  # conversation so far (user + assistant), on top of the base prompt
-
-
 def prompt_tokens(base: int, history: int, user_text: str) -> tuple[int, int]:
     """(prompt tokens, of which cached) for a turn: base prompt + history are a stable prefix."""
     return base + history + count_tokens(user_text), base + history
+
+
+def request_cost(backend: Backend, prompt: int, cached: int, output: int) -> float:
+    return backend.prices.cost(prompt - cached, output) + backend.prices.cost(cached, 0) * CACHED_INPUT_PRICE
+
+
+@dataclass
+class Generation:
+    """One request in flight: its stream, how far it got, and (for preemptive) the commit gate."""
+
+    stream: TokenStream
+    tokens: list[str]
+    prompt: int
+    cached: int
+    backend: Backend
+    produced: int = 0
+    commit: asyncio.Event = field(default_factory=asyncio.Event)
+    commit_env: Envelope | None = None
+
+
+async def stream_reply(
+    stage: Stage,
+    env: Envelope,
+    gen: Generation,
+    meta_of: Callable[[Envelope], dict[str, Any]],
+    chunk_tokens: int,
+    chain: list[Span],
+) -> None:
+    """Publish ``gen``'s text as reply.text chunks on its timing; held until ``gen.commit`` is set.
+
+    ``meta_of(head)`` builds the usage/cost metadata once the envelope that released the reply (the
+    route, or the router's commit) is known.
+    """
+    start = 0
+    meta: dict[str, Any] | None = None
+    for seq, end in enumerate(chunk_ends(gen.tokens, chunk_tokens)):
+        await gen.stream.token_time(end)
+        gen.produced = end + 1
+        if not gen.commit.is_set():
+            await gen.commit.wait()
+        head = gen.commit_env if gen.commit_env is not None else env
+        if meta is None:
+            meta = meta_of(head)
+        final = end == len(gen.tokens) - 1
+        payload = {
+            "text": "".join(gen.tokens[start : end + 1]),
+            "seq": seq,
+            "final": final,
+            "words": head.payload.get("words", 0),
+            "segment": head.payload.get("segment", 0),
+            "meta": meta,
+        }
+        if final:
+            payload["answer"] = "".join(gen.tokens).strip()
+            payload["question"] = head.payload.get("text", "")
+        spans = [*chain, *(head.spans if head is not env else []), *gen.stream.spans(end)]
+        await stage.bus.publish(stage.reply(head, "reply.text", payload, spans))
+        start = end + 1
 
 
 class Agent(Stage):
     name = "agent"
     channels = ("turn/script", "route", "control/cancel")
 
-    def __init__(self, *a, agent_name: str = "main", backend: Backend | None = None, **kw) -> None:
+    def __init__(self, *a, **kw) -> None:
         super().__init__(*a, **kw)
-        self.agent_name = agent_name
-        self.backend = backend or self.ctx.backends.get(self.cfg.agent.backend)
+        self.backends = {n: self.ctx.backends.get(spec) for n, spec in self.cfg.agent.backends().items()}
         self.scripts: dict[tuple[str, int], dict] = {}
-        self.history: dict[str, History] = {}
+        self.history: dict[str, int] = {}
+        self.held: dict[tuple[str, int, int], Generation] = {}  # (session, turn, attempt)
+        self.wasted: dict[tuple[str, int], tuple[int, float]] = {}  # tokens, USD
         self.on("turn.script", self.script)
         self.on("route", self.route)
         self.on("control.cancel", self.cancelled)
 
     def forget(self, session: str) -> None:
         self.history.pop(session, None)
-        for k in [k for k in self.scripts if k[0] == session]:
-            del self.scripts[k]
+        for d in (self.scripts, self.held, self.wasted):
+            for k in [k for k in d if k[0] == session]:
+                del d[k]
 
     async def script(self, env: Envelope) -> None:
         self.scripts.pop((env.session, env.turn - 2), None)
+        self.wasted.pop((env.session, env.turn - 2), None)
         self.scripts[(env.session, env.turn)] = env.payload
 
     async def cancelled(self, env: Envelope) -> None:
-        seg = env.payload.get("segment")
+        p = env.payload
+        if "attempt" in p:
+            gen = self.held.pop((env.session, env.turn, p["attempt"]), None)
+            self.cancel(env.session, lambda k: k == (env.turn, "pre", p["attempt"]))
+            if gen is not None:
+                self._waste(env.session, env.turn, gen)
+            return
+        seg = p.get("segment")
         self.cancel(env.session, lambda k: k[0] == env.turn and (seg is None or k[1] == seg))
+
+    def _waste(self, session: str, turn: int, gen: Generation) -> None:
+        gen.stream.cancel()
+        tokens, usd = self.wasted.get((session, turn), (0, 0.0))
+        usd += request_cost(gen.backend, gen.prompt, gen.cached, gen.produced)
+        self.wasted[(session, turn)] = (tokens + gen.produced, usd)
 
     async def route(self, env: Envelope) -> None:
         p = env.payload
-        if p.get("target") != "agent" or p.get("agent") != self.agent_name:
+        if p.get("target") == "commit":
+            gen = self.held.pop((env.session, env.turn, p.get("attempt")), None)
+            if gen is not None:
+                gen.commit_env = env
+                gen.commit.set()
+            return
+        if p.get("target") != "agent" or p.get("agent") not in self.backends:
             return
         script = self.scripts.get((env.session, env.turn))
         if script is None:
             raise ValueError(f"no script for turn {env.turn} of session {env.session}")
-        self.spawn(env.session, (env.turn, p.get("segment", 0)), self._generate(env, script))
+        key = (env.turn, "pre", p["attempt"]) if p.get("hold") else (env.turn, p.get("segment", 0))
+        gen = self._start(env, script, p["agent"])
+        if p.get("hold"):
+            self.held[(env.session, env.turn, p["attempt"])] = gen
+        else:
+            gen.commit.set()
+        self.spawn(env.session, key, self._run(env, gen, p["agent"]))
 
-    async def _generate(self, env: Envelope, script: dict) -> None:
-        t0 = now_ns()
-        reply = str(script["reply"])
-        tokens = tokens_of(reply)
-        hist = self.history.setdefault(env.session, History())
-        prompt, cached = prompt_tokens(self.cfg.agent.prompt_tokens, hist.tokens, env.payload.get("text", ""))
+    def _start(self, env: Envelope, script: dict, agent: str) -> Generation:
+        backend = self.backends[agent]
+        tokens = tokens_of(str(script["reply"]))
+        prompt, cached = prompt_tokens(
+            self.cfg.agent.prompt_tokens, self.history.get(env.session, 0), env.payload.get("text", "")
+        )
         req = LLMRequest(env.session, env.turn, prompt, len(tokens), cached)
-        seg = env.payload.get("segment", 0)
-        rng = rng_for(self.cfg.seed, env.session, env.turn, seg, "agent", self.agent_name)
-        stream = self.backend.start(req, t0, rng)
-        meta = {
-            "backend": self.backend.name,
-            "path": env.payload.get("path", "agent"),
-            "route": env.payload.get("route", "single"),
-            "input_tokens": prompt,
-            "output_tokens": len(tokens),
-            "cost_usd": self.backend.prices.cost(prompt - cached, len(tokens))
-            + self.backend.prices.cost(cached, 0) * 0.1,
-            "quality": self.backend.quality,
-        }
+        # a preemptive attempt is the same request made earlier: same draw as the segment's own
+        rng = rng_for(self.cfg.seed, env.session, env.turn, env.payload.get("segment", 0), "agent", agent)
+        return Generation(backend.start(req, now_ns(), rng), tokens, prompt, cached, backend)
+
+    async def _run(self, env: Envelope, gen: Generation, agent: str) -> None:
+        def meta_of(head: Envelope) -> dict[str, Any]:
+            wasted_tokens, wasted_usd = self.wasted.get((env.session, env.turn), (0, 0.0))
+            return {
+                "backend": gen.backend.name,
+                "path": head.payload.get("path", "agent"),
+                "route": env.payload.get("route", "single"),
+                "input_tokens": gen.prompt,
+                "output_tokens": len(gen.tokens),
+                "cost_usd": request_cost(gen.backend, gen.prompt, gen.cached, len(gen.tokens)) + wasted_usd,
+                "wasted_tokens": wasted_tokens,
+                "quality": gen.backend.quality,
+            }
+
         try:
-            start = 0
-            ends = chunk_ends(tokens, self.cfg.agent.chunk_tokens)
-            for seq, end in enumerate(ends):
-                await stream.token_time(end)
-                payload = {
-                    "text": "".join(tokens[start : end + 1]),
-                    "seq": seq,
-                    "final": end == len(tokens) - 1,
-                    "words": env.payload.get("words", 0),
-                    "segment": seg,
-                    "meta": meta,
-                }
-                spans = [*env.spans, *stream.spans(end)]
-                await self.bus.publish(self.reply(env, "reply.text", payload, spans))
-                start = end + 1
-            hist.tokens += count_tokens(env.payload.get("text", "")) + len(tokens)
+            await stream_reply(self, env, gen, meta_of, self.cfg.agent.chunk_tokens, list(env.spans))
+            head = gen.commit_env or env
+            self.history[env.session] = (
+                self.history.get(env.session, 0)
+                + count_tokens(head.payload.get("text", ""))
+                + len(gen.tokens)
+            )
         finally:
-            stream.cancel()
+            gen.stream.cancel()

@@ -59,6 +59,8 @@ class Utterance:
     words: list[str] = field(default_factory=list)
     segment: int = 0
     finalised: bool = False  # the current segment has been sent as final
+    partials: int = 0  # words covered by the last partial sent
+    gen: int = 0  # bumped by every word: an endpoint timer from an older word must not fire
     pauses_seen: int = 0
     complete_at_pauses: list[bool] = field(default_factory=list)
     last: Envelope | None = None
@@ -101,13 +103,11 @@ class ASR(Stage):
             u.finalised = False
         if env.payload.get("pause_before"):
             u.pauses_seen += 1
+        if u.partials < len(u.words):  # the previous word ended just as this one began
+            await self._partial(env, u)
         u.words.append(str(env.payload.get("text", "")))
+        u.gen += 1
         u.last = env
-        text = " ".join(u.words)
-        await self.bus.publish(
-            self.reply(env, "asr.partial", {"text": text, "words": len(u.words), "segment": u.segment}, []),
-            qos=0,
-        )
         annotated = self._annotation(u, env)
         # the silence clock starts when this word's audio ends, not when it began arriving
         speech_end = arrived + int(env.payload.get("dur_ns", 0))
@@ -121,9 +121,21 @@ class ASR(Stage):
             return u.complete_at_pauses[u.pauses_seen]
         return False
 
+    async def _partial(self, env: Envelope, u: Utterance) -> None:
+        u.partials = len(u.words)
+        payload = {"text": " ".join(u.words), "words": len(u.words), "segment": u.segment}
+        await self.bus.publish(self.reply(env, "asr.partial", payload, []), qos=0)
+
     async def _endpoint(self, env: Envelope, u: Utterance, speech_end: int, annotated: bool | None) -> None:
         cfg = self.cfg.asr
+        gen = u.gen
+        await sleep_until_ns(speech_end)
+        if u.gen != gen:
+            return
+        if u.partials < len(u.words):
+            await self._partial(env, u)  # the word is recognised once its audio has ended
         text = " ".join(u.words)
+        n_words = len(u.words)
         wait_ms, infer_ms = endpoint_wait_ms(cfg, text, annotated)
         spans = list(env.spans)
         t = speech_end
@@ -135,9 +147,13 @@ class ASR(Stage):
         rng = rng_for(self.cfg.seed, env.session, env.turn, u.segment, "asr")
         fin = round(cfg.finalize_ms.sample_ms(rng) * 1e6)
         await sleep_until_ns(t)
+        if u.gen != gen:
+            return
         # endpointed: from here a new word means the user was not done
         u.finalised = True
         spans.append(Span(stage="asr", what="finalise", start_ns=t, dur_ns=fin))
         await sleep_until_ns(t + fin)
-        payload = {"text": text, "words": len(u.words), "segment": u.segment}
+        if u.gen != gen:
+            return
+        payload = {"text": text, "words": n_words, "segment": u.segment}
         await self.bus.publish(self.reply(env, "asr.final", payload, spans))

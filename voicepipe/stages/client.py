@@ -94,6 +94,8 @@ class Client(Stage):
             "complete_at_pauses": turn.complete_at_pauses,
             "words": len(words),
         }
+        if k == 0 and scenario.cache:
+            script["cache"] = [e.model_dump() for e in scenario.cache]
         await self.bus.publish(Envelope(type="turn.script", run=run, session=session, turn=k, payload=script))
         t_start = now_ns() + LEAD_NS
         uplink = round(cfg.transport.uplink_ms * 1e6)
@@ -120,15 +122,12 @@ class Client(Stage):
                 Envelope(type="user.word", run=run, session=session, turn=k, spans=[span], payload=payload)
             )
         record = await self._await_reply(scenario, session, k, turn, lis)
-        if self.on_record:
-            self.on_record(record)
-        await self.bus.publish(
-            Envelope(
-                type="turn.record", run=run, session=session, turn=k, payload=record.model_dump(mode="json")
-            )
-        )
         # let the reply play out (or stop it), then the user's pause before speaking again
-        if cfg.client.playout == "full" and record.status == "ok":
+        if turn.barge_in_after_ms is not None and record.status == "ok" and record.first_audio_ns:
+            await self._barge_in(session, k, record.first_audio_ns + round(turn.barge_in_after_ms * 1e6), lis)
+            if lis.stopped_ns:
+                record.barge_in_stop_ms = (lis.stopped_ns - lis.barge_in_ns) / 1e6
+        elif cfg.client.playout == "full" and record.status == "ok":
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(lis.done.wait(), cfg.client.turn_timeout_s)
             await sleep_until_ns(lis.play_until_ns)
@@ -136,8 +135,30 @@ class Client(Stage):
             await self.bus.publish(
                 Envelope(type="control.cancel", run=run, session=session, turn=k, payload={"reason": "heard"})
             )
+        if self.on_record:
+            self.on_record(record)
+        payload = record.model_dump(mode="json")
+        await self.bus.publish(
+            Envelope(type="turn.record", run=run, session=session, turn=k, payload=payload)
+        )
         await asyncio.sleep(turn.gap_ms / 1e3)
         return record
+
+    async def _barge_in(self, session: str, k: int, at_ns: int, lis: Listening) -> None:
+        """The user talks over the reply at ``at_ns``; wait until the reply audio stops (or ends)."""
+        await sleep_until_ns(at_ns)
+        if lis.done.is_set() and lis.play_until_ns <= at_ns:
+            return  # the reply was already over: nothing to interrupt
+        lis.barge_in_ns = at_ns
+        uplink = round(self.cfg.transport.uplink_ms * 1e6)
+        await sleep_until_ns(at_ns + uplink)
+        span = Span(stage="transport", what="uplink", start_ns=at_ns, dur_ns=uplink)
+        await self.bus.publish(
+            Envelope(type="user.speech_start", run=self.ctx.run, session=session, turn=k, spans=[span])
+        )
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(lis.done.wait(), self.cfg.client.turn_timeout_s)
+        await sleep_until_ns(lis.play_until_ns)
 
     async def _await_reply(
         self, scenario: Scenario, session: str, k: int, turn: Turn, lis: Listening
@@ -184,4 +205,5 @@ class Client(Stage):
             cost_usd=float(meta.get("cost_usd", 0.0)),
             quality=meta.get("quality"),
             premature_endpoint=lis.premature or int(env.payload.get("segment", 0)) > 0,
+            false_hit=bool(meta.get("false_hit", False)),
         )

@@ -1,32 +1,189 @@
-"""Router: picks who serves the turn and hands it the final transcript.
+"""Router: picks who serves the turn — cache, one agent, or the council — and may start early.
 
-Policy ``single`` sends every turn to one agent. This stage is the seam where the speculative cache,
-the council and preemptive generation plug in: they are further routes chosen here.
+Policies: ``single`` (every turn to one agent), ``rules`` (first matching rule on intent, complexity
+hint, keywords or length), ``classifier`` (a small built-in complexity classifier whose modelled latency
+is a span on the chain). ``cache_first`` tries the speculative cache before any agent route (a miss
+falls through from the cache stage). Preemptive generation starts the agent on a partial transcript
+that has been stable for ``stable_ms``; at the final transcript the attempt is committed if the words
+match (ignoring case and punctuation), else cancelled — its tokens are wasted work.
 """
 
 from __future__ import annotations
 
-from voicepipe.messages import Envelope
+from dataclasses import dataclass, field
+
+from voicepipe.clock import now_ns
+from voicepipe.config import RouterConfig, RuleWhen
+from voicepipe.messages import Envelope, Span
 from voicepipe.stages.base import Stage
+from voicepipe.strategy import same_utterance
+from voicepipe.text import normalise
+
+QUESTION_WORDS = {"why", "how", "explain", "compare", "difference", "should", "could", "would"}
+
+
+def rule_matches(when: RuleWhen, text: str, script: dict) -> bool:
+    words = normalise(text).split()
+    if when.intent is not None and script.get("intent") not in when.intent:
+        return False
+    if when.complexity is not None and script.get("complexity") not in when.complexity:
+        return False
+    if when.keywords is not None and not set(map(str.lower, when.keywords)) & set(words):
+        return False
+    if when.max_words is not None and len(words) > when.max_words:
+        return False
+    return not (when.min_words is not None and len(words) < when.min_words)
+
+
+def classify(text: str) -> str:
+    """Built-in complexity classifier (a text heuristic standing in for a small model): low or high."""
+    words = normalise(text).split()
+    if len(words) > 14 or (set(words) & QUESTION_WORDS and len(words) > 6) or text.count(",") >= 2:
+        return "high"
+    return "low"
+
+
+def decide(cfg: RouterConfig, text: str, script: dict) -> tuple[str, str]:
+    """(destination, route name) for a final transcript. Destination: cache | council | agent[:NAME]."""
+    if cfg.policy == "rules":
+        for i, rule in enumerate(cfg.rules):
+            if rule_matches(rule.when, text, script):
+                return rule.to, f"rule {i}"
+        return cfg.default, "rules default"
+    if cfg.policy == "classifier":
+        label = classify(text)
+        return (cfg.classifier_low if label == "low" else cfg.default), f"classifier:{label}"
+    return f"agent:{cfg.agent}", "single"
+
+
+@dataclass
+class Attempt:
+    n: int
+    text: str
+
+
+@dataclass
+class TurnState:
+    turn: int
+    tries: int = 0
+    attempt: Attempt | None = None
+    final_seen: bool = False
+    scripts: dict = field(default_factory=dict)
 
 
 class Router(Stage):
     name = "router"
-    channels = ("asr/final",)
+    channels = ("asr/final", "asr/partial", "turn/script")
 
     def __init__(self, *a, **kw) -> None:
         super().__init__(*a, **kw)
+        self.scripts: dict[tuple[str, int], dict] = {}
+        self.turns: dict[str, TurnState] = {}
         self.on("asr.final", self.final)
+        self.on("asr.partial", self.partial)
+        self.on("turn.script", self.script)
 
-    async def final(self, env: Envelope) -> None:
-        agent = self.cfg.router.agent
+    def forget(self, session: str) -> None:
+        self.turns.pop(session, None)
+        for k in [k for k in self.scripts if k[0] == session]:
+            del self.scripts[k]
+
+    async def script(self, env: Envelope) -> None:
+        self.scripts.pop((env.session, env.turn - 1), None)
+        self.scripts[(env.session, env.turn)] = env.payload
+
+    def _state(self, env: Envelope) -> TurnState:
+        st = self.turns.get(env.session)
+        if st is None or st.turn != env.turn:
+            st = self.turns[env.session] = TurnState(turn=env.turn)
+        return st
+
+    def _agent_name(self, dest: str) -> str:
+        return dest.split(":", 1)[1] if ":" in dest else self.cfg.agent.name
+
+    # -- preemptive generation ---------------------------------------------------------------------
+    async def partial(self, env: Envelope) -> None:
+        pre = self.cfg.router.preemptive
+        if not pre.enabled:
+            return
+        st = self._state(env)
+        st.final_seen = False
+        if st.tries >= pre.max_tries:
+            return
+        self.spawn(env.session, (env.turn, "stable"), self._when_stable(env, st))
+
+    async def _when_stable(self, env: Envelope, st: TurnState) -> None:
+        from voicepipe.clock import sleep_until_ns
+
+        await sleep_until_ns(now_ns() + round(self.cfg.router.preemptive.stable_ms * 1e6))
+        text = str(env.payload.get("text", ""))
+        if st.final_seen or (st.attempt and same_utterance(st.attempt.text, text)):
+            return
+        if st.attempt:
+            await self._cancel_attempt(env, st)
+        st.tries += 1
+        st.attempt = Attempt(n=st.tries, text=text)
         payload = {
             "target": "agent",
-            "agent": agent,
-            "path": "agent",
-            "route": "single",
-            "text": env.payload.get("text", ""),
+            "agent": self.cfg.router.agent,
+            "path": "preemptive",
+            "route": "preemptive",
+            "text": text,
+            "words": env.payload.get("words", 0),
+            "segment": env.payload.get("segment", 0),
+            "attempt": st.attempt.n,
+            "hold": True,
+        }
+        await self.bus.publish(self.reply(env, "route", payload, []))
+
+    async def _cancel_attempt(self, env: Envelope, st: TurnState) -> None:
+        assert st.attempt is not None
+        await self.bus.publish(
+            self.reply(env, "control.cancel", {"attempt": st.attempt.n, "reason": "preemptive mismatch"}, [])
+        )
+        st.attempt = None
+
+    # -- the final transcript ------------------------------------------------------------------------
+    async def final(self, env: Envelope) -> None:
+        cfg = self.cfg.router
+        text = str(env.payload.get("text", ""))
+        st = self._state(env)
+        st.final_seen = True
+        self.cancel(env.session, lambda k: k == (env.turn, "stable"))
+        base = {
+            "text": text,
             "words": env.payload.get("words", 0),
             "segment": env.payload.get("segment", 0),
         }
-        await self.bus.publish(self.reply(env, "route", payload, list(env.spans)))
+        if st.attempt is not None:
+            if same_utterance(st.attempt.text, text):
+                payload = {**base, "target": "commit", "attempt": st.attempt.n, "path": "preemptive"}
+                st.attempt = None
+                await self.bus.publish(self.reply(env, "route", payload, list(env.spans)))
+                return
+            await self._cancel_attempt(env, st)
+        spans = list(env.spans)
+        t = now_ns()
+        if cfg.policy == "classifier" and cfg.classifier_ms > 0:
+            d = round(cfg.classifier_ms * 1e6)
+            spans.append(Span(stage="router", what="classifier", start_ns=t, dur_ns=d))
+            from voicepipe.clock import sleep_until_ns
+
+            await sleep_until_ns(t + d)
+        dest, route = decide(cfg, text, self.scripts.get((env.session, env.turn), {}))
+        fallback = dest if not dest.startswith("cache") else cfg.default
+        if dest == "cache" or (cfg.cache_first and self.cfg.cache.enabled):
+            if fallback == "cache":
+                fallback = f"agent:{cfg.agent}"
+            payload = {**base, "target": "cache", "fallback": fallback, "route": route, "path": "cache"}
+        elif dest == "council":
+            payload = {**base, "target": "council", "route": route, "path": "council"}
+        else:
+            payload = {
+                **base,
+                "target": "agent",
+                "agent": self._agent_name(dest),
+                "route": route,
+                "path": "agent",
+            }
+        await self.bus.publish(self.reply(env, "route", payload, spans))

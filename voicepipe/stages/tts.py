@@ -47,13 +47,25 @@ class Reply:
 
 class TTS(Stage):
     name = "tts"
-    channels = ("reply/text", "control/cancel")
+    channels = ("reply/text", "control/cancel", "user/speech_start")
 
     def __init__(self, *a, **kw) -> None:
         super().__init__(*a, **kw)
         self.replies: dict[tuple[str, int, int], Reply] = {}
         self.on("reply.text", self.text)
         self.on("control.cancel", self.cancelled)
+        self.on("user.speech_start", self.barge_in)
+
+    async def barge_in(self, env: Envelope) -> None:
+        """The user talks over the reply: after VAD onset, stop speaking and cancel the turn's work."""
+        self.spawn(env.session, ("barge-in", env.turn), self._stop(env))
+
+    async def _stop(self, env: Envelope) -> None:
+        await sleep_until_ns(now_ns() + round(self.cfg.tts.barge_in_detect_ms * 1e6))
+        self.cancel(env.session, lambda k: k[0] == env.turn)
+        for k in [k for k in self.replies if k[:2] == (env.session, env.turn)]:
+            del self.replies[k]
+        await self.bus.publish(self.reply(env, "control.cancel", {"reason": "barge-in"}, []))
 
     def forget(self, session: str) -> None:
         for k in [k for k in self.replies if k[0] == session]:

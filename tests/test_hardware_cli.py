@@ -1,0 +1,131 @@
+"""`voicepipe hardware` commands through typer's CliRunner."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from voicepipe.cli_hardware import app
+from voicepipe.hardware import catalog as cat
+
+runner = CliRunner()
+
+
+def run(*args: str):
+    return runner.invoke(app, list(args))
+
+
+def test_list_shows_devices_models_and_empirical_profiles():
+    r = run("list")
+    assert r.exit_code == 0, r.output
+    for name in ("h200-sxm", "groq-lpu", "kimi-k2", "sonnet-gpu", "cerebras-llama-3.1-8b"):
+        assert name in r.output
+
+
+@pytest.mark.parametrize(
+    ("name", "needle"),
+    [
+        ("h100-sxm", "3.35 TB/s"),
+        ("llama-3.1-8b", "config.json"),
+        ("sonnet-gpu", "Artificial Analysis"),
+        ("claude-3.5-sonnet", "88.7"),
+        ("cerebras-wse3/llama-3.1-8b", "MODELLED"),
+    ],
+)
+def test_show_prints_sources(name, needle):
+    r = run("show", name)
+    assert r.exit_code == 0, r.output
+    assert needle in r.output
+
+
+def test_show_unknown_is_a_one_line_error():
+    r = run("show", "warp-drive")
+    assert r.exit_code == 2
+    assert "warp-drive" in r.output and "Traceback" not in r.output
+
+
+def test_predict_json_keys_and_values():
+    r = run("predict", "--hardware", "a100-40gb", "--model", "llama-3.1-8b", "--prompt-tokens", "1024",
+            "--output-tokens", "128", "--json")  # fmt: skip
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    for key in ("tokens_per_second", "ttft_ms", "step_ms", "chips", "fits", "bound", "aggregate_tokens_per_second",
+                "weights_gb", "kv_gb", "sources"):  # fmt: skip
+        assert key in out
+    assert out["fits"] is True and out["bound"] == "memory" and out["chips"] == 1
+    assert out["tokens_per_second"] == pytest.approx(75, rel=0.15)
+    assert out["step_ms"] == pytest.approx(1000 / out["tokens_per_second"], rel=1e-9)
+
+
+def test_predict_batch_tp_precision_change_the_answer():
+    base = json.loads(run("predict", "-H", "h100-sxm", "-m", "llama-3.1-70b", "--tp", "4", "--json").output)
+    wide = json.loads(run("predict", "-H", "h100-sxm", "-m", "llama-3.1-70b", "--tp", "8", "--json").output)
+    fp8 = json.loads(
+        run(
+            "predict", "-H", "h100-sxm", "-m", "llama-3.1-70b", "--tp", "4", "--precision", "fp8", "--json"
+        ).output
+    )
+    big = json.loads(run("predict", "-H", "h100-sxm", "-m", "llama-3.1-70b", "--tp", "4", "--batch", "64",
+                         "--json").output)  # fmt: skip
+    assert wide["chips"] == 8 and wide["tokens_per_second"] > base["tokens_per_second"]
+    assert fp8["weights_gb"] == pytest.approx(base["weights_gb"] / 2)
+    assert fp8["tokens_per_second"] > base["tokens_per_second"]
+    assert big["tokens_per_second"] < base["tokens_per_second"]
+    assert big["aggregate_tokens_per_second"] > 30 * base["aggregate_tokens_per_second"]
+
+
+def test_predict_answers_for_sampled_fitting_pairs():
+    for d in cat.devices():
+        for m in ("llama-3.2-1b", "qwen3-8b", "gpt-oss-20b"):
+            r = run("predict", "-H", d, "-m", m, "--json")
+            assert r.exit_code == 0, (d, m, r.output)
+            assert json.loads(r.output)["fits"] is True
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["-H", "nope", "-m", "llama-3.1-8b"], "--hardware"),
+        (["-H", "h100-sxm", "-m", "nope"], "--model"),
+        (["-H", "h100-sxm", "-m", "llama-3.1-8b", "--precision", "fp6"], "--precision"),
+        (["-H", "h100-sxm", "-m", "llama-3.1-8b", "--tp", "16"], "tp"),
+        (["-H", "h100-sxm", "-m", "llama-3.1-8b", "--speculative", "0.8"], "--speculative"),
+        (["-H", "a100-40gb", "-m", "llama-3.1-405b"], "does not fit"),
+    ],
+)
+def test_predict_bad_input_exits_2_with_one_line(args, needle):
+    r = run("predict", *args)
+    assert r.exit_code == 2
+    assert needle in r.output and "Traceback" not in r.output
+
+
+def test_predict_not_fitting_json_says_fits_false():
+    r = run("predict", "-H", "a100-40gb", "-m", "llama-3.1-405b", "--json")
+    assert r.exit_code == 2
+    first = r.output.splitlines()[0]
+    assert json.loads(first)["fits"] is False
+
+
+def test_sweep_shows_the_fast_mode_trade_off():
+    r = run("sweep", "-H", "h100-sxm", "-m", "llama-3.1-70b", "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    rows = {row["batch"]: row for row in out["rows"]}
+    fast, default = rows[out["fast_max_batch"]], rows[out["default_max_batch"]]
+    assert "fast" in fast["mode"] and "default" in default["mode"]
+    assert fast["per_user_tps"] > default["per_user_tps"]
+    assert fast["aggregate_tps"] < default["aggregate_tps"]
+    assert fast["usd_per_mtok_out"] > default["usd_per_mtok_out"]
+    fitting = [row for row in out["rows"] if row["fits"]]
+    steps = [row["step_ms"] for row in fitting]
+    assert steps == sorted(steps)
+
+
+def test_sweep_table_and_bad_batches():
+    r = run("sweep", "-H", "cerebras-wse3", "-m", "llama-3.1-8b", "--batches", "1,8,64")
+    assert r.exit_code == 0, r.output
+    assert "MODELLED" in r.output and "fast" in r.output
+    bad = run("sweep", "-H", "h100-sxm", "-m", "llama-3.1-8b", "--batches", "1,x")
+    assert bad.exit_code == 2 and "--batches" in bad.output

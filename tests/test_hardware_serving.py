@@ -1,0 +1,221 @@
+"""Shared-device simulation: virtual-time schedule, batching, queueing, fast mode, the backend contract."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+import numpy as np
+import pytest
+
+from voicepipe.backends import build_backend
+from voicepipe.backends.base import LLMRequest, ScheduledStream
+from voicepipe.clock import now_ns
+from voicepipe.hardware.backend import make_hardware_backend
+from voicepipe.hardware.model import mixed_step_s
+from voicepipe.hardware.serving import DeviceServer, closed_loop
+
+T0 = 10**12
+RNG = np.random.default_rng(0)
+
+
+def req(session: str = "s", prompt: int = 512, out: int = 64, cached: int = 0, turn: int = 0) -> LLMRequest:
+    return LLMRequest(
+        session=session, turn=turn, prompt_tokens=prompt, output_tokens=out, cached_prompt_tokens=cached
+    )
+
+
+SPECS = [
+    "h100-sxm/llama-3.1-8b",
+    "cerebras-wse3/llama-3.1-8b",
+    "groq-lpu/llama-3.1-70b",
+    {
+        "hardware": "h200-sxm",
+        "model": "llama-3.1-70b",
+        "speculative": {"alpha": 0.8, "gamma": 4, "draft_cost": 0.05},
+    },
+    {"hardware": "b200", "model": "mixtral-8x7b", "fast": True},
+]
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=str)
+@pytest.mark.parametrize("cached", [0, 400])
+def test_lone_request_realises_its_prediction(spec, cached):
+    b = make_hardware_backend(spec)
+    r = req(cached=cached, out=80)
+    timing = b.predict(r, RNG)
+    ref = ScheduledStream(timing, T0)
+    stream = b.server.open(r, T0)
+    for i in (0, 1, 2, 17, 79):
+        assert abs(stream.at_ns(i) - ref.at_ns(i)) <= 1000
+    got, want = stream.spans(79), ref.spans(79)
+    assert [s.what for s in got] == [s.what for s in want] == ["ttft", "decode"]
+    for g, w in zip(got, want, strict=True):
+        assert g.stage == "agent" and g.modelled
+        assert abs(g.start_ns - w.start_ns) <= 1000 and abs(g.dur_ns - w.dur_ns) <= 1000
+
+
+def test_prefix_cache_skips_prefill_and_can_be_disabled():
+    b = make_hardware_backend("h100-sxm/llama-3.1-8b")
+    assert (
+        b.predict(req(prompt=4000, cached=3500), RNG).ttft_s < 0.3 * b.predict(req(prompt=4000), RNG).ttft_s
+    )
+    off = make_hardware_backend({"hardware": "h100-sxm", "model": "llama-3.1-8b", "prompt_cache": False})
+    assert off.predict(req(prompt=4000, cached=3500), RNG).ttft_s == off.predict(req(prompt=4000), RNG).ttft_s
+
+
+def test_second_arrival_slows_the_first_but_keeps_its_past():
+    b = make_hardware_backend("h100-sxm/llama-3.1-8b")
+    s = b.server
+    first = s.open(req("a", out=200), T0)
+    before = [first.at_ns(i) for i in range(200)]
+    arrive = before[50] + 1
+    second = s.open(req("b", out=200), arrive)
+    after = [first.at_ns(i) for i in range(200)]
+    assert after[:51] == before[:51]  # produced before the arrival: unchanged
+    assert all(a > b for a, b in zip(after[52:], before[52:], strict=True))
+    # the newcomer's prefill shares steps: the first's token gap during it exceeds a plain 2-sequence step
+    gap_prefill = after[51] - after[50]
+    plain_two = float(mixed_step_s(b.system, 2, 2 * 544.0)) * 1e9
+    assert gap_prefill > 1.5 * plain_two
+    # once both decode, the first's pace is the 2-sequence step (per-user speed falls with batch)
+    assert second.at_ns(0) < after[120]
+    gap_two = after[121] - after[120]
+    alone = before[121] - before[120]
+    assert alone < gap_two < 1.5 * alone
+
+
+def test_fcfs_queue_when_batch_is_full_and_cancel_frees_the_slot():
+    b = make_hardware_backend({"hardware": "h100-sxm", "model": "llama-3.1-8b", "max_batch": 1})
+    s = b.server
+    a = s.open(req("a", out=100), T0)
+    c = s.open(req("c", out=10), T0 + 1000)
+    d = s.open(req("d", out=10), T0 + 2000)
+    assert c.at_ns(0) > a.at_ns(99) > a.at_ns(0)
+    assert d.at_ns(0) > c.at_ns(9)
+    spans = c.spans(9)
+    assert [x.what for x in spans] == ["queue", "ttft", "decode"]
+    assert spans[0].start_ns == T0 + 1000 and spans[0].end_ns == spans[1].start_ns
+    assert spans[1].end_ns == c.at_ns(0) and spans[2].end_ns == c.at_ns(9)
+    # cancelling `a` at its 10th token lets `c` start right then
+    t_cancel = a.at_ns(10)
+    s.cancel(a.job, t_cancel)
+    assert c.spans(9)[1].start_ns == t_cancel
+    assert c.at_ns(0) < a.at_ns(99)
+
+
+def test_per_user_speed_falls_and_aggregate_rises_to_a_knee():
+    b = make_hardware_backend({"hardware": "h100-sxm", "model": "llama-3.1-8b", "max_batch": 16})
+    results = {}
+    for clients in (1, 2, 4, 8, 16, 32, 64):
+        server = DeviceServer(b.system, max_batch=16)
+        results[clients] = closed_loop(server, clients, 4, 512, 128)
+    user = [results[c].mean_user_tokens_per_s for c in (1, 2, 4, 8, 16)]
+    agg = [results[c].aggregate_tokens_per_s for c in (1, 2, 4, 8, 16)]
+    assert all(x > y for x, y in itertools.pairwise(user))
+    assert all(x < y for x, y in itertools.pairwise(agg))
+    # past max_batch the aggregate stops growing (knee) and the wait moves into the queue (TTFT)
+    assert results[64].aggregate_tokens_per_s == pytest.approx(results[16].aggregate_tokens_per_s, rel=0.1)
+    assert results[64].mean_ttft_s > 3 * results[16].mean_ttft_s
+
+
+def test_fast_mode_is_faster_per_user_lower_in_aggregate_and_dearer():
+    normal = make_hardware_backend("h100-sxm/llama-3.1-70b")
+    fast = make_hardware_backend({"hardware": "h100-sxm", "model": "llama-3.1-70b", "fast": True})
+    assert fast.name.endswith("+fast") and fast.server is not normal.server
+    assert fast.deployment.max_batch < normal.deployment.max_batch
+    load_n = closed_loop(normal.server, 64, 2, 1024, 256)
+    load_f = closed_loop(fast.server, 64, 2, 1024, 256)
+    assert load_f.mean_user_tokens_per_s > load_n.mean_user_tokens_per_s
+    assert load_f.aggregate_tokens_per_s < load_n.aggregate_tokens_per_s
+    assert fast.prices.output_per_mtok > normal.prices.output_per_mtok
+    # idle device: same chips, same model, so predict is identical
+    assert fast.predict(req(), RNG) == normal.predict(req(), RNG)
+
+
+def test_fast_mode_with_public_price_scales_it():
+    normal = make_hardware_backend("cerebras-wse3/llama-3.1-8b")
+    fast = make_hardware_backend({"hardware": "cerebras-wse3", "model": "llama-3.1-8b", "fast": True})
+    assert normal.prices.output_per_mtok == 0.10 and "cerebras.ai" in normal.prices.source
+    assert fast.prices.output_per_mtok > normal.prices.output_per_mtok
+    assert "MODELLED" in fast.prices.source
+
+
+def test_two_sessions_on_one_device_are_slower_per_token_than_one():
+    alone = make_hardware_backend("h200-sxm/llama-3.1-8b").server
+    shared = make_hardware_backend("h200-sxm/llama-3.1-8b").server
+    solo = alone.open(req("a", out=100), T0)
+    x = shared.open(req("a", out=100), T0)
+    shared.open(req("b", out=100), T0)
+    assert x.at_ns(99) - x.at_ns(1) > solo.at_ns(99) - solo.at_ns(1)
+
+
+def test_many_sessions_stay_cheap():
+    b = make_hardware_backend("cerebras-wse3/llama-3.1-8b")
+    streams = [b.server.open(req(f"s{i}", out=200), T0 + i * 100_000) for i in range(300)]
+    last = [st.at_ns(199) for st in streams]
+    assert all(t > T0 for t in last)
+    assert b.server.load()["decoding"] + b.server.load()["queued"] >= 1
+
+
+async def test_live_streams_sleep_until_their_tokens_and_leave_no_tasks():
+    b = make_hardware_backend("cerebras-wse3/llama-3.1-8b")
+    t0 = now_ns()
+    tasks_before = len(asyncio.all_tasks())
+
+    async def consume(session: str, out: int) -> list[int]:
+        stream = b.start(req(session, prompt=256, out=out), now_ns(), RNG)
+        times = []
+        for i in range(out):
+            t = await stream.token_time(i)
+            assert now_ns() >= t
+            times.append(t)
+        assert times == [stream.at_ns(i) for i in range(out)]
+        return times
+
+    one, two = await asyncio.gather(consume("a", 40), consume("b", 20))
+    assert one == sorted(one) and two == sorted(two)
+    assert now_ns() - t0 < 5e9  # ~40 tokens at ~0.6 ms: generous margin
+    assert len(asyncio.all_tasks()) == tasks_before
+    assert not b.server._waiters
+
+
+async def test_cancelled_stream_does_not_hang():
+    b = make_hardware_backend({"hardware": "h100-sxm", "model": "llama-3.1-8b", "max_batch": 1})
+    first = b.start(req("a", out=5000), now_ns(), RNG)
+    queued = b.start(req("b", out=5), now_ns(), RNG)
+    queued.cancel()
+    assert await asyncio.wait_for(queued.token_time(3), 1.0) >= 0
+    first.cancel()
+    assert b.server.load() == {"decoding": 0, "prefilling": 0, "queued": 0}
+
+
+def test_spec_errors_name_the_bad_field():
+    cases = {
+        "nope/llama-3.1-8b": "nope",
+        "h100-sxm/nope": "nope",
+        "h100-sxm": "DEVICE/MODEL",
+    }
+    for spec, word in cases.items():
+        with pytest.raises(ValueError, match=word):
+            make_hardware_backend(spec)
+    with pytest.raises(ValueError, match="precision"):
+        make_hardware_backend({"hardware": "h100-sxm", "model": "llama-3.1-8b", "precision": "fp5"})
+    with pytest.raises(ValueError, match="colour"):
+        make_hardware_backend({"hardware": "h100-sxm", "model": "llama-3.1-8b", "colour": 1})
+    with pytest.raises(ValueError, match="does not fit"):
+        make_hardware_backend({"hardware": "a100-40gb", "model": "llama-3.1-405b"})
+    with pytest.raises(ValueError, match="max_batch"):
+        make_hardware_backend({"hardware": "h100-sxm", "model": "llama-3.1-8b", "max_batch": 0})
+    with pytest.raises(ValueError, match="alpha"):
+        make_hardware_backend({"hardware": "h100-sxm", "model": "llama-3.1-8b", "speculative": {"gamma": 3}})
+
+
+def test_registry_builds_hardware_and_empirical_backends():
+    hwb = build_backend({"hardware": "cerebras-wse3", "model": "llama-3.1-8b"})
+    assert hwb.kind == "hardware" and hwb.name == "cerebras-wse3/llama-3.1-8b"
+    assert hwb.quality == pytest.approx(0.73)
+    d = hwb.describe()
+    assert d["modelled"] and d["chips"] == 1 and d["sources"]
+    emp = build_backend("sonnet-gpu")
+    assert emp.quality == pytest.approx(0.887)

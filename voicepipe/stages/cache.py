@@ -1,0 +1,173 @@
+"""Speculative response cache: answers predicted in advance, matched on partial and final transcripts.
+
+Entries come from the config and the scenario (question variants -> answer, with pre-rendered audio:
+no TTS at all when served) plus learned ones (answers the agents generated earlier; text only, LRU with
+a capacity). A partial transcript that already matches a learned entry confidently starts rendering its
+audio speculatively, so it is ready when the turn ends; if the final transcript then matches something
+else, that render is wasted and counted. A miss forwards the turn to the router's fallback agent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from voicepipe.clock import now_ns, rng_for, sleep_until_ns
+from voicepipe.messages import Envelope, Span
+from voicepipe.stages.base import Stage
+from voicepipe.stages.tts import audio_ms
+from voicepipe.strategy import LRU, best_match
+from voicepipe.text import normalise
+
+
+@dataclass
+class Entry:
+    answer: str
+    prerendered: bool  # audio rendered ahead of time (config/scenario entries)
+
+
+@dataclass
+class Speculation:
+    answer: str
+    ready_ns: int
+    render_ms: float
+
+
+@dataclass
+class Stats:
+    lookups: int = 0
+    hits: int = 0
+    false_hits: int = 0
+    speculations: int = 0
+    wasted_renders: int = 0
+    wasted_render_ms: float = 0.0
+    hit_ms: list[float] = field(default_factory=list)
+
+
+class Cache(Stage):
+    name = "cache"
+    channels = ("turn/script", "asr/partial", "route", "reply/text")
+
+    def __init__(self, *a, **kw) -> None:
+        super().__init__(*a, **kw)
+        c = self.cfg.cache
+        self.fixed: dict[str, Entry] = {}  # question -> entry (config + scenario: pre-rendered)
+        self.learned: LRU[str, Entry] = LRU(c.capacity)
+        for e in c.entries:
+            self._add_fixed(e.get("questions", []), str(e.get("answer", "")))
+        self.scripts: dict[tuple[str, int], dict] = {}
+        self.spec: dict[tuple[str, int], Speculation] = {}
+        self.stats = Stats()
+        self.on("turn.script", self.script)
+        self.on("asr.partial", self.partial)
+        self.on("route", self.route)
+        self.on("reply.text", self.learn)
+
+    def _add_fixed(self, questions: list[str], answer: str) -> None:
+        for q in questions:
+            self.fixed[normalise(q)] = Entry(answer, prerendered=True)
+
+    def forget(self, session: str) -> None:
+        for d in (self.scripts, self.spec):
+            for k in [k for k in d if k[0] == session]:
+                del d[k]
+
+    def lookup(self, text: str) -> tuple[float, Entry | None]:
+        pairs = [(q, e) for q, e in self.fixed.items()] + self.learned.items()
+        return best_match(text, pairs)
+
+    async def script(self, env: Envelope) -> None:
+        self.scripts.pop((env.session, env.turn - 1), None)
+        self.scripts[(env.session, env.turn)] = env.payload
+        for e in env.payload.get("cache", []):
+            self._add_fixed(e.get("questions", []), str(e.get("answer", "")))
+
+    async def partial(self, env: Envelope) -> None:
+        key = (env.session, env.turn)
+        score, entry = self.lookup(str(env.payload.get("text", "")))
+        if entry is None or entry.prerendered or score < self.cfg.cache.partial_threshold:
+            return
+        cur = self.spec.get(key)
+        if cur and cur.answer == entry.answer:
+            return
+        rng = rng_for(self.cfg.seed, env.session, env.turn, "cache-render")
+        render = self.cfg.tts.ttfb_ms.sample_ms(rng)
+        if cur:
+            self._wasted(cur)
+        self.spec[key] = Speculation(entry.answer, now_ns() + round(render * 1e6), render)
+        self.stats.speculations += 1
+
+    def _wasted(self, s: Speculation) -> None:
+        self.stats.wasted_renders += 1
+        self.stats.wasted_render_ms += s.render_ms
+
+    async def learn(self, env: Envelope) -> None:
+        p = env.payload
+        if self.cfg.cache.learn and p.get("final") and p.get("answer") and p.get("question"):
+            self.learned.put(normalise(p["question"]), Entry(p["answer"], prerendered=False))
+
+    async def route(self, env: Envelope) -> None:
+        if env.payload.get("target") != "cache":
+            return
+        self.spawn(env.session, (env.turn, "lookup"), self._serve(env))
+
+    async def _serve(self, env: Envelope) -> None:
+        cfg = self.cfg.cache
+        t0 = now_ns()
+        key = (env.session, env.turn)
+        text = str(env.payload.get("text", ""))
+        lookup = round(cfg.lookup_ms * 1e6)
+        spans = [*env.spans, Span(stage="cache", what="lookup", start_ns=t0, dur_ns=lookup)]
+        self.stats.lookups += 1
+        score, entry = self.lookup(text)
+        spec = self.spec.pop(key, None)
+        await sleep_until_ns(t0 + lookup)
+        if entry is None or score < cfg.threshold:
+            if spec:
+                self._wasted(spec)
+            fb = str(env.payload.get("fallback", "agent"))
+            payload = {**env.payload, "target": "council" if fb == "council" else "agent",
+                       "agent": fb.split(":", 1)[1] if ":" in fb else self.cfg.agent.name,
+                       "path": "council" if fb == "council" else "agent", "route": f"{env.payload.get('route')} (cache miss)"}  # fmt: skip
+            await self.bus.publish(self.reply(env, "route", payload, spans))
+            return
+        ready = t0 + lookup
+        if not entry.prerendered:
+            if spec and spec.answer == entry.answer:  # speculated on a partial: (nearly) ready now
+                if spec.ready_ns > ready:
+                    spans.append(Span(stage="cache", what="render (speculative)", start_ns=ready,
+                                      dur_ns=spec.ready_ns - ready))  # fmt: skip
+                    ready = spec.ready_ns
+            else:
+                if spec:
+                    self._wasted(spec)
+                rng = rng_for(self.cfg.seed, env.session, env.turn, "cache-render")
+                d = round(self.cfg.tts.ttfb_ms.sample_ms(rng) * 1e6)
+                spans.append(Span(stage="tts", what="time to first audio", start_ns=ready, dur_ns=d))
+                ready += d
+        elif spec:
+            self._wasted(spec)
+        await sleep_until_ns(ready)
+        expected = self.scripts.get(key, {}).get("reply")
+        false_hit = expected is not None and normalise(expected) != normalise(entry.answer)
+        self.stats.hits += 1
+        self.stats.false_hits += int(false_hit)
+        self.stats.hit_ms.append((ready - t0) / 1e6)
+        words = entry.answer.split()
+        payload = {
+            "seq": 0,
+            "text": entry.answer,
+            "duration_ms": audio_ms(words, self.cfg.tts.words_per_minute),
+            "last": True,
+            "words": env.payload.get("words", 0),
+            "segment": env.payload.get("segment", 0),
+            "meta": {
+                "backend": "cache",
+                "path": "cache",
+                "route": env.payload.get("route", ""),
+                "cost_usd": 0.0,
+                "quality": 0.0 if false_hit else 1.0,
+                "false_hit": false_hit,
+                "prerendered": entry.prerendered,
+            },
+        }
+        await self.bus.publish(self.reply(env, "tts.audio", payload, spans))

@@ -1,0 +1,179 @@
+"""Council: several small agents answer the same turn; an aggregation decides what is spoken.
+
+* ``first`` — hedged: every member starts; the first to finish its first clause wins and streams on,
+  the others are cancelled (their tokens are wasted work).
+* ``vote`` — the first ``k`` complete answers vote (majority); then the answer is spoken at once.
+* ``judge`` — all answers (members past the deadline dropped), then a judge call with them in its
+  prompt (Mixture-of-Agents shape): seconds before first audio on slow hardware.
+* ``draft-refine`` — the fastest member's draft is spoken at once while a refine call (judge backend)
+  improves it in the background for the next turn's context.
+
+Quality is modelled from members' benchmark accuracies (strategy.council_quality), not measured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from voicepipe.backends.base import LLMRequest
+from voicepipe.clock import now_ns, rng_for
+from voicepipe.messages import Envelope, Span
+from voicepipe.stages.agent import Generation, prompt_tokens, request_cost, stream_reply
+from voicepipe.stages.base import Stage
+from voicepipe.strategy import council_quality
+from voicepipe.text import count_tokens, first_clause_end, tokens_of
+
+
+class Council(Stage):
+    name = "council"
+    channels = ("turn/script", "route", "control/cancel")
+
+    def __init__(self, *a, **kw) -> None:
+        super().__init__(*a, **kw)
+        c = self.cfg.council
+        self.members = [self.ctx.backends.get(spec) for spec in c.members]
+        self.judge = self.ctx.backends.get(c.judge) if c.judge is not None else self.members[0]
+        self.scripts: dict[tuple[str, int], dict] = {}
+        self.history: dict[str, int] = {}
+        self.on("turn.script", self.script)
+        self.on("route", self.route)
+        self.on("control.cancel", self.cancelled)
+
+    def forget(self, session: str) -> None:
+        self.history.pop(session, None)
+        for k in [k for k in self.scripts if k[0] == session]:
+            del self.scripts[k]
+
+    async def script(self, env: Envelope) -> None:
+        self.scripts.pop((env.session, env.turn - 2), None)
+        self.scripts[(env.session, env.turn)] = env.payload
+
+    async def cancelled(self, env: Envelope) -> None:
+        if "attempt" in env.payload:
+            return
+        seg = env.payload.get("segment")
+        self.cancel(env.session, lambda k: k[0] == env.turn and (seg is None or k[1] == seg))
+
+    async def route(self, env: Envelope) -> None:
+        if env.payload.get("target") != "council":
+            return
+        script = self.scripts.get((env.session, env.turn))
+        if script is None:
+            raise ValueError(f"no script for turn {env.turn} of session {env.session}")
+        self.spawn(env.session, (env.turn, env.payload.get("segment", 0)), self._convene(env, script))
+
+    def _gen(
+        self, env: Envelope, backend, tokens: list[str], extra_prompt: int, i: int, t0: int
+    ) -> Generation:
+        prompt, cached = prompt_tokens(
+            self.cfg.agent.prompt_tokens, self.history.get(env.session, 0), env.payload.get("text", "")
+        )
+        prompt += extra_prompt
+        req = LLMRequest(env.session, env.turn, prompt, len(tokens), cached)
+        rng = rng_for(self.cfg.seed, env.session, env.turn, env.payload.get("segment", 0), "council", i)
+        return Generation(backend.start(req, t0, rng), tokens, prompt, cached, backend)
+
+    async def _convene(self, env: Envelope, script: dict) -> None:
+        c = self.cfg.council
+        t0 = now_ns()
+        tokens = tokens_of(str(script["reply"]))
+        gens = [self._gen(env, b, tokens, 0, i, t0) for i, b in enumerate(self.members)]
+        deadline = c.deadline_ms / 1e3
+        first_clause = max(0, min(len(tokens), self._first_clause_tokens(tokens)) - 1)
+        cost = 0.0
+        wasted = 0
+        try:
+            if c.aggregation in ("first", "draft-refine"):
+                order = await self._finish_order(gens, first_clause, deadline, k=1)
+                win = order[0]
+                chosen, members_q = gens[win], [self.members[win].quality]
+                spoken = chosen
+                if c.aggregation == "draft-refine":
+                    members_q = [self.members[win].quality]
+            else:
+                k = c.k if c.aggregation == "vote" else len(gens)
+                order = await self._finish_order(gens, len(tokens) - 1, deadline, k=k)
+                members_q = [self.members[i].quality for i in order]
+                chosen = gens[order[-1]]  # the answer that completed the vote / the last the judge waited for
+                spoken = chosen
+                if c.aggregation == "judge":
+                    answers = sum(len(gens[i].tokens) for i in order)
+                    tj = now_ns()
+                    spoken = self._gen(env, self.judge, tokens, answers, 99, tj)
+                    cost += request_cost(self.judge, spoken.prompt, spoken.cached, len(tokens))
+            for g in gens:
+                if g is not chosen and g.produced < len(g.tokens):
+                    produced = self._produced(g)
+                    wasted += produced
+                    g.stream.cancel()
+                cost += request_cost(g.backend, g.prompt, g.cached, min(len(g.tokens), self._produced(g)))
+            quality = council_quality(c.aggregation, members_q, c.judge_gain)
+            if c.aggregation == "draft-refine":
+                cost += request_cost(self.judge, chosen.prompt + len(tokens), chosen.cached, len(tokens))
+            meta = {
+                "backend": f"council:{c.aggregation}",
+                "path": "council",
+                "route": env.payload.get("route", ""),
+                "input_tokens": sum(g.prompt for g in gens),
+                "output_tokens": len(tokens),
+                "cost_usd": cost,
+                "wasted_tokens": wasted,
+                "quality": quality,
+                "members": [b.name for b in self.members],
+            }
+            chain = list(env.spans)
+            if spoken is not chosen:  # judge: the wait for the members' answers is council time
+                chain.append(Span(stage="council", what=f"{c.aggregation} wait", start_ns=t0,
+                                  dur_ns=spoken.stream.spans(0)[0].start_ns - t0))  # fmt: skip
+            elif c.aggregation == "vote":
+                end = chosen.stream.spans(len(tokens) - 1)[-1].end_ns
+                chain.append(Span(stage="council", what="vote wait", start_ns=t0, dur_ns=end - t0))
+            spoken.commit.set()
+            await stream_reply(self, env, spoken, lambda _h: meta, self.cfg.agent.chunk_tokens, chain)
+            self.history[env.session] = (
+                self.history.get(env.session, 0) + count_tokens(env.payload.get("text", "")) + len(tokens)
+            )
+        finally:
+            for g in gens:
+                g.stream.cancel()
+
+    def _first_clause_tokens(self, tokens: list[str]) -> int:
+        words: list[str] = []
+        for n, tok in enumerate(tokens, start=1):
+            if tok.startswith(" ") or not words:
+                words.append(tok.strip())
+            else:
+                words[-1] += tok
+            if first_clause_end(words, self.cfg.tts.min_clause_words) is not None:
+                return n
+        return len(tokens)
+
+    @staticmethod
+    def _produced(g: Generation) -> int:
+        return max(g.produced, 0)
+
+    async def _finish_order(self, gens: list[Generation], token: int, deadline_s: float, k: int) -> list[int]:
+        """Indices of the first ``k`` members to produce ``token`` (before the deadline)."""
+
+        async def one(i: int) -> int:
+            await gens[i].stream.token_time(token)
+            gens[i].produced = token + 1
+            return i
+
+        tasks = [asyncio.create_task(one(i)) for i in range(len(gens))]
+        order: list[int] = []
+        try:
+            for fut in asyncio.as_completed(tasks, timeout=deadline_s):
+                with contextlib.suppress(TimeoutError):
+                    order.append(await fut)
+                if len(order) >= k:
+                    break
+        except TimeoutError:
+            pass
+        finally:
+            for t in tasks:
+                t.cancel()
+        if not order:
+            raise TimeoutError("no council member answered before the deadline")
+        return order
