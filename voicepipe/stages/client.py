@@ -35,6 +35,8 @@ class Listening:
     done: asyncio.Event = field(default_factory=asyncio.Event)
     play_until_ns: int = 0
     premature: bool = False  # a reply to a partial utterance arrived (or was cancelled)
+    barge_in_ns: int = 0  # when the user started talking over the reply
+    stopped_ns: int = 0  # when the reply audio stopped because of it
     reply: list[str] = field(default_factory=list)
 
 
@@ -50,9 +52,17 @@ class Client(Stage):
         self.on("control.cancel", self.cancel_seen)
 
     async def cancel_seen(self, env: Envelope) -> None:
+        got = now_ns()
         lis = self.listening.get(env.session)
-        if lis and env.turn == lis.turn and env.payload.get("reason") == "user resumed":
+        if not lis or env.turn != lis.turn:
+            return
+        reason = env.payload.get("reason")
+        if reason == "user resumed":
             lis.premature = True
+        elif reason == "barge-in" and lis.barge_in_ns and not lis.stopped_ns:
+            lis.stopped_ns = got  # the player drops what it had queued the moment the stop arrives
+            lis.play_until_ns = min(lis.play_until_ns, got)
+            lis.done.set()
 
     async def audio(self, env: Envelope) -> None:
         got = now_ns()
