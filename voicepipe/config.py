@@ -98,7 +98,8 @@ class Rule(Strict):
 
 
 class PreemptiveConfig(Strict):
-    """Start the LLM on a partial transcript that has been stable a while; commit or cancel at the end.
+    """Start the LLM on an eager end of turn — the partial transcript has been stable through
+    ``stable_ms`` of silence (shorter than the endpoint wait) — then commit or cancel at the final.
 
     LiveKit's preemptive generation: LLM only (TTS waits), <= 3 tries per turn, reused only if the final
     transcript matches ignoring case and punctuation (reference-figures.md)."""

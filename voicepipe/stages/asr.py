@@ -53,6 +53,11 @@ def endpoint_wait_ms(cfg: ASRConfig, text: str, annotated_complete: bool | None)
     return wait, cfg.smart_inference_ms
 
 
+def wait_of(cfg: ASRConfig, text: str, annotated: bool | None) -> float:
+    wait, infer = endpoint_wait_ms(cfg, text, annotated)
+    return wait + infer
+
+
 @dataclass
 class Utterance:
     turn: int
@@ -136,6 +141,14 @@ class ASR(Stage):
             await self._partial(env, u)  # the word is recognised once its audio has ended
         text = " ".join(u.words)
         n_words = len(u.words)
+        pre = self.cfg.router.preemptive
+        if pre.enabled and pre.stable_ms < wait_of(cfg, text, annotated):
+            # eager end of turn: the transcript has been stable (silence) for stable_ms
+            await sleep_until_ns(speech_end + round(pre.stable_ms * 1e6))
+            if u.gen != gen:
+                return
+            payload = {"text": text, "words": n_words, "segment": u.segment, "eager": True}
+            await self.bus.publish(self.reply(env, "asr.partial", payload, []), qos=0)
         wait_ms, infer_ms = endpoint_wait_ms(cfg, text, annotated)
         spans = list(env.spans)
         t = speech_end

@@ -103,21 +103,13 @@ class Router(Stage):
 
     # -- preemptive generation ---------------------------------------------------------------------
     async def partial(self, env: Envelope) -> None:
+        """Start (or restart) the agent on an eager end-of-turn: a partial stable through a short silence."""
         pre = self.cfg.router.preemptive
-        if not pre.enabled:
+        if not pre.enabled or not env.payload.get("eager"):
             return
         st = self._state(env)
-        st.final_seen = False
-        if st.tries >= pre.max_tries:
-            return
-        self.spawn(env.session, (env.turn, "stable"), self._when_stable(env, st))
-
-    async def _when_stable(self, env: Envelope, st: TurnState) -> None:
-        from voicepipe.clock import sleep_until_ns
-
-        await sleep_until_ns(now_ns() + round(self.cfg.router.preemptive.stable_ms * 1e6))
         text = str(env.payload.get("text", ""))
-        if st.final_seen or (st.attempt and same_utterance(st.attempt.text, text)):
+        if st.final_seen or st.tries >= pre.max_tries or (st.attempt and same_utterance(st.attempt.text, text)):
             return
         if st.attempt:
             await self._cancel_attempt(env, st)
@@ -149,7 +141,6 @@ class Router(Stage):
         text = str(env.payload.get("text", ""))
         st = self._state(env)
         st.final_seen = True
-        self.cancel(env.session, lambda k: k == (env.turn, "stable"))
         base = {
             "text": text,
             "words": env.payload.get("words", 0),
