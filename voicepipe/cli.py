@@ -173,7 +173,7 @@ def run(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Summary only, no per-turn table.")] = False,
 ) -> None:
     """Play scenarios through the pipeline over MQTT and measure every turn against the budget."""
-    from voicepipe.report.table import print_summary, print_turns
+    from voicepipe.report.table import print_paths, print_summary, print_turns
 
     with user_errors():
         cfg = load_config(config, set_ or [], broker)
@@ -200,6 +200,7 @@ def run(
     if not quiet:
         print_turns(out, sink.records, cfg.budget_ms)
     print_summary(out, {"": sink.records})
+    print_paths(out, sink.records)
     if result:
         out.print(
             f"[dim]run {result.run} on {result.broker}; broker probe "

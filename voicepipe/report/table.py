@@ -41,7 +41,7 @@ def print_turns(console: Console, records: Sequence[TurnRecord], budget_ms: floa
     show_path = any(r.path != "agent" for r in records)
     for label, recs in by_label.items():
         title = f"Turns{f' — {label}' if label else ''} (budget {budget_ms:.0f} ms)"
-        parts_w = console.width - (74 if show_path else 65)
+        parts_w = console.width - (88 if show_path else 65)
         console.print(_turn_table(recs, title, show_path, budget_ms, parts_w))
     console.print(Text(CAPTION, style="dim"))
 
@@ -60,7 +60,9 @@ def _turn_table(
     t.add_column("tax", justify="right", no_wrap=True)
     t.add_column("ok", justify="center", no_wrap=True, min_width=2)
     if show_path:
-        t.add_column("path", no_wrap=True, max_width=8, overflow="ellipsis")
+        t.add_column("path", no_wrap=True, max_width=10, overflow="ellipsis")
+        t.add_column("waste tok", justify="right", no_wrap=True)
+        t.add_column("q (mod)", justify="right", no_wrap=True)
     t.add_column(
         "largest (ms)" if narrow else "largest parts (ms)",
         min_width=14,
@@ -78,7 +80,8 @@ def _turn_table(
         row: list[str | Text] = [r.session, str(r.turn), _short(r.user_text, user_w), meas]
         row += [_ms(r.predicted_ms), _ms(r.tax_ms), ok]
         if show_path:
-            row.append(r.path)
+            path = r.path + ("!" if r.premature_endpoint else "") + ("✗" if r.false_hit else "")
+            row += [path, str(r.wasted_tokens), "–" if r.quality is None else f"{r.quality:.2f}"]
         row.append(top_parts(r, 1 if narrow else 2, parts_w))
         t.add_row(*row)
     return t
@@ -123,3 +126,40 @@ def print_summary(console: Console, records_by_label: Mapping[str, Sequence[Turn
         Text("total", style="bold"), *(_ms(sum(s.mean_stage_ms.values()) or None) for s in sums.values())
     )
     console.print(st_t)
+
+
+def print_paths(console: Console, records: Sequence[TurnRecord]) -> None:
+    """Per-path summary: which strategy served how many turns, how fast, at what waste, cost, quality."""
+    by_path: dict[str, list[TurnRecord]] = {}
+    for r in records:
+        by_path.setdefault(r.path, []).append(r)
+    if len(by_path) <= 1 and not any(
+        r.wasted_tokens or r.premature_endpoint or r.barge_in_stop_ms is not None for r in records
+    ):
+        return
+    t = Table(title="By path", header_style="bold", box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0))
+    for h in ("path", "turns", "p50 ms", "wasted tok", "$/turn", "quality (modelled)", "premature", "false hits",
+              "barge-in stop ms"):  # fmt: skip
+        t.add_column(h, justify="left" if h == "path" else "right", no_wrap=True)
+    for path, recs in sorted(by_path.items()):
+        s = summarise(recs)
+        qs = [r.quality for r in recs if r.quality is not None]
+        stops = [r.barge_in_stop_ms for r in recs if r.barge_in_stop_ms is not None]
+        t.add_row(
+            path,
+            str(len(recs)),
+            _ms(s.p50_ms),
+            str(sum(r.wasted_tokens for r in recs)),
+            f"{s.mean_cost_usd:.5f}",
+            f"{sum(qs) / len(qs):.2f}" if qs else "–",
+            str(sum(r.premature_endpoint for r in recs)),
+            str(sum(r.false_hit for r in recs)),
+            _ms(sum(stops) / len(stops)) if stops else "–",
+        )
+    console.print(t)
+    console.print(
+        Text(
+            "path!: premature endpoint (user was not done); ✗: cache false hit; quality is modelled from benchmarks",
+            style="dim",
+        )
+    )
