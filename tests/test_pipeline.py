@@ -164,3 +164,22 @@ def test_cli_json_records_sum_to_measured_on_mosquitto(mosquitto, tmp_path):
         assert abs(sum(p["ms"] for p in rec["breakdown"]) - rec["measured_ms"]) < 0.1
         assert rec["backend"] == "groq-llama-3.1-8b"
     assert "p50" in r.stdout
+
+
+async def test_two_sessions_sharing_one_device_are_slower_per_token():
+    """Two conversations on one simulated A100 batch together: each decodes slower than alone."""
+    sets = (
+        "agent.backend=a100-40gb/llama-3.1-8b",
+        "agent.prompt_tokens=4000",
+        "asr.finalize_ms=100",
+        "tts.ttfb_ms=188",
+    )
+    alone = await run_pipeline(fast_config(*sets), [tiny_scenario(turns=1)], 1)
+    shared = await run_pipeline(fast_config(*sets), [tiny_scenario(turns=1)], 2)
+
+    def agent_ms(res) -> float:
+        recs = [r for r in res.records if r.measured_ms is not None]
+        return sum(sum(p.ms for p in r.breakdown if p.stage == "agent") for r in recs) / len(recs)
+
+    assert len(shared.records) == 2
+    assert agent_ms(shared) > agent_ms(alone) * 1.01
