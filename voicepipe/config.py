@@ -15,7 +15,7 @@ import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from voicepipe.errors import UserError, from_validation
+from voicepipe.errors import UserError, from_validation, read_yaml_mapping
 
 Z90 = 1.2815515655446004
 
@@ -265,17 +265,7 @@ def load_config(
         p = Path(path)
         if not p.is_file():
             raise UserError(source, "no such file")
-        try:
-            loaded = yaml.safe_load(p.read_text())
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f"line {mark.line + 1}: " if mark else ""
-            raise UserError(source, f"{where}invalid YAML ({getattr(exc, 'problem', exc)})") from None
-        if loaded is None:
-            loaded = {}
-        if not isinstance(loaded, dict):
-            raise UserError(source, "top level must be a mapping")
-        data = loaded
+        data = read_yaml_mapping(p)
     data = _merge(PipelineConfig().model_dump(mode="python"), data)
     env_broker = os.environ.get("VOICEPIPE_BROKER")
     if env_broker and not broker:

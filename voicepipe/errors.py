@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
+import yaml
 from pydantic import ValidationError
 
 
@@ -20,3 +24,19 @@ def from_validation(source: str, exc: ValidationError, prefix: str = "") -> User
     if err["type"] == "extra_forbidden":
         msg = "unknown field"
     return UserError(source, f"{field}: {msg}" if field else msg)
+
+
+def read_yaml_mapping(path: Path, what: str = "a mapping") -> dict[str, Any]:
+    """A YAML file's top-level mapping (empty file = {}); errors name the file and the line."""
+    source = str(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}: " if mark else ""
+        raise UserError(source, f"{where}invalid YAML ({getattr(exc, 'problem', exc)})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UserError(source, f"top level must be {what}")
+    return data

@@ -6,10 +6,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from voicepipe.errors import UserError, from_validation
+from voicepipe.errors import UserError, from_validation, read_yaml_mapping
 from voicepipe.text import plain
 
 
@@ -77,14 +76,7 @@ def resolve(name_or_path: str) -> Path:
 def load_scenario(name_or_path: str) -> Scenario:
     path = resolve(name_or_path)
     src = str(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}: " if mark else ""
-        raise UserError(src, f"{where}invalid YAML ({getattr(exc, 'problem', exc)})") from None
-    if not isinstance(data, dict):
-        raise UserError(src, "top level must be a mapping with name and turns")
+    data = read_yaml_mapping(path, "a mapping with name and turns")
     try:
         sc = Scenario.model_validate(data)
     except ValidationError as exc:
