@@ -186,7 +186,6 @@ def compare_rows(runs: Mapping[str, Sequence[TurnRecord]]) -> list[Row]:
     rows = []
     for label, recs in runs.items():
         s = summarise(recs)
-        qs = [r.quality for r in recs if r.quality is not None]
         rows.append(
             Row(
                 label=label,
@@ -201,7 +200,7 @@ def compare_rows(runs: Mapping[str, Sequence[TurnRecord]]) -> list[Row]:
                 tax_p50_ms=s.tax_p50_ms,
                 stage_ms=dict(s.mean_stage_ms),
                 cost_per_turn_usd=s.mean_cost_usd,
-                quality=sum(qs) / len(qs) if qs else None,
+                quality=s.mean_quality,
                 backends=sorted({r.backend for r in recs if r.backend}),
             )
         )

@@ -75,6 +75,7 @@ class Summary(BaseModel):
     tax_p50_ms: float | None
     mean_cost_usd: float
     mean_stage_ms: dict[str, float]
+    mean_quality: float | None = None  # modelled; over turns whose quality is known
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -102,4 +103,7 @@ def summarise(records: Iterable[TurnRecord]) -> Summary:
         tax_p50_ms=percentile(tax, 50),
         mean_cost_usd=(sum(r.cost_usd for r in recs) / n) if n else 0.0,
         mean_stage_ms={k: v / len(ok) for k, v in stages.items()} if ok else {},
+        mean_quality=(sum(qs) / len(qs))
+        if (qs := [r.quality for r in recs if r.quality is not None])
+        else None,
     )

@@ -11,7 +11,6 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
 import yaml
 
 from voicepipe.records import BreakdownPart, Summary, TurnRecord, percentile, summarise
@@ -159,7 +158,7 @@ def _summary(
     if has_quality:
         head.append(("quality (modelled)", True))
     rows = []
-    for i, (name, recs, s) in enumerate(zip(names, runs, sums, strict=True)):
+    for i, (name, s) in enumerate(zip(names, sums, strict=True)):
         cls = "ok" if s.within_budget >= 0.9 else "miss" if s.within_budget < 0.5 else ""
         row = [
             f'<span class="swatch" style="background:{series_colour(i)}"></span>{esc(name)}',
@@ -174,8 +173,7 @@ def _summary(
             f"${s.mean_cost_usd:.4f}",
         ]
         if has_quality:
-            q = [r.quality for r in recs if r.quality is not None]
-            row.append(f"{np.mean(q):.2f}" if q else "—")
+            row.append("—" if s.mean_quality is None else f"{s.mean_quality:.2f}")
         rows.append(row)
     bars = []
     for i, (name, s) in enumerate(zip(names, sums, strict=True)):

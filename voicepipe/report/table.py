@@ -143,7 +143,6 @@ def print_paths(console: Console, records: Sequence[TurnRecord]) -> None:
         t.add_column(h, justify="left" if h == "path" else "right", no_wrap=True)
     for path, recs in sorted(by_path.items()):
         s = summarise(recs)
-        qs = [r.quality for r in recs if r.quality is not None]
         stops = [r.barge_in_stop_ms for r in recs if r.barge_in_stop_ms is not None]
         t.add_row(
             path,
@@ -151,7 +150,7 @@ def print_paths(console: Console, records: Sequence[TurnRecord]) -> None:
             _ms(s.p50_ms),
             str(sum(r.wasted_tokens for r in recs)),
             f"{s.mean_cost_usd:.5f}",
-            f"{sum(qs) / len(qs):.2f}" if qs else "–",
+            "–" if s.mean_quality is None else f"{s.mean_quality:.2f}",
             str(sum(r.premature_endpoint for r in recs)),
             str(sum(r.false_hit for r in recs)),
             _ms(sum(stops) / len(stops)) if stops else "–",
