@@ -222,12 +222,6 @@ def vp(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_predict_is_a_marked_hook_for_now():
-    r = vp("compare", "cafe-order", "--vary", "agent.backend=sonnet-gpu", "--predict")
-    assert r.returncode == 2
-    assert "--predict needs `voicepipe predict` (not yet built)" in r.stderr
-
-
 def test_bad_vary_exits_2_with_one_line():
     r = vp("compare", "cafe-order", "--vary", "agent.backend=sonnet-gpu,warp-drive")
     assert r.returncode == 2 and "Traceback" not in r.stderr

@@ -55,4 +55,6 @@ def test_agent_chunks_end_at_clauses_or_size():
     ends = chunk_ends(toks, 4)
     assert ends[-1] == len(toks) - 1
     assert ends[0] == 0  # "Sure," ends a clause
-    assert all(b - a <= 4 for a, b in itertools.pairwise(ends))
+    for a, b in itertools.pairwise(ends):
+        assert toks[b + 1].startswith(" ") if b + 1 < len(toks) else True  # never splits a word
+        assert b - a <= 4 + 3  # size limit, stretched to the end of the word

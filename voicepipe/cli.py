@@ -246,6 +246,8 @@ def compare_table(
     title: str,
     stage_width: int | None = None,
     expected: int | None = None,
+    caption: str = "latency measured on the client clock over MQTT; cost and quality modelled from catalog "
+    "prices/benchmarks",
 ) -> Table:
     """One row per configuration: percentiles, budget shares, modelled cost and quality, and the largest
     stages (on one line, or wrapped into lines of ``stage_width``)."""
@@ -262,8 +264,7 @@ def compare_table(
         header_style="bold",
         box=box.SIMPLE_HEAD,
         padding=(0, 1, 0, 0),
-        caption="latency measured on the client clock over MQTT; cost and quality modelled from catalog "
-        "prices/benchmarks",
+        caption=caption,
         caption_justify="left",
         caption_style="dim",
     )
@@ -305,6 +306,32 @@ def compare_table(
     return t
 
 
+def _compare_predicted(variants: list, scs: list[Scenario], sessions: int, json_out: Path | None) -> None:
+    """`compare --predict`: one row per configuration from the analytic predictor (no run)."""
+    from voicepipe.compare import compare_rows, display_names, verdict
+    from voicepipe.predict import predict as predict_turns
+    from voicepipe.report.table import PREDICTED
+
+    runs: dict[str, list[TurnRecord]] = {}
+    lines: list[str] = []
+    for label, cfg in variants:
+        try:
+            preds = predict_turns(cfg, scs, sessions)
+        except ValueError as exc:
+            raise fail(f"configuration {label!r}: {exc}") from None
+        runs[label] = [p.as_record(label) for p in preds]
+        lines += [json.dumps({**p.to_json(), "label": label}) + "\n" for p in preds]
+    if json_out:
+        json_out.write_text("".join(lines))
+    rows = compare_rows(runs)
+    heading, names = display_names(list(runs))
+    per_run = sum(len(s.turns) for s in scs) * sessions
+    title = f"compare (predicted): {', '.join(s.name for s in scs)} · {per_run} turns each"
+    out.print(compare_table(rows, names, heading, title, caption=PREDICTED))
+    for line in verdict(rows, names):
+        out.print(line, highlight=False, markup=False, soft_wrap=True)
+
+
 @app.command()
 def compare(
     scenario: ScenariosArg,
@@ -321,7 +348,8 @@ def compare(
     report: Annotated[Path | None, typer.Option("--report", help="Self-contained HTML report.")] = None,
     otel: Annotated[Path | None, typer.Option("--otel", help="Per-turn spans as OTLP/JSON traces.")] = None,
     predict: Annotated[
-        bool, typer.Option("--predict", help="Predict instead of running (large grids). Not yet built.")
+        bool,
+        typer.Option("--predict", help="Predict analytically instead of running (instant; for large grids)."),
     ] = False,
 ) -> None:
     """Run the same scenarios under several configurations: one row each with latency, budget share, cost.
@@ -332,14 +360,13 @@ def compare(
     """
     from voicepipe.compare import compare_rows, display_names, join_parts, plan_variants, verdict
 
-    # --- hook: `compare --predict` (issue 5 part 2) -- wire to `voicepipe predict` once it exists ---
-    if predict:
-        raise fail("--predict needs `voicepipe predict` (not yet built)")
-
     with user_errors():
         variants = plan_variants(config or [], vary or [], set_ or [], broker)
         scs = load_scenarios(scenario)
 
+    if predict:
+        _compare_predicted(variants, scs, sessions, json_out)
+        return
     from voicepipe.runner import run_pipeline
 
     per_run = sum(len(s.turns) for s in scs) * sessions
@@ -402,6 +429,34 @@ def compare(
     cfgs = dict(variants)
     budget = next(iter(cfgs.values())).budget_ms
     write_outputs(runs, {k: config_dict(cfgs[k]) for k in runs}, report, csv, otel, budget)
+
+
+@app.command()
+def predict(
+    scenario: ScenariosArg,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    sessions: Annotated[int, typer.Option("--sessions", "-n", min=1, help="Copies of each (own draws).")] = 1,
+    json_out: Annotated[Path | None, typer.Option("--json", help="One JSON prediction per line.")] = None,
+) -> None:
+    """Predict every turn's latency and breakdown analytically — nothing runs, no broker.
+
+    The same modelled spans the live pipeline realises, with zero bus hops: a live run's predicted_ms
+    equals this for the same turn and seed (one session per device; preemptive turns to within hops).
+    """
+    from voicepipe.predict import predict as predict_turns
+    from voicepipe.report.table import print_predictions
+
+    with user_errors():
+        cfg = load_config(config, set_ or [])
+        scs = load_scenarios(scenario)
+        try:
+            preds = predict_turns(cfg, scs, sessions)
+        except ValueError as exc:
+            raise UserError(str(config or "config"), str(exc)) from None
+    if json_out:
+        json_out.write_text("".join(json.dumps(p.to_json()) + "\n" for p in preds))
+    print_predictions(out, [p.as_record() for p in preds], cfg.budget_ms)
 
 
 @app.command()

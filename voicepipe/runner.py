@@ -14,7 +14,7 @@ from voicepipe.brokers import EmbeddedBroker, quiet_amqtt
 from voicepipe.bus import BrokerAddress, Bus, probe_round_trip
 from voicepipe.config import PipelineConfig
 from voicepipe.records import TurnRecord
-from voicepipe.scenario import Scenario
+from voicepipe.scenario import Scenario, session_id
 from voicepipe.stages.agent import Agent
 from voicepipe.stages.asr import ASR
 from voicepipe.stages.base import RunContext, Stage
@@ -46,11 +46,7 @@ class RunResult:
 
 
 def session_ids(scenarios: list[Scenario], sessions: int) -> list[tuple[Scenario, str]]:
-    out = []
-    for sc in scenarios:
-        safe = "".join(c if c.isalnum() or c in "-_" else "-" for c in sc.name)
-        out += [(sc, f"{safe}-{i}") for i in range(sessions)]
-    return out
+    return [(sc, session_id(sc, i)) for sc in scenarios for i in range(sessions)]
 
 
 def build_stages(bus_for: Callable[[str], Bus], ctx: RunContext, **client_kw) -> list[Stage]:

@@ -83,3 +83,9 @@ def load_scenario(name_or_path: str) -> Scenario:
         raise from_validation(src, exc) from None
     sc.source = src
     return sc
+
+
+def session_id(scenario: Scenario, index: int) -> str:
+    """The bus-safe session id of the ``index``-th concurrent copy of a scenario."""
+    safe = "".join(c if c.isalnum() or c in "-_" else "-" for c in scenario.name)
+    return f"{safe}-{index}"

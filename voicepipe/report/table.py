@@ -162,3 +162,32 @@ def print_paths(console: Console, records: Sequence[TurnRecord]) -> None:
             style="dim",
         )
     )
+
+
+PREDICTED = "PREDICTED by the analytic model: the live pipeline's modelled spans with zero bus hops; nothing was run"
+
+
+def print_predictions(console: Console, records: Sequence[TurnRecord], budget_ms: float = 800.0) -> None:
+    """Predicted turns (records built by TurnPrediction.as_record): latency, path and the largest parts."""
+    t = Table(title=f"Predicted turns (budget {budget_ms:.0f} ms)", header_style="bold", box=box.SIMPLE_HEAD,
+              padding=(0, 1, 0, 0))  # fmt: skip
+    for h in ("session", "#", "user said", "pred ms", "ok", "path", "q (mod)", "$/turn", "largest parts (ms)"):
+        t.add_column(h, justify="right" if h in ("#", "pred ms", "q (mod)", "$/turn") else "left", no_wrap=True,
+                     max_width=20 if h in ("user said", "session") else None, overflow="ellipsis")  # fmt: skip
+    for r in records:
+        over = (r.predicted_ms or 0) > budget_ms
+        t.add_row(
+            r.session, str(r.turn), r.user_text, _ms(r.predicted_ms),
+            Text("✗", style="bold red") if over else Text("✓", style="bold green"),
+            r.path + ("!" if r.premature_endpoint else ""),
+            "–" if r.quality is None else f"{r.quality:.2f}", f"{r.cost_usd:.5f}", top_parts(r, 2),
+        )  # fmt: skip
+    console.print(t)
+    s = summarise(records)
+    console.print(
+        f"p50 {_ms(s.p50_ms)} ms · p90 {_ms(s.p90_ms)} · p99 {_ms(s.p99_ms)} · within {budget_ms:.0f} ms "
+        f"{s.within_budget * 100:.0f}% · under 200 ms {s.under_200ms * 100:.0f}% · ${s.mean_cost_usd:.5f}/turn"
+        + ("" if s.mean_quality is None else f" · quality {s.mean_quality:.2f} (modelled)"),
+        highlight=False,
+    )
+    console.print(Text(PREDICTED, style="dim"))

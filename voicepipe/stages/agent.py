@@ -26,11 +26,14 @@ CACHED_INPUT_PRICE = 0.1  # cached prompt tokens billed at 10% (Anthropic/OpenAI
 
 
 def chunk_ends(tokens: list[str], max_tokens: int) -> list[int]:
-    """Indices of the last token of each chunk: clause ends, or every ``max_tokens`` tokens."""
+    """Indices of the last token of each chunk: clause ends, or the first word boundary once a chunk has
+    ``max_tokens`` tokens (a chunk never splits a word, so TTS sees whole words)."""
     ends: list[int] = []
     start = 0
     for i, tok in enumerate(tokens):
-        if CLAUSE_END.search(tok) or i - start + 1 >= max_tokens or i == len(tokens) - 1:
+        last = i == len(tokens) - 1
+        at_boundary = last or tokens[i + 1].startswith(" ")
+        if last or (at_boundary and (CLAUSE_END.search(tok) or i - start + 1 >= max_tokens)):
             ends.append(i)
             start = i + 1
     return ends

@@ -25,6 +25,19 @@ from voicepipe.strategy import council_quality
 from voicepipe.text import count_tokens, first_clause_end, tokens_of
 
 
+def first_clause_token(tokens: list[str], min_words: int) -> int:
+    """Index of the token that completes the reply's first speakable clause (the race in ``first``)."""
+    words: list[str] = []
+    for n, tok in enumerate(tokens):
+        if tok.startswith(" ") or not words:
+            words.append(tok.strip())
+        else:
+            words[-1] += tok
+        if first_clause_end(words, min_words) is not None:
+            return n
+    return max(0, len(tokens) - 1)
+
+
 class Council(Stage):
     name = "council"
     channels = ("turn/script", "route", "control/cancel")
@@ -80,7 +93,7 @@ class Council(Stage):
         tokens = tokens_of(str(script["reply"]))
         gens = [self._gen(env, b, tokens, 0, i, t0) for i, b in enumerate(self.members)]
         deadline = c.deadline_ms / 1e3
-        first_clause = max(0, min(len(tokens), self._first_clause_tokens(tokens)) - 1)
+        first_clause = first_clause_token(tokens, self.cfg.tts.min_clause_words)
         cost = 0.0
         wasted = 0
         try:
@@ -99,7 +112,7 @@ class Council(Stage):
                 spoken = chosen
                 if c.aggregation == "judge":
                     answers = sum(len(gens[i].tokens) for i in order)
-                    tj = now_ns()
+                    tj = chosen.stream.spans(len(tokens) - 1)[-1].end_ns  # modelled: the last answer done
                     spoken = self._gen(env, self.judge, tokens, answers, 99, tj)
                     cost += request_cost(self.judge, spoken.prompt, spoken.cached, len(tokens))
             for g in gens:
@@ -137,17 +150,6 @@ class Council(Stage):
         finally:
             for g in gens:
                 g.stream.cancel()
-
-    def _first_clause_tokens(self, tokens: list[str]) -> int:
-        words: list[str] = []
-        for n, tok in enumerate(tokens, start=1):
-            if tok.startswith(" ") or not words:
-                words.append(tok.strip())
-            else:
-                words[-1] += tok
-            if first_clause_end(words, self.cfg.tts.min_clause_words) is not None:
-                return n
-        return len(tokens)
 
     @staticmethod
     def _produced(g: Generation) -> int:

@@ -34,6 +34,16 @@ def split_clauses(words: list[str], cfg: TTSConfig, final: bool) -> tuple[list[l
     return out, rest
 
 
+def first_audio_chunk(chunks: list[str], cfg: TTSConfig) -> int:
+    """Index of the text chunk whose arrival completes the first speakable clause (the last at worst)."""
+    words: list[str] = []
+    for j, text in enumerate(chunks):
+        words.extend(text.split())
+        if split_clauses(words, cfg, final=j == len(chunks) - 1)[0]:
+            return j
+    return len(chunks) - 1
+
+
 def audio_ms(words: list[str], words_per_minute: float) -> float:
     return len(words) * 60_000.0 / words_per_minute
 
