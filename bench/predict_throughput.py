@@ -40,7 +40,7 @@ def main() -> None:
                 f"tts.ttfb_ms.median={m}",
                 f"tts.ttfb_ms.p90={m * 1.4}",
             ],
-        )  # fmt: skip
+        )
         for b in BACKENDS
         for s in range(100, 700, 25)
         for m in (75, 120, 188, 264, 313)
