@@ -93,10 +93,16 @@ class Bus:
     async def publish(self, env: Envelope, *, qos: int | None = None) -> None:
         env.sent_ns = time.monotonic_ns()
         channel = env.type.replace(".", "/")
+        task = asyncio.current_task()
         await self.client.publish(
             topic(self.run, env.session, channel), env.to_bytes(), qos=self.qos if qos is None else qos
         )
         self.published += 1
+        if task is not None and task.cancelling():
+            # aiomqtt awaits its confirmation with asyncio.wait_for, which on Python < 3.12 can swallow a
+            # cancel that lands as the confirmation arrives (CPython gh-86296): honour it here, so a
+            # cancelled turn never goes on publishing.
+            raise asyncio.CancelledError
 
     async def deadletter(self, where: str, reason: str, body: bytes) -> None:
         self.deadletters += 1

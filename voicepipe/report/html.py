@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from voicepipe.compare import fmt_usd
 from voicepipe.records import BreakdownPart, Summary, TurnRecord, percentile, summarise
 from voicepipe.report.svg import (
     Bar,
@@ -170,7 +171,7 @@ def _summary(
             f'<span class="{cls}">{_pct(s.within_budget)}</span>',
             _pct(s.under_200ms),
             esc(_ms(s.tax_p50_ms)),
-            f"${s.mean_cost_usd:.4f}",
+            fmt_usd(s.mean_cost_usd),
         ]
         if has_quality:
             row.append("—" if s.mean_quality is None else f"{s.mean_quality:.2f}")

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from voicepipe.compare import fmt_usd
 from voicepipe.records import TurnRecord, summarise
 from voicepipe.report.svg import stage_sort_key
 
@@ -109,7 +110,7 @@ def print_summary(console: Console, records_by_label: Mapping[str, Sequence[Turn
             Text(share, style=style),
             f"{s.under_200ms * 100:.0f}%",
             _ms(s.tax_p50_ms),
-            f"{s.mean_cost_usd:.4f}",
+            fmt_usd(s.mean_cost_usd),
         )
     console.print(t)
     console.print(Text(CAPTION, style="dim"))
@@ -149,7 +150,7 @@ def print_paths(console: Console, records: Sequence[TurnRecord]) -> None:
             str(len(recs)),
             _ms(s.p50_ms),
             str(sum(r.wasted_tokens for r in recs)),
-            f"{s.mean_cost_usd:.5f}",
+            fmt_usd(s.mean_cost_usd),
             "–" if s.mean_quality is None else f"{s.mean_quality:.2f}",
             str(sum(r.premature_endpoint for r in recs)),
             str(sum(r.false_hit for r in recs)),
@@ -164,14 +165,26 @@ def print_paths(console: Console, records: Sequence[TurnRecord]) -> None:
     )
 
 
-PREDICTED = "PREDICTED by the analytic model: the live pipeline's modelled spans with zero bus hops; nothing was run"
+PREDICTED = (
+    "PREDICTED by the analytic model: the live pipeline's modelled spans with zero bus hops; nothing was run"
+)
 
 
 def print_predictions(console: Console, records: Sequence[TurnRecord], budget_ms: float = 800.0) -> None:
     """Predicted turns (records built by TurnPrediction.as_record): latency, path and the largest parts."""
     t = Table(title=f"Predicted turns (budget {budget_ms:.0f} ms)", header_style="bold", box=box.SIMPLE_HEAD,
               padding=(0, 1, 0, 0))  # fmt: skip
-    for h in ("session", "#", "user said", "pred ms", "ok", "path", "q (mod)", "$/turn", "largest parts (ms)"):
+    for h in (
+        "session",
+        "#",
+        "user said",
+        "pred ms",
+        "ok",
+        "path",
+        "q (mod)",
+        "$/turn",
+        "largest parts (ms)",
+    ):
         t.add_column(h, justify="right" if h in ("#", "pred ms", "q (mod)", "$/turn") else "left", no_wrap=True,
                      max_width=20 if h in ("user said", "session") else None, overflow="ellipsis")  # fmt: skip
     for r in records:
