@@ -109,24 +109,20 @@ class Agent(Stage):
     def __init__(self, *a, **kw) -> None:
         super().__init__(*a, **kw)
         self.backends = {n: self.ctx.backends.get(spec) for n, spec in self.cfg.agent.backends().items()}
-        self.scripts: dict[tuple[str, int], dict] = {}
         self.history: dict[str, int] = {}
         self.held: dict[tuple[str, int, int], Generation] = {}  # (session, turn, attempt)
         self.wasted: dict[tuple[str, int], tuple[int, float]] = {}  # tokens, USD
-        self.on("turn.script", self.script)
         self.on("route", self.route)
         self.on("control.cancel", self.cancelled)
 
     def forget(self, session: str) -> None:
         self.history.pop(session, None)
-        for d in (self.scripts, self.held, self.wasted):
+        for d in (self.held, self.wasted):
             for k in [k for k in d if k[0] == session]:
                 del d[k]
 
-    async def script(self, env: Envelope) -> None:
-        self.scripts.pop((env.session, env.turn - 2), None)
+    async def on_script(self, env: Envelope) -> None:
         self.wasted.pop((env.session, env.turn - 2), None)
-        self.scripts[(env.session, env.turn)] = env.payload
 
     async def cancelled(self, env: Envelope) -> None:
         p = env.payload
@@ -155,8 +151,8 @@ class Agent(Stage):
             return
         if p.get("target") != "agent" or p.get("agent") not in self.backends:
             return
-        script = self.scripts.get((env.session, env.turn))
-        if script is None:
+        script = self.script_of(env)
+        if not script:
             raise ValueError(f"no script for turn {env.turn} of session {env.session}")
         key = (env.turn, "pre", p["attempt"]) if p.get("hold") else (env.turn, p.get("segment", 0))
         gen = self._start(env, script, p["agent"])

@@ -78,26 +78,17 @@ class ASR(Stage):
     def __init__(self, *a, **kw) -> None:
         super().__init__(*a, **kw)
         self.utt: dict[str, Utterance] = {}
-        self.scripts: dict[tuple[str, int], dict] = {}
         self.on("user.word", self.word)
-        self.on("turn.script", self.script)
 
     def forget(self, session: str) -> None:
         self.utt.pop(session, None)
-        for k in [k for k in self.scripts if k[0] == session]:
-            del self.scripts[k]
-
-    async def script(self, env: Envelope) -> None:
-        self.scripts[(env.session, env.turn)] = env.payload
 
     async def word(self, env: Envelope) -> None:
         arrived = now_ns()
         u = self.utt.get(env.session)
         if u is None or u.turn != env.turn:
             u = Utterance(turn=env.turn)
-            self.scripts.pop((env.session, env.turn - 1), None)
-            script = self.scripts.get((env.session, env.turn), {})
-            u.complete_at_pauses = list(script.get("complete_at_pauses", []))
+            u.complete_at_pauses = list(self.script_of(env).get("complete_at_pauses", []))
             self.utt[env.session] = u
         if u.finalised:
             # the user kept talking after we endpointed: that endpoint was premature

@@ -45,6 +45,10 @@ class Stage:
         self.errors = 0
         self.ready = asyncio.Event()
         self.handlers: dict[str, Handler] = {}
+        # the scripted turns (turn.script: reference reply, hints) of stages that subscribe to them
+        self.scripts: dict[tuple[str, int], dict[str, Any]] = {}
+        if "turn/script" in self.channels:
+            self.on("turn.script", self._script)
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -107,7 +111,20 @@ class Stage:
     def end_session(self, session: str) -> None:
         for task in self.tasks.pop(session, {}).values():
             task.cancel()
+        for k in [k for k in self.scripts if k[0] == session]:
+            del self.scripts[k]
         self.forget(session)
+
+    async def _script(self, env: Envelope) -> None:
+        self.scripts.pop((env.session, env.turn - 2), None)  # keep this turn and the one before
+        self.scripts[(env.session, env.turn)] = env.payload
+        await self.on_script(env)
+
+    async def on_script(self, env: Envelope) -> None:
+        """A new scripted turn arrived (stages that need more than ``self.scripts`` override)."""
+
+    def script_of(self, env: Envelope) -> dict[str, Any]:
+        return self.scripts.get((env.session, env.turn), {})
 
     def forget(self, session: str) -> None:
         """Drop per-session state (stages with state override)."""

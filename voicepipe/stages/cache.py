@@ -54,10 +54,8 @@ class Cache(Stage):
         self.learned: LRU[str, Entry] = LRU(c.capacity)
         for e in c.entries:
             self._add_fixed(e.get("questions", []), str(e.get("answer", "")))
-        self.scripts: dict[tuple[str, int], dict] = {}
         self.spec: dict[tuple[str, int], Speculation] = {}
         self.stats = Stats()
-        self.on("turn.script", self.script)
         self.on("asr.partial", self.partial)
         self.on("route", self.route)
         self.on("reply.text", self.learn)
@@ -67,17 +65,14 @@ class Cache(Stage):
             self.fixed[normalise(q)] = Entry(answer, prerendered=True)
 
     def forget(self, session: str) -> None:
-        for d in (self.scripts, self.spec):
-            for k in [k for k in d if k[0] == session]:
-                del d[k]
+        for k in [k for k in self.spec if k[0] == session]:
+            del self.spec[k]
 
     def lookup(self, text: str) -> tuple[float, Entry | None]:
         pairs = [(q, e) for q, e in self.fixed.items()] + self.learned.items()
         return best_match(text, pairs)
 
-    async def script(self, env: Envelope) -> None:
-        self.scripts.pop((env.session, env.turn - 1), None)
-        self.scripts[(env.session, env.turn)] = env.payload
+    async def on_script(self, env: Envelope) -> None:
         for e in env.payload.get("cache", []):
             self._add_fixed(e.get("questions", []), str(e.get("answer", "")))
 
@@ -147,7 +142,7 @@ class Cache(Stage):
         elif spec:
             self._wasted(spec)
         await sleep_until_ns(ready)
-        expected = self.scripts.get(key, {}).get("reply")
+        expected = self.script_of(env).get("reply")
         false_hit = expected is not None and normalise(expected) != normalise(entry.answer)
         self.stats.hits += 1
         self.stats.false_hits += int(false_hit)

@@ -47,20 +47,12 @@ class Council(Stage):
         c = self.cfg.council
         self.members = [self.ctx.backends.get(spec) for spec in c.members]
         self.judge = self.ctx.backends.get(c.judge) if c.judge is not None else self.members[0]
-        self.scripts: dict[tuple[str, int], dict] = {}
         self.history: dict[str, int] = {}
-        self.on("turn.script", self.script)
         self.on("route", self.route)
         self.on("control.cancel", self.cancelled)
 
     def forget(self, session: str) -> None:
         self.history.pop(session, None)
-        for k in [k for k in self.scripts if k[0] == session]:
-            del self.scripts[k]
-
-    async def script(self, env: Envelope) -> None:
-        self.scripts.pop((env.session, env.turn - 2), None)
-        self.scripts[(env.session, env.turn)] = env.payload
 
     async def cancelled(self, env: Envelope) -> None:
         if "attempt" in env.payload:
@@ -71,8 +63,8 @@ class Council(Stage):
     async def route(self, env: Envelope) -> None:
         if env.payload.get("target") != "council":
             return
-        script = self.scripts.get((env.session, env.turn))
-        if script is None:
+        script = self.script_of(env)
+        if not script:
             raise ValueError(f"no script for turn {env.turn} of session {env.session}")
         self.spawn(env.session, (env.turn, env.payload.get("segment", 0)), self._convene(env, script))
 

@@ -10,7 +10,7 @@ match (ignoring case and punctuation), else cancelled — its tokens are wasted 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from voicepipe.clock import now_ns
 from voicepipe.config import RouterConfig, RuleWhen
@@ -68,7 +68,6 @@ class TurnState:
     tries: int = 0
     attempt: Attempt | None = None
     final_seen: bool = False
-    scripts: dict = field(default_factory=dict)
 
 
 class Router(Stage):
@@ -77,20 +76,12 @@ class Router(Stage):
 
     def __init__(self, *a, **kw) -> None:
         super().__init__(*a, **kw)
-        self.scripts: dict[tuple[str, int], dict] = {}
         self.turns: dict[str, TurnState] = {}
         self.on("asr.final", self.final)
         self.on("asr.partial", self.partial)
-        self.on("turn.script", self.script)
 
     def forget(self, session: str) -> None:
         self.turns.pop(session, None)
-        for k in [k for k in self.scripts if k[0] == session]:
-            del self.scripts[k]
-
-    async def script(self, env: Envelope) -> None:
-        self.scripts.pop((env.session, env.turn - 1), None)
-        self.scripts[(env.session, env.turn)] = env.payload
 
     def _state(self, env: Envelope) -> TurnState:
         st = self.turns.get(env.session)
@@ -109,7 +100,11 @@ class Router(Stage):
             return
         st = self._state(env)
         text = str(env.payload.get("text", ""))
-        if st.final_seen or st.tries >= pre.max_tries or (st.attempt and same_utterance(st.attempt.text, text)):
+        if (
+            st.final_seen
+            or st.tries >= pre.max_tries
+            or (st.attempt and same_utterance(st.attempt.text, text))
+        ):
             return
         if st.attempt:
             await self._cancel_attempt(env, st)
@@ -161,7 +156,7 @@ class Router(Stage):
             from voicepipe.clock import sleep_until_ns
 
             await sleep_until_ns(t + d)
-        dest, route = decide(cfg, text, self.scripts.get((env.session, env.turn), {}))
+        dest, route = decide(cfg, text, self.script_of(env))
         fallback = dest if not dest.startswith("cache") else cfg.default
         if dest == "cache" or (cfg.cache_first and self.cfg.cache.enabled):
             if fallback == "cache":
