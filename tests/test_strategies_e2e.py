@@ -24,7 +24,9 @@ async def test_cache_hit_skips_llm_ttft_and_tts():
         cache=[CacheEntry(questions=["what time do you close"], answer="We close at six tonight.")],
     )
     res = await run_pipeline(
-        fast_config(*STEADY, "agent.backend=sonnet-gpu", "cache.enabled=true", "router.cache_first=true"), [scen], 1
+        fast_config(*STEADY, "agent.backend=sonnet-gpu", "cache.enabled=true", "router.cache_first=true"),
+        [scen],
+        1,
     )
     hit, miss = res.records
     assert hit.path == "cache" and miss.path == "agent"
@@ -42,7 +44,9 @@ async def test_false_hit_is_counted():
     assert res.records[0].path == "cache" and res.records[0].false_hit
 
 
-UTTER = Turn(user="I would like a large oat milk latte please.", reply="Sure, one large oat latte.", gap_ms=50)
+UTTER = Turn(
+    user="I would like a large oat milk latte please.", reply="Sure, one large oat latte.", gap_ms=50
+)
 
 
 async def test_committed_preemptive_turn_is_faster():
@@ -63,7 +67,9 @@ async def test_cancelled_preemptive_costs_tokens_not_latency():
     r0 = (await run_pipeline(fast_config(*sets), [sc(hesitant)], 1)).records[0]
     r1 = (
         await run_pipeline(
-            fast_config(*sets, "router.preemptive.enabled=true", "router.preemptive.stable_ms=100"), [sc(hesitant)], 1
+            fast_config(*sets, "router.preemptive.enabled=true", "router.preemptive.stable_ms=100"),
+            [sc(hesitant)],
+            1,
         )
     ).records[0]
     assert r1.wasted_tokens > 0 and r1.cost_usd > r0.cost_usd
@@ -102,7 +108,22 @@ async def test_premature_endpoints_are_counted_and_smart_endpointing_avoids_them
                complete_at_pauses=[False], gap_ms=50)  # fmt: skip
     short = (await run_pipeline(fast_config(*STEADY, "asr.silence_ms=200"), [sc(hes)], 1)).records[0]
     smart = (
-        await run_pipeline(fast_config(*STEADY, "asr.endpointing=smart", "asr.smart_incomplete_ms=1500"), [sc(hes)], 1)
+        await run_pipeline(
+            fast_config(*STEADY, "asr.endpointing=smart", "asr.smart_incomplete_ms=1500"), [sc(hes)], 1
+        )
     ).records[0]
     assert short.premature_endpoint and not smart.premature_endpoint
     assert short.status == smart.status == "ok"
+
+
+async def test_draft_refine_speaks_the_draft_and_pays_for_the_refine():
+    members = "council.members=[groq-llama-3.1-8b, cerebras-llama-3.1-8b]"
+    common = (*STEADY, "router.policy=rules", "router.default=council", members, "council.judge=sonnet-gpu")
+    scen = sc(UTTER)
+    first = (await run_pipeline(fast_config(*common, "council.aggregation=first"), [scen], 1)).records[0]
+    draft = (await run_pipeline(fast_config(*common, "council.aggregation=draft-refine"), [scen], 1)).records[
+        0
+    ]
+    assert abs(draft.measured_ms - first.measured_ms) < 60  # the draft is spoken as fast as `first`
+    assert draft.cost_usd > first.cost_usd  # the refine call on the judge's backend is paid for
+    assert draft.quality == first.quality  # quality of what was heard

@@ -157,6 +157,15 @@ def print_paths(console: Console, records: Sequence[TurnRecord]) -> None:
             _ms(sum(stops) / len(stops)) if stops else "–",
         )
     console.print(t)
+    hits = [r for r in records if r.path == "cache"]
+    lookups = len(hits) + sum(1 for r in records if r.route.endswith("(cache miss)"))
+    if lookups:
+        hit_p50 = summarise(hits).p50_ms if hits else None
+        console.print(
+            f"cache: {lookups} lookups, {len(hits)} hits ({len(hits) / lookups:.0%}), "
+            f"{sum(r.false_hit for r in hits)} false hits, hit p50 {_ms(hit_p50)} ms voice-to-voice",
+            highlight=False,
+        )
     console.print(
         Text(
             "path!: premature endpoint (user was not done); ✗: cache false hit; quality is modelled from benchmarks",

@@ -92,10 +92,8 @@ class Council(Stage):
             if c.aggregation in ("first", "draft-refine"):
                 order = await self._finish_order(gens, first_clause, deadline, k=1)
                 win = order[0]
-                chosen, members_q = gens[win], [self.members[win].quality]
+                chosen, members_q = gens[win], [self.members[win].quality]  # what the user hears
                 spoken = chosen
-                if c.aggregation == "draft-refine":
-                    members_q = [self.members[win].quality]
             else:
                 k = c.k if c.aggregation == "vote" else len(gens)
                 order = await self._finish_order(gens, len(tokens) - 1, deadline, k=k)
@@ -136,12 +134,29 @@ class Council(Stage):
                 chain.append(Span(stage="council", what="vote wait", start_ns=t0, dur_ns=end - t0))
             spoken.commit.set()
             await stream_reply(self, env, spoken, lambda _h: meta, self.cfg.agent.chunk_tokens, chain)
-            self.history[env.session] = (
-                self.history.get(env.session, 0) + count_tokens(env.payload.get("text", "")) + len(tokens)
-            )
+            if c.aggregation == "draft-refine":
+                # the draft has been spoken; the refine call (draft in its prompt) runs on the judge's
+                # backend — sharing its device with everyone else — and only its answer enters the
+                # conversation history the next turn builds on
+                refine = self._gen(env, self.judge, tokens, len(tokens), 98, now_ns())
+                self.spawn(env.session, (env.turn, "refine"), self._refine(env, refine))
+            else:
+                self._remember(env, len(tokens))
         finally:
             for g in gens:
                 g.stream.cancel()
+
+    def _remember(self, env: Envelope, answer_tokens: int) -> None:
+        self.history[env.session] = (
+            self.history.get(env.session, 0) + count_tokens(env.payload.get("text", "")) + answer_tokens
+        )
+
+    async def _refine(self, env: Envelope, gen: Generation) -> None:
+        try:
+            await gen.stream.token_time(len(gen.tokens) - 1)
+            self._remember(env, len(gen.tokens))
+        finally:
+            gen.stream.cancel()
 
     @staticmethod
     def _produced(g: Generation) -> int:
