@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 import statistics
 import time
@@ -25,6 +26,10 @@ from voicepipe.messages import BadMessage, Envelope, deadletter_topic, parse, sp
 log = structlog.get_logger("voicepipe.bus")
 
 NODELAY = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
+# aiomqtt warns on every publish once more than 10 are in flight — normal with hundreds of sessions on one
+# client; keep its errors, drop that per-message warning
+MQTT_LOG = logging.getLogger("voicepipe.mqtt")
+MQTT_LOG.setLevel(logging.ERROR)
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,7 @@ class BrokerAddress:
             identifier=identifier,
             socket_options=NODELAY,
             keepalive=30,
+            logger=MQTT_LOG,
             **kw,
         )
 
