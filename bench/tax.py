@@ -64,12 +64,19 @@ async def main() -> None:
     ap.add_argument("--scenario", default="cafe-order")
     ap.add_argument("--sessions", type=int, default=1)
     ap.add_argument("--backend", default="cerebras-llama-3.1-8b")
+    ap.add_argument("--spread-ms", type=float, default=0.0, help="spread session starts over this window")
     ap.add_argument("--out", type=Path, default=Path("bench/results/tax.json"))
     args = ap.parse_args()
     with Mosquitto() as mq:
         hops = await one_way_hops(mq.url)
         cfg = load_config(
-            None, ["client.playout=first_audio", f"agent.backend={args.backend}"], broker=mq.url
+            None,
+            [
+                "client.playout=first_audio",
+                f"agent.backend={args.backend}",
+                f"client.start_spread_ms={args.spread_ms}",
+            ],
+            broker=mq.url,
         )
         res = await run_pipeline(cfg, [load_scenario(args.scenario)], args.sessions)
     tax = [r.tax_ms for r in res.records if r.tax_ms is not None]
@@ -80,6 +87,7 @@ async def main() -> None:
         "machine": platform.platform(),
         "scenario": args.scenario,
         "sessions": args.sessions,
+        "start_spread_ms": args.spread_ms,
         "turns": len(res.records),
         "hop_ms": {"p50": hop50, "p99": pct(hops, 99), "n": len(hops)},
         "tax_ms": {"p50": pct(tax, 50), "p99": pct(tax, 99), "max": max(tax)},
@@ -94,7 +102,9 @@ async def main() -> None:
     t.add_row("pipeline tax per turn", f"{out['tax_ms']['p50']:.3f}", f"{out['tax_ms']['p99']:.3f}")
     t.add_row("tax / hop", f"{out['tax_over_hop_p50']:.1f}x", "")
     Console().print(t)
-    Console().print(f"[dim]{len(res.records)} turns; the chain crosses the bus 5 times (client→asr→router→agent→tts→client)[/]")
+    Console().print(
+        f"[dim]{len(res.records)} turns; the chain crosses the bus 5 times (client→asr→router→agent→tts→client)[/]"
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=2))
     print(f"wrote {args.out}")

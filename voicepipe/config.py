@@ -200,6 +200,8 @@ class ClientConfig(Strict):
     playout: Literal["full", "first_audio"] = "full"  # listen to whole replies, or move on at first audio
     turn_timeout_s: float = Field(20.0, gt=0)
     words_per_minute: float = Field(150.0, gt=0)  # default user speaking rate when a turn gives none
+    # concurrent sessions start evenly spread over this window (0: all at once, the worst-case burst)
+    start_spread_ms: float = Field(0.0, ge=0)
 
 
 class PipelineConfig(Strict):

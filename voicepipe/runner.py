@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import structlog
@@ -43,6 +43,11 @@ class RunResult:
     deadletters: int = 0
     stage_errors: int = 0
     open_tasks_after: int = 0
+
+
+async def _after(delay_s: float, coro: Awaitable[list[TurnRecord]]) -> list[TurnRecord]:
+    await asyncio.sleep(delay_s)
+    return await coro
 
 
 def session_ids(scenarios: list[Scenario], sessions: int) -> list[tuple[Scenario, str]]:
@@ -121,8 +126,11 @@ async def run_pipeline(
             if on_ready:
                 on_ready(result)
             client = next(s for s in stages if isinstance(s, Client))
-            plays = [client.play(sc, sid) for sc, sid in session_ids(scenarios, sessions)]
-            await asyncio.gather(*plays)
+            pairs = session_ids(scenarios, sessions)
+            spread = cfg.client.start_spread_ms / 1e3 / max(1, len(pairs))
+            await asyncio.gather(
+                *(_after(i * spread, client.play(sc, sid)) for i, (sc, sid) in enumerate(pairs))
+            )
             await asyncio.sleep(0.05)  # let session.end reach every stage
             result.open_tasks_after = sum(s.open_tasks() for s in stages)
         finally:
