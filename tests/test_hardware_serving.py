@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 
 import numpy as np
 import pytest
@@ -219,3 +220,75 @@ def test_registry_builds_hardware_and_empirical_backends():
     assert d["modelled"] and d["chips"] == 1 and d["sources"]
     emp = build_backend("sonnet-gpu")
     assert emp.quality == pytest.approx(0.887)
+
+
+def _server_left_at_awkward_v(out: int) -> tuple[DeviceServer, int]:
+    """A cerebras server whose progress clock V was left by a cancel at a value where ``(V + out) - 1``
+    rounds below ``V + (out - 1)``, and an idle instant after it (found by a fixed search)."""
+    j = 16 - out  # cancel between tokens j and j + 1: V + out crosses 16, a power of two, V + out - 1 not
+    for offset in range(1, 100):
+        s = make_hardware_backend("cerebras-wse3/llama-3.1-8b").server
+        a = s.open(req("a", out=100), T0)
+        t_cancel = a.at_ns(j) + offset * 7919
+        assert t_cancel < a.at_ns(j + 1)
+        s.cancel(a.job, t_cancel)
+        v = s._state.v
+        if (v + out) - 1 < v + (out - 1):  # the finish V rounds below the last token's V
+            return s, t_cancel + 1_000_000
+    raise AssertionError("no awkward V found")
+
+
+@pytest.mark.parametrize("out", [2, 5, 7])
+def test_short_request_after_a_cancel_has_every_token_scheduled(out):
+    # A short request joins decode at a fractional V (left by a cancelled neighbour) on an otherwise idle
+    # device, so the projection's curve ends at its finish with rate 0: the last token's V must be formed
+    # exactly as the finish event forms it, or it lies an ulp past the curve and "has no schedule".
+    s, t1 = _server_left_at_awkward_v(out)
+    b = s.open(req("b", prompt=1080, cached=1076, out=out), t1)
+    projected = [b.at_ns(i) for i in range(out)]
+    assert projected == sorted(projected) and projected[0] > t1
+    assert projected[-1] == round(s.finish_ns(b.job))
+    # the job finishes in the realised past (a later arrival moves the device on); nothing moves
+    c = s.open(req("c", out=out), projected[-1] + 5_000_000)
+    assert b.job.finish_ns is not None and b.job.history is not None
+    assert [b.at_ns(i) for i in range(out)] == projected
+    assert b.at_ns(out - 1) == round(b.job.finish_ns)
+    assert b.at_ns(out + 10) == projected[-1]  # past the end: the last token
+    # cancel after the finish (the council's finally) is a no-op; spans still resolve
+    b.cancel()
+    assert not b.job.cancelled
+    assert [b.at_ns(i) for i in range(out)] == projected
+    assert b.spans(out - 1)[-1].end_ns == projected[-1]
+    assert all(c.at_ns(i) > projected[-1] for i in range(out))
+
+
+def test_every_short_request_on_a_fractional_v_is_scheduled():
+    # Sweep: many cancels leave many fractional V; every later short request resolves all its tokens,
+    # its last token equals its finish, both projected and realised, and cancel() mid-way keeps a schedule.
+    for offset in range(1, 120):
+        s = make_hardware_backend("cerebras-wse3/llama-3.1-8b").server
+        a = s.open(req("a", out=50), T0)
+        t_cancel = a.at_ns(offset % 16) + offset * 7919
+        s.cancel(a.job, t_cancel)
+        for out in (2, 3, 5, 8):
+            t = t_cancel + out * 10_000_000
+            b = s.open(req(f"b{out}", prompt=600, cached=590, out=out), t)
+            ts = [b.at_ns(i) for i in range(out)]
+            assert ts == sorted(ts) and ts[-1] == round(s.finish_ns(b.job))
+        # a cancelled member keeps its produced tokens' times and a finite time for the rest
+        d = s.open(req("d", out=40), t + 100_000_000)
+        mid = d.at_ns(3)
+        s.cancel(d.job, mid)
+        assert d.at_ns(3) == mid and d.at_ns(39) >= mid
+        assert all(math.isfinite(d.at_ns(i)) for i in range(40))
+
+
+def test_lone_request_after_idle_fractional_v_matches_its_prediction():
+    # The contract holds at any V: a lone request's tokens are t0 + predict().token_s(i).
+    s, t1 = _server_left_at_awkward_v(5)
+    b = make_hardware_backend("cerebras-wse3/llama-3.1-8b")
+    r = req("b", prompt=1080, cached=1076, out=5)
+    ref = ScheduledStream(b.predict(r, RNG), t1)
+    got = s.open(r, t1)
+    for i in range(5):
+        assert abs(got.at_ns(i) - ref.at_ns(i)) <= 1000

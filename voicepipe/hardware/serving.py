@@ -40,6 +40,15 @@ from voicepipe.messages import Span
 INF = math.inf
 
 
+def token_v(v_join: float, i: int) -> float:
+    """Progress-clock value at which the token ``i`` of a sequence that joined decode at ``v_join`` is out.
+
+    The one place this sum is formed: the finish event and every token lookup must agree to the last bit,
+    or the last token's target can round past the end of the curve (where the rate is 0) and never arrive.
+    """
+    return v_join + i
+
+
 def prefill_split(req: LLMRequest, prompt_cache: bool = True) -> tuple[int, int]:
     """(tokens to prefill, cached tokens): cached prefix skips prefill; at least one token runs."""
     cached = min(req.cached_prompt_tokens, max(req.prompt_tokens - 1, 0)) if prompt_cache else 0
@@ -168,7 +177,7 @@ class _State:
                 else:
                     self.members[job.id] = job
                     self.kv += job.context
-                    heapq.heappush(self.heap, (self.v + job.outputs - 1, job.id))
+                    heapq.heappush(self.heap, (token_v(self.v, job.outputs - 1), job.id))
             else:
                 target, jid = heapq.heappop(self.heap)
                 self._move(t_ev, r, step)
@@ -340,12 +349,22 @@ class DeviceServer:
             del h.t[:k], h.v[:k], h.r[:k]
 
     def _finalise(self, job: Job) -> None:
-        """Keep a finished/cancelled job's own slice of the realised curve."""
+        """Keep a finished/cancelled job's own slice of the realised curve, up to the current instant.
+
+        Called at the finish (or cancel) instant, before that instant's breakpoint is marked, so the slice
+        gets it appended here, at the rate the job last saw: a finished job's last token then lands exactly
+        on ``finish_ns``, and a cancelled job's unproduced tokens keep following its last decode rate.
+        """
         if job.history is not None or job.v_join is None:
             return
-        h = self._history
+        h, s = self._history, self._state
         k = max(0, bisect_left(h.v, job.v_join) - 1)
-        job.history = (h.t[k:], h.v[k:], h.r[k:])
+        t, v, r = h.t[k:], h.v[k:], h.r[k:]
+        if not t or s.t > t[-1]:
+            t.append(s.t)
+            v.append(s.v)
+            r.append(r[-1] if r else 0.0)
+        job.history = (t, v, r)
 
     # ------------------------------------------------------------ projection
 
@@ -370,7 +389,11 @@ class DeviceServer:
         return self.projection().start.get(job.id, INF)
 
     def token_ns(self, job: Job, i: int) -> float:
-        """Projected (or realised) instant of output token ``i`` of ``job`` (float ns)."""
+        """Projected (or realised) instant of output token ``i`` of ``job`` (float ns).
+
+        INF only for a job that never joined decode (cancelled in the queue or in prefill). A token of a
+        job that finished (or will, in the projection) is never later than that finish.
+        """
         i = min(max(i, 0), job.outputs - 1)
         if i == 0:
             return self.first_ns(job)
@@ -379,19 +402,25 @@ class DeviceServer:
             v_join = proj.v_join.get(job.id)
             if v_join is None:
                 return INF
-            t = proj.curve.time_at(v_join + i)
-            return INF if t is None else t
-        target = job.v_join + i
+            return self._on(proj.curve, token_v(v_join, i), proj.finish.get(job.id))
+        target = token_v(job.v_join, i)
         if job.history is not None:
-            c = _Curve(*job.history)
-            t = c.time_at(target)
-            return INF if t is None else t
+            return self._on(_Curve(*job.history), target, job.finish_ns)
         if target <= self._state.v:
             t = self._history.time_at(target)
             if t is not None:
-                return t
-        t = self.projection().curve.time_at(target)
-        return INF if t is None else t
+                return t if job.finish_ns is None else min(t, job.finish_ns)
+        proj = self.projection()
+        finish = job.finish_ns if job.finish_ns is not None else proj.finish.get(job.id)
+        return self._on(proj.curve, target, finish)
+
+    @staticmethod
+    def _on(curve: _Curve, target: float, finish: float | None) -> float:
+        """When ``curve`` reaches ``target``, capped at the sequence's ``finish`` (its last token)."""
+        t = curve.time_at(target)
+        if finish is None:
+            return INF if t is None else t
+        return finish if t is None else min(t, finish)
 
     def finish_ns(self, job: Job) -> float:
         if job.finish_ns is not None:
