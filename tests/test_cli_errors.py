@@ -44,3 +44,31 @@ def test_scenarios_lists_shipped():
     assert r.returncode == 0
     for name in ("cafe-order", "support-call", "hesitant-speaker", "rapid-fire"):
         assert name in r.stdout
+
+
+def test_two_scenarios_with_one_name_exit_2(tmp_path):
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    for f in (a, b):
+        f.write_text("name: same\nturns:\n  - user: hi\n    reply: hello\n")
+    r = vp("run", str(a), str(b))
+    assert r.returncode == 2 and f"{b}: name: 'same'" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_binary_config_exits_2(tmp_path):
+    f = tmp_path / "bin.yaml"
+    f.write_bytes(b"\xff\xfe\x00\x01")
+    r = vp("predict", "cafe-order", "--config", str(f))
+    assert r.returncode == 2 and "not UTF-8 text" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize(
+    ("sets", "needle"),
+    [
+        (["agent.name=big", "router.agent=main"], "router.agent: 'main' is not an agent"),
+        (["router.policy=rules", "router.default=council"], "council.members is empty"),
+        (["router.policy=rules", "router.rules=[{to: 'agent:nope'}]"], "router.rules.0.to"),
+    ],
+)
+def test_routes_that_lead_nowhere_exit_2(sets, needle):
+    r = vp("predict", "cafe-order", *[x for s in sets for x in ("--set", s)])
+    assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr

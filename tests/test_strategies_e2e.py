@@ -98,7 +98,7 @@ async def test_barge_in_stops_audio_and_is_measured():
     scen = sc(Turn(user="When are you open?", reply=long_reply, barge_in_after_ms=600, gap_ms=50))
     cfg = fast_config(*STEADY, "client.playout=full", "tts.barge_in_detect_ms=64")
     rec = (await run_pipeline(cfg, [scen], 1)).records[0]
-    floor = cfg.transport.uplink_ms + 64
+    floor = cfg.transport.uplink_ms + 64 + cfg.transport.stop_ms
     assert rec.barge_in_stop_ms is not None
     assert floor <= rec.barge_in_stop_ms < floor + 150
 
@@ -106,7 +106,9 @@ async def test_barge_in_stops_audio_and_is_measured():
 async def test_premature_endpoints_are_counted_and_smart_endpointing_avoids_them():
     hes = Turn(user="I'd like to book, um, [700] a table for four.", reply="Of course, for four people.",
                complete_at_pauses=[False], gap_ms=50)  # fmt: skip
-    short = (await run_pipeline(fast_config(*STEADY, "asr.silence_ms=200"), [sc(hes)], 1)).records[0]
+    res = await run_pipeline(fast_config(*STEADY, "asr.silence_ms=200"), [sc(hes)], 1)
+    short = res.records[0]
+    assert res.open_tasks_after == 0 and res.stage_errors == 0  # the withdrawn segment left nothing behind
     smart = (
         await run_pipeline(
             fast_config(*STEADY, "asr.endpointing=smart", "asr.smart_incomplete_ms=1500"), [sc(hes)], 1

@@ -71,7 +71,13 @@ ScenariosArg = Annotated[list[str], typer.Argument(help="Scenario files or shipp
 
 
 def load_scenarios(names: list[str]) -> list[Scenario]:
-    return [load_scenario(n) for n in names]
+    scs = [load_scenario(n) for n in names]
+    seen: dict[str, str] = {}
+    for sc in scs:
+        if sc.name in seen:
+            raise UserError(sc.source, f"name: {sc.name!r} is also the name of {seen[sc.name]} (names must differ)")
+        seen[sc.name] = sc.source
+    return scs
 
 
 class RecordSink:

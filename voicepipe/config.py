@@ -64,6 +64,9 @@ class TransportConfig(Strict):
 
     uplink_ms: float = Field(114.0, ge=0)
     downlink_ms: float = Field(89.0, ge=0)
+    # a stop (barge-in) reaches the speaker over network 10 + packet handling 2 + speaker output 15; the
+    # client drops its jitter buffer at once (same Daily primer figures)
+    stop_ms: float = Field(27.0, ge=0)
 
 
 class ASRConfig(Strict):
@@ -111,7 +114,7 @@ class PreemptiveConfig(Strict):
 
 class RouterConfig(Strict):
     policy: Literal["single", "rules", "classifier"] = "single"
-    agent: str = "main"  # the agent a `single` route goes to
+    agent: str | None = None  # the agent `single` and preemptive routes go to (None: agent.name)
     rules: list[Rule] = Field(default_factory=list)  # policy `rules`: first match wins
     default: str = "agent"  # where `rules` sends a turn no rule matched
     # policy `classifier`: a small built-in complexity classifier (modelled, e.g. a BERT-size model on
@@ -216,6 +219,27 @@ class PipelineConfig(Strict):
     cache: CacheConfig = CacheConfig()
     council: CouncilConfig = CouncilConfig()
     client: ClientConfig = ClientConfig()
+
+    @model_validator(mode="after")
+    def _routes_exist(self) -> PipelineConfig:
+        """Every route the router can take must lead somewhere (else turns would silently time out)."""
+        names = sorted(self.agent.backends())
+        if self.main_agent not in names:
+            raise ValueError(f"router.agent: {self.main_agent!r} is not an agent (agents: {', '.join(names)})")
+        dests = {"router.default": self.router.default, "router.classifier_low": self.router.classifier_low}
+        dests |= {f"router.rules.{i}.to": r.to for i, r in enumerate(self.router.rules)}
+        for where, dest in dests.items():
+            if dest == "council" and not self.council.members:
+                raise ValueError(f"{where}: routes to the council, but council.members is empty")
+            if dest in ("cache", "council", "agent") or (dest.startswith("agent:") and dest[6:] in names):
+                continue
+            raise ValueError(f"{where}: {dest!r} is not cache, council, agent or agent:NAME (agents: {', '.join(names)})")
+        return self
+
+    @property
+    def main_agent(self) -> str:
+        """The agent single and preemptive routes go to."""
+        return self.router.agent or self.agent.name
 
     def backend_label(self) -> str:
         b = self.agent.backend

@@ -20,7 +20,7 @@ def from_validation(source: str, exc: ValidationError, prefix: str = "") -> User
     err = exc.errors()[0]
     loc = ".".join(str(p) for p in err["loc"])
     field = ".".join(p for p in (prefix, loc) if p)
-    msg = err["msg"]
+    msg = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
         msg = "unknown field"
     return UserError(source, f"{field}: {msg}" if field else msg)
@@ -30,7 +30,13 @@ def read_yaml_mapping(path: Path, what: str = "a mapping") -> dict[str, Any]:
     """A YAML file's top-level mapping (empty file = {}); errors name the file and the line."""
     source = str(path)
     try:
-        data = yaml.safe_load(path.read_text())
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise UserError(source, "not UTF-8 text") from None
+    except OSError as exc:
+        raise UserError(source, f"cannot read ({exc.strerror or exc})") from None
+    try:
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}: " if mark else ""

@@ -91,6 +91,7 @@ class Utterance:
 
     text: str
     segment: int  # index of the final segment (= number of premature endpoints)
+    early_final: bool  # a premature segment's final transcript was published (the router saw it)
     eager_words: list[int]  # word indices after which an eager end-of-turn fires (preemptive)
     last_end_ms: float  # end of speech, from the utterance's start
     word_ends_ms: list[float]
@@ -98,12 +99,17 @@ class Utterance:
     final_infer_ms: float
 
 
-def utterance(cfg: PipelineConfig, turn: Turn) -> Utterance:
-    """Replays the ASR's endpointing over the scripted word timings (mirrors stages/asr.py)."""
+def utterance(cfg: PipelineConfig, turn: Turn, session: str = "", k: int = 0) -> Utterance:
+    """Replays the ASR's endpointing over the scripted word timings (mirrors stages/asr.py).
+
+    A pause longer than the endpoint wait ends a segment early (premature); the router only hears of it
+    if the pause also outlasts that segment's finalisation, when the ASR publishes its final.
+    """
     words = speak(turn.user, turn.words_per_minute or cfg.client.words_per_minute)
     texts = [w.text for w in words]
     pauses_seen = 0
     segment = 0
+    early_final = False
     eager: list[int] = []
     prev_end = 0.0
     pre = cfg.router.preemptive
@@ -125,10 +131,13 @@ def utterance(cfg: PipelineConfig, turn: Turn) -> Utterance:
         if pre.enabled and pre.stable_ms < wait + infer and gap > pre.stable_ms:
             eager.append(i)
         if gap > wait + infer and not last:
+            fin = cfg.asr.finalize_ms.sample_ms(rng_for(cfg.seed, session, k, segment, "asr"))
+            early_final = early_final or gap > wait + infer + fin
             segment += 1
     return Utterance(
         text=" ".join(texts),
         segment=segment,
+        early_final=early_final,
         eager_words=eager,
         last_end_ms=words[-1].end_ms,
         word_ends_ms=[w.end_ms for w in words],
@@ -171,7 +180,7 @@ class Predictor:
         self, sc: Scenario, sid: str, k: int, turn: Turn, st: _SessionState, fixed: dict[str, str]
     ) -> TurnPrediction:
         cfg = self.cfg
-        u = utterance(cfg, turn)
+        u = utterance(cfg, turn, sid, k)
         seed = cfg.seed
         up, down = round(cfg.transport.uplink_ms * MS), round(cfg.transport.downlink_ms * MS)
         spans = [Span(stage="transport", what="uplink", start_ns=0, dur_ns=up)]
@@ -199,18 +208,18 @@ class Predictor:
             eager_ns += round(cfg.router.preemptive.stable_ms * MS)
             out.path, out.route, out.exact = "preemptive", "preemptive", False
             t = self._agent(
-                out, spans, sid, k, u, cfg.router.agent, reply_tokens, st, start=eager_ns, release=t
+                out, spans, sid, k, u, cfg.main_agent, reply_tokens, st, start=eager_ns, release=t
             )
             return self._finish(out, spans, t, sid, k, u, down)
         if cfg.router.policy == "classifier" and cfg.router.classifier_ms > 0:
             d = round(cfg.router.classifier_ms * MS)
             spans.append(Span(stage="router", what="classifier", start_ns=t, dur_ns=d))
             t += d
-        dest, out.route = decide(cfg.router, text, script)
+        dest, out.route = decide(cfg.router, text, script, cfg.main_agent)
         fallback = dest if not dest.startswith("cache") else cfg.router.default
         if dest == "cache" or (cfg.router.cache_first and cfg.cache.enabled):
             if fallback == "cache":
-                fallback = f"agent:{cfg.router.agent}"
+                fallback = f"agent:{cfg.main_agent}"
             served = self._cache(out, spans, t, sid, k, u, turn, st, fixed)
             if served is not None:
                 return self._finish(out, spans, served, sid, k, u, down, tts_done=True)
@@ -227,9 +236,9 @@ class Predictor:
 
     def _preemptive_commit(self, u: Utterance) -> bool:
         """Mirrors the router: the last eager end of turn is on the full utterance, within max tries,
-        and no premature endpoint ended preemption for the turn."""
+        and no premature final ended preemption for the turn."""
         pre = self.cfg.router.preemptive
-        if not pre.enabled or u.segment > 0 or not u.eager_words:
+        if not pre.enabled or u.early_final or not u.eager_words:
             return False
         n = len(u.word_ends_ms)
         return u.eager_words[-1] == n - 1 and len(u.eager_words) <= pre.max_tries
@@ -291,6 +300,7 @@ class Predictor:
             done = sorted(
                 (tm.token_s(race), i) for i, tm in enumerate(timings) if tm.token_s(race) <= deadline
             )
+            kk = 1
             order = [i for _, i in done[:1]]
         else:
             done = sorted(
@@ -323,8 +333,15 @@ class Predictor:
                 end = vote_end
             spans.extend(stream.spans(c_tok))
             end = max(end, stream.at_ns(c_tok))
-        for b in self.members:
-            cost += request_cost(b, prompt, cached, n)
+        # as the live council bills: answers that counted in full, the others for what they had made when
+        # the council stopped waiting (the race decided, the vote complete, or the deadline)
+        decided_s = done[kk - 1][0] if len(order) == kk else deadline
+        counted = set(order) if c.aggregation in ("vote", "judge") else {chosen}
+        for i, (b, tm) in enumerate(zip(self.members, timings, strict=True)):
+            made = n if i in counted else sum(1 for j in range(n) if tm.token_s(j) <= decided_s)
+            cost += request_cost(b, prompt, cached, made)
+        if c.aggregation == "draft-refine" and self.judge is not None:
+            cost += request_cost(self.judge, prompt + n, cached, n)
         st.council_history += count_tokens(u.text) + n
         self._learn(st, u, tokens)
         out.backend = f"council:{c.aggregation}"
@@ -442,9 +459,9 @@ def predict_grid(configs: Sequence[PipelineConfig], scenario: Scenario) -> np.nd
         if not simple:
             out[ci] = [tp.predicted_ms for tp in Predictor(cfg, pool).scenario(scenario)]
             continue
-        ukey = cfg.asr.model_dump_json() + cfg.client.model_dump_json()
+        ukey = cfg.asr.model_dump_json() + cfg.client.model_dump_json() + str(cfg.seed)
         if ukey not in utt_cache:
-            utt_cache[ukey] = [utterance(cfg, t) for t in turns]
+            utt_cache[ukey] = [utterance(cfg, t, sid, k) for k, t in enumerate(turns)]
         utts = utt_cache[ukey]
         fkey = cfg.tts.model_dump_json(include={"aggregate", "min_clause_words"}) + str(
             cfg.agent.chunk_tokens
@@ -456,8 +473,8 @@ def predict_grid(configs: Sequence[PipelineConfig], scenario: Scenario) -> np.nd
         z_asr = np.array([_z(cfg.seed, sid, k, s, "asr") for k, s in enumerate(segs)])
         z_tts = np.array([_z(cfg.seed, sid, k, s, "tts") for k, s in enumerate(segs)])
         wait = np.array([u.final_wait_ms + u.final_infer_ms for u in utts])
-        backend: Backend = pool.get(cfg.agent.backend)
-        name = cfg.router.agent
+        name = cfg.main_agent
+        backend: Backend = pool.get(cfg.agent.backends()[name])
         llm = np.empty(len(utts))
         for k, seg in enumerate(segs):
             prompt = cfg.agent.prompt_tokens + int(history[k]) + user_tok[k]

@@ -51,7 +51,10 @@ async def _after(delay_s: float, coro: Awaitable[list[TurnRecord]]) -> list[Turn
 
 
 def session_ids(scenarios: list[Scenario], sessions: int) -> list[tuple[Scenario, str]]:
-    return [(sc, session_id(sc, i)) for sc in scenarios for i in range(sessions)]
+    pairs = [(sc, session_id(sc, i)) for sc in scenarios for i in range(sessions)]
+    if len({sid for _, sid in pairs}) != len(pairs):
+        raise ValueError("scenario names must differ: two scenarios would share session ids")
+    return pairs
 
 
 def build_stages(bus_for: Callable[[str], Bus], ctx: RunContext, **client_kw) -> list[Stage]:

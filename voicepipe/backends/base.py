@@ -67,6 +67,18 @@ class TokenStream(Protocol):
         ...
 
 
+def tokens_by(stream: TokenStream, n: int, t_ns: int) -> int:
+    """How many of a stream's ``n`` output tokens exist at ``t_ns`` (binary search on their instants)."""
+    lo, hi = 0, n
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if stream.spans(mid)[-1].end_ns <= t_ns:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
 class Backend(Protocol):
     name: str
     prices: Prices

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from voicepipe.backends.base import Backend, LLMRequest, TokenStream
+from voicepipe.backends.base import Backend, LLMRequest, TokenStream, tokens_by
 from voicepipe.clock import now_ns, rng_for
 from voicepipe.messages import Envelope, Span
 from voicepipe.stages.base import Stage
@@ -94,9 +94,6 @@ async def stream_reply(
             "segment": head.payload.get("segment", 0),
             "meta": meta,
         }
-        if final:
-            payload["answer"] = "".join(gen.tokens).strip()
-            payload["question"] = head.payload.get("text", "")
         spans = [*chain, *(head.spans if head is not env else []), *gen.stream.spans(end)]
         await stage.bus.publish(stage.reply(head, "reply.text", payload, spans))
         start = end + 1
@@ -110,14 +107,14 @@ class Agent(Stage):
         super().__init__(*a, **kw)
         self.backends = {n: self.ctx.backends.get(spec) for n, spec in self.cfg.agent.backends().items()}
         self.history: dict[str, int] = {}
-        self.held: dict[tuple[str, int, int], Generation] = {}  # (session, turn, attempt)
+        self.running: dict[tuple[str, Any], Generation] = {}  # (session, task key)
         self.wasted: dict[tuple[str, int], tuple[int, float]] = {}  # tokens, USD
         self.on("route", self.route)
         self.on("control.cancel", self.cancelled)
 
     def forget(self, session: str) -> None:
         self.history.pop(session, None)
-        for d in (self.held, self.wasted):
+        for d in (self.running, self.wasted):
             for k in [k for k in d if k[0] == session]:
                 del d[k]
 
@@ -125,29 +122,46 @@ class Agent(Stage):
         self.wasted.pop((env.session, env.turn - 2), None)
 
     async def cancelled(self, env: Envelope) -> None:
+        """Stop generating: a preemptive attempt that did not match, a withdrawn segment, a barge-in.
+
+        ("heard" only stops the audio: the reply is still the assistant's turn in the conversation.)
+        """
         p = env.payload
-        if "attempt" in p:
-            gen = self.held.pop((env.session, env.turn, p["attempt"]), None)
-            self.cancel(env.session, lambda k: k == (env.turn, "pre", p["attempt"]))
-            if gen is not None:
-                self._waste(env.session, env.turn, gen)
+        if p.get("reason") == "heard":
             return
-        seg = p.get("segment")
-        self.cancel(env.session, lambda k: k[0] == env.turn and (seg is None or k[1] == seg))
+        if "attempt" in p:
+            match = lambda k: k == (env.turn, "pre", p["attempt"])  # noqa: E731
+        else:
+            seg = p.get("segment")
+            match = lambda k: k[0] == env.turn and (seg is None or k[1] == seg)  # noqa: E731
+        for (session, key), gen in list(self.running.items()):
+            if session == env.session and match(key):
+                self._waste(session, env.turn, gen)
+                del self.running[(session, key)]
+        self.cancel(env.session, match)
 
     def _waste(self, session: str, turn: int, gen: Generation) -> None:
+        """Count what a cancelled request had already cost: its prompt and the tokens made by now."""
+        made = tokens_by(gen.stream, len(gen.tokens), now_ns())
         gen.stream.cancel()
         tokens, usd = self.wasted.get((session, turn), (0, 0.0))
-        usd += request_cost(gen.backend, gen.prompt, gen.cached, gen.produced)
-        self.wasted[(session, turn)] = (tokens + gen.produced, usd)
+        self.wasted[(session, turn)] = (tokens + made, usd + request_cost(gen.backend, gen.prompt, gen.cached, made))
+
+    def _remember(self, env: Envelope, gen: Generation) -> None:
+        """Once the turn is over, its question and (scripted) answer are conversation history."""
+        grow = count_tokens(env.payload.get("text", "")) + len(gen.tokens)
+        self.after_turn(env, lambda: self.history.__setitem__(env.session, self.history.get(env.session, 0) + grow))
 
     async def route(self, env: Envelope) -> None:
         p = env.payload
+        if self.is_dropped(env):
+            return
         if p.get("target") == "commit":
-            gen = self.held.pop((env.session, env.turn, p.get("attempt")), None)
-            if gen is not None:
+            gen = self.running.get((env.session, (env.turn, "pre", p.get("attempt"))))
+            if gen is not None and not gen.commit.is_set():
                 gen.commit_env = env
                 gen.commit.set()
+                self._remember(env, gen)
             return
         if p.get("target") != "agent" or p.get("agent") not in self.backends:
             return
@@ -156,11 +170,11 @@ class Agent(Stage):
             raise ValueError(f"no script for turn {env.turn} of session {env.session}")
         key = (env.turn, "pre", p["attempt"]) if p.get("hold") else (env.turn, p.get("segment", 0))
         gen = self._start(env, script, p["agent"])
-        if p.get("hold"):
-            self.held[(env.session, env.turn, p["attempt"])] = gen
-        else:
+        if not p.get("hold"):
             gen.commit.set()
-        self.spawn(env.session, key, self._run(env, gen, p["agent"]))
+            self._remember(env, gen)
+        self.running[(env.session, key)] = gen
+        self.spawn(env.session, key, self._run(env, gen, key))
 
     def _start(self, env: Envelope, script: dict, agent: str) -> Generation:
         backend = self.backends[agent]
@@ -173,7 +187,7 @@ class Agent(Stage):
         rng = rng_for(self.cfg.seed, env.session, env.turn, env.payload.get("segment", 0), "agent", agent)
         return Generation(backend.start(req, now_ns(), rng), tokens, prompt, cached, backend)
 
-    async def _run(self, env: Envelope, gen: Generation, agent: str) -> None:
+    async def _run(self, env: Envelope, gen: Generation, key: Any) -> None:
         def meta_of(head: Envelope) -> dict[str, Any]:
             wasted_tokens, wasted_usd = self.wasted.get((env.session, env.turn), (0, 0.0))
             return {
@@ -189,11 +203,7 @@ class Agent(Stage):
 
         try:
             await stream_reply(self, env, gen, meta_of, self.cfg.agent.chunk_tokens, list(env.spans))
-            head = gen.commit_env or env
-            self.history[env.session] = (
-                self.history.get(env.session, 0)
-                + count_tokens(head.payload.get("text", ""))
-                + len(gen.tokens)
-            )
         finally:
+            if self.running.get((env.session, key)) is gen:
+                del self.running[(env.session, key)]
             gen.stream.cancel()

@@ -49,6 +49,10 @@ class Stage:
         self.scripts: dict[tuple[str, int], dict[str, Any]] = {}
         if "turn/script" in self.channels:
             self.on("turn.script", self._script)
+        # segments the ASR withdrew (the user resumed after a premature endpoint), and effects on the
+        # conversation (history, learned answers) that wait for the turn to be over
+        self.dropped: set[tuple[str, int, int]] = set()
+        self.pending: dict[tuple[str, int, int], list[Callable[[], None]]] = {}
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -58,6 +62,10 @@ class Stage:
             if env.type == "session.end":
                 self.end_session(env.session)
                 continue
+            if env.type == "control.cancel" and env.payload.get("reason") == "user resumed":
+                key = (env.session, env.turn, int(env.payload.get("segment", 0)))
+                self.dropped.add(key)
+                self.pending.pop(key, None)
             handler = self.handlers.get(env.type)
             if handler is None:
                 continue
@@ -111,14 +119,30 @@ class Stage:
     def end_session(self, session: str) -> None:
         for task in self.tasks.pop(session, {}).values():
             task.cancel()
-        for k in [k for k in self.scripts if k[0] == session]:
-            del self.scripts[k]
+        for d in (self.scripts, self.pending):
+            for k in [k for k in d if k[0] == session]:
+                del d[k]
+        self.dropped = {k for k in self.dropped if k[0] != session}
         self.forget(session)
 
     async def _script(self, env: Envelope) -> None:
         self.scripts.pop((env.session, env.turn - 2), None)  # keep this turn and the one before
         self.scripts[(env.session, env.turn)] = env.payload
+        for key in [k for k in self.pending if k[0] == env.session and k[1] < env.turn]:
+            for effect in self.pending.pop(key):
+                effect()  # the earlier turn is over: what it taught the conversation now counts
+        self.dropped = {k for k in self.dropped if k[0] != env.session or k[1] >= env.turn - 1}
         await self.on_script(env)
+
+    def is_dropped(self, env: Envelope) -> bool:
+        """Is this message about a segment the ASR withdrew (premature endpoint)?"""
+        return (env.session, env.turn, int(env.payload.get("segment", 0))) in self.dropped
+
+    def after_turn(self, env: Envelope, effect: Callable[[], None]) -> None:
+        """Apply ``effect`` once the turn is over (next turn's script), unless its segment is withdrawn."""
+        if not self.is_dropped(env):
+            key = (env.session, env.turn, int(env.payload.get("segment", 0)))
+            self.pending.setdefault(key, []).append(effect)
 
     async def on_script(self, env: Envelope) -> None:
         """A new scripted turn arrived (stages that need more than ``self.scripts`` override)."""

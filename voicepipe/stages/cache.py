@@ -25,6 +25,12 @@ class Entry:
     prerendered: bool  # audio rendered ahead of time (config/scenario entries)
 
 
+def prerendered(entry: dict) -> dict[str, Entry]:
+    """A config/scenario entry {questions, answer} as question -> pre-rendered entry."""
+    answer = str(entry.get("answer", ""))
+    return {normalise(q): Entry(answer, prerendered=True) for q in entry.get("questions", [])}
+
+
 @dataclass
 class Speculation:
     answer: str
@@ -45,40 +51,41 @@ class Stats:
 
 class Cache(Stage):
     name = "cache"
-    channels = ("turn/script", "asr/partial", "route", "reply/text")
+    channels = ("turn/script", "asr/partial", "route", "control/cancel")
 
     def __init__(self, *a, **kw) -> None:
         super().__init__(*a, **kw)
         c = self.cfg.cache
-        self.fixed: dict[str, Entry] = {}  # question -> entry (config + scenario: pre-rendered)
+        # question -> entry. Config entries and learned ones serve every session (a shared cache);
+        # a scenario's own entries serve only that scenario's sessions
+        self.fixed: dict[str, Entry] = {}
+        self.per_session: dict[str, dict[str, Entry]] = {}
         self.learned: LRU[str, Entry] = LRU(c.capacity)
         for e in c.entries:
-            self._add_fixed(e.get("questions", []), str(e.get("answer", "")))
+            self.fixed.update(prerendered(e))
         self.spec: dict[tuple[str, int], Speculation] = {}
         self.stats = Stats()
         self.on("asr.partial", self.partial)
         self.on("route", self.route)
-        self.on("reply.text", self.learn)
 
-    def _add_fixed(self, questions: list[str], answer: str) -> None:
-        for q in questions:
-            self.fixed[normalise(q)] = Entry(answer, prerendered=True)
 
     def forget(self, session: str) -> None:
+        self.per_session.pop(session, None)
         for k in [k for k in self.spec if k[0] == session]:
             del self.spec[k]
 
-    def lookup(self, text: str) -> tuple[float, Entry | None]:
-        pairs = [(q, e) for q, e in self.fixed.items()] + self.learned.items()
+    def lookup(self, session: str, text: str) -> tuple[float, Entry | None]:
+        own = self.per_session.get(session, {})
+        pairs = [*self.fixed.items(), *own.items(), *self.learned.items()]
         return best_match(text, pairs)
 
     async def on_script(self, env: Envelope) -> None:
         for e in env.payload.get("cache", []):
-            self._add_fixed(e.get("questions", []), str(e.get("answer", "")))
+            self.per_session.setdefault(env.session, {}).update(prerendered(e))
 
     async def partial(self, env: Envelope) -> None:
         key = (env.session, env.turn)
-        score, entry = self.lookup(str(env.payload.get("text", "")))
+        score, entry = self.lookup(env.session, str(env.payload.get("text", "")))
         if entry is None or entry.prerendered or score < self.cfg.cache.partial_threshold:
             return
         cur = self.spec.get(key)
@@ -95,15 +102,21 @@ class Cache(Stage):
         self.stats.wasted_renders += 1
         self.stats.wasted_render_ms += s.render_ms
 
-    async def learn(self, env: Envelope) -> None:
-        p = env.payload
-        if self.cfg.cache.learn and p.get("final") and p.get("answer") and p.get("question"):
-            self.learned.put(normalise(p["question"]), Entry(p["answer"], prerendered=False))
+    def _learn(self, env: Envelope) -> None:
+        """An agent or the council answers this turn: once the turn is over (and was not withdrawn), the
+        question and its (scripted) answer become a learned entry."""
+        question, answer = str(env.payload.get("text", "")), " ".join(str(self.script_of(env).get("reply", "")).split())
+        if question and answer:
+            self.after_turn(env, lambda: self.learned.put(normalise(question), Entry(answer, prerendered=False)))
 
     async def route(self, env: Envelope) -> None:
-        if env.payload.get("target") != "cache":
+        target = env.payload.get("target")
+        if self.is_dropped(env) or env.payload.get("hold"):
             return
-        self.spawn(env.session, (env.turn, "lookup"), self._serve(env))
+        if target == "cache":
+            self.spawn(env.session, (env.turn, "lookup"), self._serve(env))
+        elif self.cfg.cache.learn and target in ("agent", "council", "commit"):
+            self._learn(env)
 
     async def _serve(self, env: Envelope) -> None:
         cfg = self.cfg.cache
@@ -113,7 +126,7 @@ class Cache(Stage):
         lookup = round(cfg.lookup_ms * 1e6)
         spans = [*env.spans, Span(stage="cache", what="lookup", start_ns=t0, dur_ns=lookup)]
         self.stats.lookups += 1
-        score, entry = self.lookup(text)
+        score, entry = self.lookup(env.session, text)
         spec = self.spec.pop(key, None)
         await sleep_until_ns(t0 + lookup)
         if entry is None or score < cfg.threshold:

@@ -60,8 +60,9 @@ class Client(Stage):
         if reason == "user resumed":
             lis.premature = True
         elif reason == "barge-in" and lis.barge_in_ns and not lis.stopped_ns:
-            lis.stopped_ns = got  # the player drops what it had queued the moment the stop arrives
-            lis.play_until_ns = min(lis.play_until_ns, got)
+            # the stop crosses the return path to the speaker; the jitter buffer is dropped at once
+            lis.stopped_ns = got + round(self.cfg.transport.stop_ms * 1e6)
+            lis.play_until_ns = min(lis.play_until_ns, lis.stopped_ns)
             lis.done.set()
 
     async def audio(self, env: Envelope) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from voicepipe.backends.base import LLMRequest
+from voicepipe.backends.base import LLMRequest, tokens_by
 from voicepipe.clock import now_ns, rng_for
 from voicepipe.messages import Envelope, Span
 from voicepipe.stages.agent import Generation, prompt_tokens, request_cost, stream_reply
@@ -55,13 +55,13 @@ class Council(Stage):
         self.history.pop(session, None)
 
     async def cancelled(self, env: Envelope) -> None:
-        if "attempt" in env.payload:
-            return
+        if "attempt" in env.payload or env.payload.get("reason") == "heard":
+            return  # preemption is the agent's; "heard" stops only the audio
         seg = env.payload.get("segment")
         self.cancel(env.session, lambda k: k[0] == env.turn and (seg is None or k[1] == seg))
 
     async def route(self, env: Envelope) -> None:
-        if env.payload.get("target") != "council":
+        if env.payload.get("target") != "council" or self.is_dropped(env):
             return
         script = self.script_of(env)
         if not script:
@@ -88,6 +88,9 @@ class Council(Stage):
         first_clause = first_clause_token(tokens, self.cfg.tts.min_clause_words)
         cost = 0.0
         wasted = 0
+        n = len(tokens)
+        grow = count_tokens(env.payload.get("text", "")) + n
+        self.after_turn(env, lambda: self.history.__setitem__(env.session, self.history.get(env.session, 0) + grow))
         try:
             if c.aggregation in ("first", "draft-refine"):
                 order = await self._finish_order(gens, first_clause, deadline, k=1)
@@ -105,15 +108,21 @@ class Council(Stage):
                     tj = chosen.stream.spans(len(tokens) - 1)[-1].end_ns  # modelled: the last answer done
                     spoken = self._gen(env, self.judge, tokens, answers, 99, tj)
                     cost += request_cost(self.judge, spoken.prompt, spoken.cached, len(tokens))
+            # members whose answers counted are billed in full; the rest for what they made before
+            # they were dropped (wasted work)
+            counted = {id(gens[i]) for i in order} if c.aggregation in ("vote", "judge") else {id(chosen)}
+            now = now_ns()
             for g in gens:
-                if g is not chosen and g.produced < len(g.tokens):
-                    produced = self._produced(g)
-                    wasted += produced
-                    g.stream.cancel()
-                cost += request_cost(g.backend, g.prompt, g.cached, min(len(g.tokens), self._produced(g)))
+                if id(g) in counted:
+                    cost += request_cost(g.backend, g.prompt, g.cached, n)
+                    continue
+                made = tokens_by(g.stream, n, now)
+                g.stream.cancel()
+                wasted += made
+                cost += request_cost(g.backend, g.prompt, g.cached, made)
             quality = council_quality(c.aggregation, members_q, c.judge_gain)
             if c.aggregation == "draft-refine":
-                cost += request_cost(self.judge, chosen.prompt + len(tokens), chosen.cached, len(tokens))
+                cost += request_cost(self.judge, chosen.prompt + n, chosen.cached, n)
             meta = {
                 "backend": f"council:{c.aggregation}",
                 "path": "council",
@@ -136,31 +145,20 @@ class Council(Stage):
             await stream_reply(self, env, spoken, lambda _h: meta, self.cfg.agent.chunk_tokens, chain)
             if c.aggregation == "draft-refine":
                 # the draft has been spoken; the refine call (draft in its prompt) runs on the judge's
-                # backend — sharing its device with everyone else — and only its answer enters the
-                # conversation history the next turn builds on
-                refine = self._gen(env, self.judge, tokens, len(tokens), 98, now_ns())
-                self.spawn(env.session, (env.turn, "refine"), self._refine(env, refine))
-            else:
-                self._remember(env, len(tokens))
+                # backend, sharing its device with everyone else; its answer is the one the history
+                # keeps (same length as the draft: the text is scripted)
+                refine = self._gen(env, self.judge, tokens, n, 98, now_ns())
+                self.spawn(env.session, (env.turn, "refine"), self._refine(refine))
         finally:
             for g in gens:
                 g.stream.cancel()
 
-    def _remember(self, env: Envelope, answer_tokens: int) -> None:
-        self.history[env.session] = (
-            self.history.get(env.session, 0) + count_tokens(env.payload.get("text", "")) + answer_tokens
-        )
-
-    async def _refine(self, env: Envelope, gen: Generation) -> None:
+    @staticmethod
+    async def _refine(gen: Generation) -> None:
         try:
             await gen.stream.token_time(len(gen.tokens) - 1)
-            self._remember(env, len(gen.tokens))
         finally:
             gen.stream.cancel()
-
-    @staticmethod
-    def _produced(g: Generation) -> int:
-        return max(g.produced, 0)
 
     async def _finish_order(self, gens: list[Generation], token: int, deadline_s: float, k: int) -> list[int]:
         """Indices of the first ``k`` members to produce ``token`` (before the deadline)."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from voicepipe.clock import now_ns
+from voicepipe.clock import now_ns, sleep_until_ns
 from voicepipe.config import RouterConfig, RuleWhen
 from voicepipe.messages import Envelope, Span
 from voicepipe.stages.base import Stage
@@ -43,7 +43,7 @@ def classify(text: str) -> str:
     return "low"
 
 
-def decide(cfg: RouterConfig, text: str, script: dict) -> tuple[str, str]:
+def decide(cfg: RouterConfig, text: str, script: dict, main_agent: str) -> tuple[str, str]:
     """(destination, route name) for a final transcript. Destination: cache | council | agent[:NAME]."""
     if cfg.policy == "rules":
         for i, rule in enumerate(cfg.rules):
@@ -53,7 +53,7 @@ def decide(cfg: RouterConfig, text: str, script: dict) -> tuple[str, str]:
     if cfg.policy == "classifier":
         label = classify(text)
         return (cfg.classifier_low if label == "low" else cfg.default), f"classifier:{label}"
-    return f"agent:{cfg.agent}", "single"
+    return f"agent:{main_agent}", "single"
 
 
 @dataclass
@@ -112,7 +112,7 @@ class Router(Stage):
         st.attempt = Attempt(n=st.tries, text=text)
         payload = {
             "target": "agent",
-            "agent": self.cfg.router.agent,
+            "agent": self.cfg.main_agent,
             "path": "preemptive",
             "route": "preemptive",
             "text": text,
@@ -132,7 +132,6 @@ class Router(Stage):
 
     # -- the final transcript ------------------------------------------------------------------------
     async def final(self, env: Envelope) -> None:
-        cfg = self.cfg.router
         text = str(env.payload.get("text", ""))
         st = self._state(env)
         st.final_seen = True
@@ -148,19 +147,23 @@ class Router(Stage):
                 await self.bus.publish(self.reply(env, "route", payload, list(env.spans)))
                 return
             await self._cancel_attempt(env, st)
+        # the classifier's modelled time runs in a task: the handler must not hold up other sessions
+        self.spawn(env.session, (env.turn, "route", base["segment"]), self._route(env, base))
+
+    async def _route(self, env: Envelope, base: dict) -> None:
+        cfg = self.cfg.router
+        text = base["text"]
         spans = list(env.spans)
         t = now_ns()
         if cfg.policy == "classifier" and cfg.classifier_ms > 0:
             d = round(cfg.classifier_ms * 1e6)
             spans.append(Span(stage="router", what="classifier", start_ns=t, dur_ns=d))
-            from voicepipe.clock import sleep_until_ns
-
             await sleep_until_ns(t + d)
-        dest, route = decide(cfg, text, self.script_of(env))
+        dest, route = decide(cfg, text, self.script_of(env), self.cfg.main_agent)
         fallback = dest if not dest.startswith("cache") else cfg.default
         if dest == "cache" or (cfg.cache_first and self.cfg.cache.enabled):
             if fallback == "cache":
-                fallback = f"agent:{cfg.agent}"
+                fallback = f"agent:{self.cfg.main_agent}"
             payload = {**base, "target": "cache", "fallback": fallback, "route": route, "path": "cache"}
         elif dest == "council":
             payload = {**base, "target": "council", "route": route, "path": "council"}

@@ -90,6 +90,8 @@ class TTS(Stage):
 
     async def text(self, env: Envelope) -> None:
         arrived = now_ns()
+        if self.is_dropped(env):
+            return  # text for a segment the ASR withdrew (premature endpoint)
         seg = int(env.payload.get("segment", 0))
         key = (env.session, env.turn, seg)
         r = self.replies.get(key)
