@@ -183,3 +183,23 @@ async def test_two_sessions_sharing_one_device_are_slower_per_token():
 
     assert len(shared.records) == 2
     assert agent_ms(shared) > agent_ms(alone) * 1.01
+
+
+def test_broker_with_credentials_and_a_wrong_password(make_mosquitto, tmp_path):
+    """A real broker with a password file: the right credentials run, wrong ones are one line, exit 2."""
+    m = make_mosquitto(users={"vp": "s3cret"})
+    sc = tmp_path / "tiny.yaml"
+    sc.write_text(yaml.safe_dump(tiny_scenario(turns=1).model_dump(mode="json")))
+    ok = subprocess.run(
+        [sys.executable, "-m", "voicepipe.cli", "run", str(sc), "--broker", f"mqtt://vp:s3cret@127.0.0.1:{m.port}",
+         "--set", "client.playout=first_audio", "--set", "agent.backend=groq-llama-3.1-8b", "-q"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert ok.returncode == 0, ok.stderr
+    bad = subprocess.run(
+        [sys.executable, "-m", "voicepipe.cli", "run", str(sc), "--broker", f"mqtt://vp:wrong@127.0.0.1:{m.port}"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    lines = [ln for ln in bad.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "broker" in lines[0] and "wrong" not in lines[0]  # password not echoed

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import shutil
 import socket
 import subprocess
@@ -108,8 +109,11 @@ class Mosquitto:
             f"max_queued_messages {self.max_queued}",
             "max_inflight_messages 0",
             "persistence false",
-            "log_dest none",
+            "log_dest stderr",  # errors only: why a start failed, without filling the pipe
+            "log_type error",
         ]
+        if hasattr(os, "geteuid") and os.geteuid() == 0:
+            lines.append("user root")  # as root mosquitto would switch to 'mosquitto' and lose our files
         if self.users:
             pw = workdir / "passwd"
             pw.write_text("".join(f"{u}:{p}\n" for u, p in self.users.items()))

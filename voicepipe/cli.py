@@ -190,12 +190,11 @@ def run(
         result = run_live(cfg, scs, sessions, sink, "running")
     except KeyboardInterrupt:
         err.print(f"interrupted: keeping {len(sink.records)} measured turns")
-    except OSError as exc:
-        raise fail(f"broker {cfg.broker.url or 'embedded'}: cannot connect ({exc})") from None
     except Exception as exc:
-        if type(exc).__name__ == "MqttError":
-            raise fail(f"broker {cfg.broker.url or 'embedded'}: {exc}") from None
-        raise
+        failure = _run_error(cfg, exc)
+        if failure is None:
+            raise
+        raise failure from None
     finally:
         sink.close()
     if result:
@@ -238,11 +237,22 @@ VaryOpt = Annotated[
 
 def _run_error(cfg: PipelineConfig, exc: BaseException) -> typer.Exit | None:
     """The one-line failure for a broker that cannot be reached; None for anything else."""
+    from aiomqtt import MqttError
+
+    where = f"broker {_safe_url(cfg.broker.url) if cfg.broker.url else 'embedded'}"
     if isinstance(exc, OSError):
-        return fail(f"broker {cfg.broker.url or 'embedded'}: cannot connect ({exc})")
-    if type(exc).__name__ == "MqttError":
-        return fail(f"broker {cfg.broker.url or 'embedded'}: {exc}")
+        return fail(f"{where}: cannot connect ({exc})")
+    if isinstance(exc, MqttError):  # refused (bad credentials), lost connection, ...
+        return fail(f"{where}: {exc}")
     return None
+
+
+def _safe_url(url: str) -> str:
+    """The broker URL without its password."""
+    from urllib.parse import urlparse
+
+    u = urlparse(url if "://" in url else f"mqtt://{url}")
+    return url if not u.password else url.replace(f":{u.password}@", ":***@", 1)
 
 
 def compare_table(
