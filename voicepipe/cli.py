@@ -75,7 +75,9 @@ def load_scenarios(names: list[str]) -> list[Scenario]:
     seen: dict[str, str] = {}
     for sc in scs:
         if sc.name in seen:
-            raise UserError(sc.source, f"name: {sc.name!r} is also the name of {seen[sc.name]} (names must differ)")
+            raise UserError(
+                sc.source, f"name: {sc.name!r} is also the name of {seen[sc.name]} (names must differ)"
+            )
         seen[sc.name] = sc.source
     return scs
 

@@ -225,7 +225,9 @@ class PipelineConfig(Strict):
         """Every route the router can take must lead somewhere (else turns would silently time out)."""
         names = sorted(self.agent.backends())
         if self.main_agent not in names:
-            raise ValueError(f"router.agent: {self.main_agent!r} is not an agent (agents: {', '.join(names)})")
+            raise ValueError(
+                f"router.agent: {self.main_agent!r} is not an agent (agents: {', '.join(names)})"
+            )
         dests = {"router.default": self.router.default, "router.classifier_low": self.router.classifier_low}
         dests |= {f"router.rules.{i}.to": r.to for i, r in enumerate(self.router.rules)}
         for where, dest in dests.items():
@@ -233,7 +235,9 @@ class PipelineConfig(Strict):
                 raise ValueError(f"{where}: routes to the council, but council.members is empty")
             if dest in ("cache", "council", "agent") or (dest.startswith("agent:") and dest[6:] in names):
                 continue
-            raise ValueError(f"{where}: {dest!r} is not cache, council, agent or agent:NAME (agents: {', '.join(names)})")
+            raise ValueError(
+                f"{where}: {dest!r} is not cache, council, agent or agent:NAME (agents: {', '.join(names)})"
+            )
         return self
 
     @property

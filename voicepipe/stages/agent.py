@@ -145,12 +145,17 @@ class Agent(Stage):
         made = tokens_by(gen.stream, len(gen.tokens), now_ns())
         gen.stream.cancel()
         tokens, usd = self.wasted.get((session, turn), (0, 0.0))
-        self.wasted[(session, turn)] = (tokens + made, usd + request_cost(gen.backend, gen.prompt, gen.cached, made))
+        self.wasted[(session, turn)] = (
+            tokens + made,
+            usd + request_cost(gen.backend, gen.prompt, gen.cached, made),
+        )
 
     def _remember(self, env: Envelope, gen: Generation) -> None:
         """Once the turn is over, its question and (scripted) answer are conversation history."""
         grow = count_tokens(env.payload.get("text", "")) + len(gen.tokens)
-        self.after_turn(env, lambda: self.history.__setitem__(env.session, self.history.get(env.session, 0) + grow))
+        self.after_turn(
+            env, lambda: self.history.__setitem__(env.session, self.history.get(env.session, 0) + grow)
+        )
 
     async def route(self, env: Envelope) -> None:
         p = env.payload

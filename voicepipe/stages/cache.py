@@ -68,7 +68,6 @@ class Cache(Stage):
         self.on("asr.partial", self.partial)
         self.on("route", self.route)
 
-
     def forget(self, session: str) -> None:
         self.per_session.pop(session, None)
         for k in [k for k in self.spec if k[0] == session]:
@@ -105,9 +104,14 @@ class Cache(Stage):
     def _learn(self, env: Envelope) -> None:
         """An agent or the council answers this turn: once the turn is over (and was not withdrawn), the
         question and its (scripted) answer become a learned entry."""
-        question, answer = str(env.payload.get("text", "")), " ".join(str(self.script_of(env).get("reply", "")).split())
+        question, answer = (
+            str(env.payload.get("text", "")),
+            " ".join(str(self.script_of(env).get("reply", "")).split()),
+        )
         if question and answer:
-            self.after_turn(env, lambda: self.learned.put(normalise(question), Entry(answer, prerendered=False)))
+            self.after_turn(
+                env, lambda: self.learned.put(normalise(question), Entry(answer, prerendered=False))
+            )
 
     async def route(self, env: Envelope) -> None:
         target = env.payload.get("target")

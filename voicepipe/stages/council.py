@@ -90,7 +90,9 @@ class Council(Stage):
         wasted = 0
         n = len(tokens)
         grow = count_tokens(env.payload.get("text", "")) + n
-        self.after_turn(env, lambda: self.history.__setitem__(env.session, self.history.get(env.session, 0) + grow))
+        self.after_turn(
+            env, lambda: self.history.__setitem__(env.session, self.history.get(env.session, 0) + grow)
+        )
         try:
             if c.aggregation in ("first", "draft-refine"):
                 order = await self._finish_order(gens, first_clause, deadline, k=1)
