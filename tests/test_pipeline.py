@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 from tests.conftest import fast_config, tiny_scenario
@@ -203,3 +204,30 @@ def test_broker_with_credentials_and_a_wrong_password(make_mosquitto, tmp_path):
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     lines = [ln for ln in bad.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "broker" in lines[0] and "wrong" not in lines[0]  # password not echoed
+
+
+async def test_stages_in_another_process(mosquitto):
+    """`voicepipe stage` serves asr/router/agent/tts in a second process; the run plays and measures."""
+    import signal
+
+    from voicepipe.predict import predict
+
+    sets = ["agent.backend=groq-llama-3.1-8b", "client.playout=first_audio"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "voicepipe.cli", "stage", "asr", "router", "agent", "tts", "--run-id", "xproc",
+         "--broker", mosquitto.url, *[x for s in sets for x in ("--set", s)]],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        cfg = fast_config(*sets, broker=mosquitto.url)
+        sc = tiny_scenario()
+        res = await run_pipeline(
+            cfg, [sc], 1, run_id="xproc", external=frozenset({"asr", "router", "agent", "tts"})
+        )
+        check_records(res, 2)
+        for rec, p in zip(res.records, predict(cfg, [sc]), strict=True):
+            assert rec.predicted_ms == pytest.approx(p.predicted_ms, abs=0.01)  # one host clock, same draws
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(10)
+    assert b"Traceback" not in (proc.stderr.read() if proc.stderr else b"")

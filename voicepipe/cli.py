@@ -125,6 +125,8 @@ def run_live(
     sessions: int,
     sink: Callable[[TurnRecord], None],
     label: str,
+    run_id: str | None = None,
+    external: frozenset[str] = frozenset(),
 ):
     from voicepipe.runner import run_pipeline
 
@@ -136,7 +138,9 @@ def run_live(
             sink(r)
             prog.advance(task)
 
-        return asyncio.run(run_pipeline(cfg, scenarios, sessions, on_record=on_record))
+        return asyncio.run(
+            run_pipeline(cfg, scenarios, sessions, on_record=on_record, run_id=run_id, external=external)
+        )
 
 
 def write_outputs(
@@ -179,6 +183,13 @@ def run(
     csv: Annotated[Path | None, typer.Option("--csv", help="Turn records as CSV.")] = None,
     otel: Annotated[Path | None, typer.Option("--otel", help="Per-turn spans as OTLP/JSON traces.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Summary only, no per-turn table.")] = False,
+    run_id: Annotated[str | None, typer.Option("--run-id", help="Run id (topics voicepipe/RUN/...).")] = None,
+    external: Annotated[
+        str | None,
+        typer.Option(
+            "--external", help="Stages served by `voicepipe stage` processes, e.g. asr,router,agent,tts."
+        ),
+    ] = None,
 ) -> None:
     """Play scenarios through the pipeline over MQTT and measure every turn against the budget."""
     from voicepipe.report.table import print_paths, print_summary, print_turns
@@ -186,10 +197,15 @@ def run(
     with user_errors():
         cfg = load_config(config, set_ or [], broker)
         scs = load_scenarios(scenario)
+        ext = stage_names(external, "--external")
+        if ext and not cfg.broker.url:
+            raise UserError("--external", "stages in other processes need a broker (--broker URL)")
+        if ext and not run_id:
+            raise UserError("--external", "give the run id the stage processes serve (--run-id)")
     sink = RecordSink(json_out)
     result = None
     try:
-        result = run_live(cfg, scs, sessions, sink, "running")
+        result = run_live(cfg, scs, sessions, sink, "running", run_id, frozenset(ext))
     except KeyboardInterrupt:
         err.print(f"interrupted: keeping {len(sink.records)} measured turns")
     except Exception as exc:
@@ -246,6 +262,10 @@ def _run_error(cfg: PipelineConfig, exc: BaseException) -> typer.Exit | None:
         return fail(f"{where}: cannot connect ({exc})")
     if isinstance(exc, MqttError):  # refused (bad credentials), lost connection, ...
         return fail(f"{where}: {exc}")
+    from voicepipe.runner import StagesMissing
+
+    if isinstance(exc, StagesMissing):
+        return fail(str(exc))
     return None
 
 
@@ -475,6 +495,49 @@ def predict(
     if json_out:
         json_out.write_text("".join(json.dumps(p.to_json()) + "\n" for p in preds))
     print_predictions(out, [p.as_record() for p in preds], cfg.budget_ms)
+
+
+def stage_names(raw: str | list[str] | None, where: str) -> list[str]:
+    from voicepipe.runner import STAGES
+
+    names = [n.strip() for n in (raw.split(",") if isinstance(raw, str) else raw or []) if n.strip()]
+    for n in names:
+        if n not in STAGES or n == "client":
+            allowed = ", ".join(k for k in STAGES if k != "client")
+            raise UserError(where, f"unknown stage {n!r} (stages: {allowed})")
+    return names
+
+
+@app.command()
+def stage(
+    names: Annotated[list[str], typer.Argument(help="Stages to serve: asr router agent cache council tts.")],
+    run_id: Annotated[str, typer.Option("--run-id", help="The run to serve (same as `run --run-id`).")],
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    broker: BrokerOpt = None,
+) -> None:
+    """Serve some stages of a run in this process (the rest, and the client, run elsewhere).
+
+    Same broker, run id and config as the `voicepipe run ... --external NAMES` that plays the scenario;
+    all processes must share one host clock (CLOCK_MONOTONIC). Stops on Ctrl-C.
+    """
+    from voicepipe.runner import serve_stages
+
+    with user_errors():
+        cfg = load_config(config, set_ or [], broker)
+        chosen = stage_names(names, "stage")
+        if not cfg.broker.url:
+            raise UserError("--broker", "stages in separate processes need a broker URL")
+    err.print(f"serving {', '.join(chosen)} for run {run_id} on {cfg.broker.url}", highlight=False)
+    try:
+        asyncio.run(serve_stages(cfg, chosen, run_id))
+    except KeyboardInterrupt:
+        pass
+    except Exception as exc:
+        failure = _run_error(cfg, exc)
+        if failure is None:
+            raise
+        raise failure from None
 
 
 @app.command()

@@ -57,19 +57,36 @@ def session_ids(scenarios: list[Scenario], sessions: int) -> list[tuple[Scenario
     return pairs
 
 
-def build_stages(bus_for: Callable[[str], Bus], ctx: RunContext, **client_kw) -> list[Stage]:
-    """The diagram's boxes; the cache and the council only when configured."""
-    stages: list[Stage] = [
-        ASR(bus_for("asr"), ctx),
-        Router(bus_for("router"), ctx),
-        Agent(bus_for("agent"), ctx),
-    ]
-    if ctx.cfg.cache.enabled or ctx.cfg.router.cache_first or _routes_to(ctx, "cache"):
-        stages.append(Cache(bus_for("cache"), ctx))
-    if ctx.cfg.council.members:
-        stages.append(Council(bus_for("council"), ctx))
-    stages += [TTS(bus_for("tts"), ctx), Client(bus_for("client"), ctx, **client_kw)]
-    return stages
+STAGES: dict[str, type[Stage]] = {
+    "asr": ASR, "router": Router, "agent": Agent, "cache": Cache, "council": Council, "tts": TTS, "client": Client,
+}  # fmt: skip
+
+
+def needed_stages(cfg: PipelineConfig) -> list[str]:
+    """The diagram's boxes this config uses; the cache and the council only when configured."""
+    ctx = RunContext(run="", cfg=cfg)
+    names = ["asr", "router", "agent"]
+    if cfg.cache.enabled or cfg.router.cache_first or _routes_to(ctx, "cache"):
+        names.append("cache")
+    if cfg.council.members:
+        names.append("council")
+    return [*names, "tts", "client"]
+
+
+def build_stages(
+    bus_for: Callable[[str], Bus], ctx: RunContext, names: list[str] | None = None, **client_kw
+) -> list[Stage]:
+    """One stage per name (default: every stage the config needs), each with its own bus client."""
+    out: list[Stage] = []
+    for name in names if names is not None else needed_stages(ctx.cfg):
+        kw = client_kw if name == "client" else {}
+        out.append(STAGES[name](bus_for(name), ctx, **kw))
+    return out
+
+
+def ready_topic(run: str, name: str) -> str:
+    """Retained marker a stage running in another process publishes once it is subscribed."""
+    return f"voicepipe/{run}/_ready/{name}"
 
 
 def _routes_to(ctx: RunContext, dest: str) -> bool:
@@ -81,6 +98,62 @@ def _routes_to(ctx: RunContext, dest: str) -> bool:
     return False
 
 
+class StagesMissing(RuntimeError):
+    """Stages the run expects in other processes never reported ready."""
+
+
+async def _wait_for_external(addr: BrokerAddress, run: str, names: set[str], timeout_s: float = 30.0) -> None:
+    seen: set[str] = set()
+    async with addr.client(identifier=f"vp-{run}-wait") as c:
+        await c.subscribe(ready_topic(run, "+"), qos=1)
+        try:
+            async with asyncio.timeout(timeout_s):
+                async for m in c.messages:
+                    if m.payload:
+                        seen.add(str(m.topic).rsplit("/", 1)[-1])
+                    if names <= seen:
+                        return
+        except TimeoutError:
+            missing = ", ".join(sorted(names - seen))
+            raise StagesMissing(
+                f"stages {missing} of run {run} not ready after {timeout_s:.0f} s "
+                f"(start them with `voicepipe stage {missing.replace(',', '')} --run {run} --broker URL`)"
+            ) from None
+
+
+async def serve_stages(cfg: PipelineConfig, names: list[str], run: str) -> None:
+    """Run some stages of run ``run`` in this process until cancelled (``voicepipe stage``)."""
+    quiet_amqtt()
+    if not cfg.broker.url:
+        raise ValueError("broker.url: stages in separate processes need a broker (--broker URL)")
+    addr = BrokerAddress.parse(cfg.broker.url, cfg.broker.username, cfg.broker.password)
+    ctx = RunContext(run=run, cfg=cfg)
+    async with contextlib.AsyncExitStack() as stack:
+        buses: list[Bus] = []
+
+        def bus_for(name: str) -> Bus:
+            b = Bus(addr, run, name, qos=cfg.broker.qos)
+            buses.append(b)
+            return b
+
+        stages = build_stages(bus_for, ctx, names)
+        for b in buses:
+            await stack.enter_async_context(b)
+        tasks = [asyncio.create_task(s.run(), name=f"stage-{s.name}") for s in stages]
+        try:
+            await asyncio.wait_for(asyncio.gather(*(s.ready.wait() for s in stages)), 10)
+            for s in stages:
+                await s.bus.client.publish(ready_topic(run, s.name), b"ready", qos=1, retain=True)
+            await asyncio.gather(*tasks)
+        finally:
+            for s in stages:
+                with contextlib.suppress(Exception):
+                    await s.bus.client.publish(ready_topic(run, s.name), b"", qos=1, retain=True)
+                await s.shutdown()
+            for t in tasks:
+                t.cancel()
+
+
 async def run_pipeline(
     cfg: PipelineConfig,
     scenarios: list[Scenario],
@@ -89,7 +162,10 @@ async def run_pipeline(
     run_id: str | None = None,
     on_record: Callable[[TurnRecord], None] | None = None,
     on_ready: Callable[[RunResult], None] | None = None,
+    external: frozenset[str] = frozenset(),
 ) -> RunResult:
+    """Play the scenarios and collect their turn records. Stages named in ``external`` run in other
+    processes (``voicepipe stage``) against the same broker, run id and config; the run waits for them."""
     quiet_amqtt()
     run = run_id or secrets.token_hex(4)
     async with contextlib.AsyncExitStack() as stack:
@@ -120,12 +196,15 @@ async def run_pipeline(
             if on_record:
                 on_record(r)
 
-        stages = build_stages(bus_for, ctx, on_record=record)
+        local = [n for n in needed_stages(cfg) if n not in external]
+        stages = build_stages(bus_for, ctx, local, on_record=record)
         for b in buses:
             await stack.enter_async_context(b)
         tasks = [asyncio.create_task(s.run(), name=f"stage-{s.name}") for s in stages]
         try:
             await asyncio.wait_for(asyncio.gather(*(s.ready.wait() for s in stages)), 10)
+            if external:
+                await _wait_for_external(addr, run, set(external) & set(needed_stages(cfg)))
             if on_ready:
                 on_ready(result)
             client = next(s for s in stages if isinstance(s, Client))
