@@ -73,15 +73,31 @@ def needed_stages(cfg: PipelineConfig) -> list[str]:
     return [*names, "tts", "client"]
 
 
-def build_stages(
-    bus_for: Callable[[str], Bus], ctx: RunContext, names: list[str] | None = None, **client_kw
-) -> list[Stage]:
-    """One stage per name (default: every stage the config needs), each with its own bus client."""
-    out: list[Stage] = []
-    for name in names if names is not None else needed_stages(ctx.cfg):
-        kw = client_kw if name == "client" else {}
-        out.append(STAGES[name](bus_for(name), ctx, **kw))
-    return out
+def build_stages(addr: BrokerAddress, ctx: RunContext, names: list[str], **client_kw) -> list[Stage]:
+    """One stage per name, each with its own bus client (not yet connected)."""
+    qos = ctx.cfg.broker.qos
+    return [
+        STAGES[n](Bus(addr, ctx.run, n, qos=qos), ctx, **(client_kw if n == "client" else {})) for n in names
+    ]
+
+
+async def start_stages(stack: contextlib.AsyncExitStack, stages: list[Stage]) -> list[asyncio.Task[None]]:
+    """Connect every stage's client, start its receive loop, and wait until all are subscribed."""
+    for s in stages:
+        await stack.enter_async_context(s.bus)
+    tasks = [asyncio.create_task(s.run(), name=f"stage-{s.name}") for s in stages]
+    await asyncio.wait_for(asyncio.gather(*(s.ready.wait() for s in stages)), 10)
+    return tasks
+
+
+async def stop_stages(stages: list[Stage], tasks: list[asyncio.Task[None]]) -> None:
+    for s in stages:
+        await s.shutdown()
+    for t in tasks:
+        t.cancel()
+    for t in tasks:
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await t
 
 
 def ready_topic(run: str, name: str) -> str:
@@ -129,19 +145,10 @@ async def serve_stages(cfg: PipelineConfig, names: list[str], run: str) -> None:
     addr = BrokerAddress.parse(cfg.broker.url, cfg.broker.username, cfg.broker.password)
     ctx = RunContext(run=run, cfg=cfg)
     async with contextlib.AsyncExitStack() as stack:
-        buses: list[Bus] = []
-
-        def bus_for(name: str) -> Bus:
-            b = Bus(addr, run, name, qos=cfg.broker.qos)
-            buses.append(b)
-            return b
-
-        stages = build_stages(bus_for, ctx, names)
-        for b in buses:
-            await stack.enter_async_context(b)
-        tasks = [asyncio.create_task(s.run(), name=f"stage-{s.name}") for s in stages]
+        stages = build_stages(addr, ctx, names)
+        tasks: list[asyncio.Task[None]] = []
         try:
-            await asyncio.wait_for(asyncio.gather(*(s.ready.wait() for s in stages)), 10)
+            tasks = await start_stages(stack, stages)
             for s in stages:
                 await s.bus.client.publish(ready_topic(run, s.name), b"ready", qos=1, retain=True)
             await asyncio.gather(*tasks)
@@ -149,9 +156,7 @@ async def serve_stages(cfg: PipelineConfig, names: list[str], run: str) -> None:
             for s in stages:
                 with contextlib.suppress(Exception):
                     await s.bus.client.publish(ready_topic(run, s.name), b"", qos=1, retain=True)
-                await s.shutdown()
-            for t in tasks:
-                t.cancel()
+            await stop_stages(stages, tasks)
 
 
 async def run_pipeline(
@@ -184,12 +189,6 @@ async def run_pipeline(
                     f"broker round trip {result.probe_ms:.0f} ms (expected ~1 ms): {NAGLE_FIX}"
                 )
         ctx = RunContext(run=run, cfg=cfg)
-        buses: list[Bus] = []
-
-        def bus_for(name: str) -> Bus:
-            b = Bus(addr, run, name, qos=cfg.broker.qos)
-            buses.append(b)
-            return b
 
         def record(r: TurnRecord) -> None:
             result.records.append(r)
@@ -197,12 +196,10 @@ async def run_pipeline(
                 on_record(r)
 
         local = [n for n in needed_stages(cfg) if n not in external]
-        stages = build_stages(bus_for, ctx, local, on_record=record)
-        for b in buses:
-            await stack.enter_async_context(b)
-        tasks = [asyncio.create_task(s.run(), name=f"stage-{s.name}") for s in stages]
+        stages = build_stages(addr, ctx, local, on_record=record)
+        tasks: list[asyncio.Task[None]] = []
         try:
-            await asyncio.wait_for(asyncio.gather(*(s.ready.wait() for s in stages)), 10)
+            tasks = await start_stages(stack, stages)
             if external:
                 await _wait_for_external(addr, run, set(external) & set(needed_stages(cfg)))
             if on_ready:
@@ -216,13 +213,7 @@ async def run_pipeline(
             await asyncio.sleep(0.05)  # let session.end reach every stage
             result.open_tasks_after = sum(s.open_tasks() for s in stages)
         finally:
-            for s in stages:
-                await s.shutdown()
-            for t in tasks:
-                t.cancel()
-            for t in tasks:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await t
-            result.deadletters = sum(b.deadletters for b in buses)
+            await stop_stages(stages, tasks)
+            result.deadletters = sum(s.bus.deadletters for s in stages)
             result.stage_errors = sum(s.errors for s in stages)
     return result
