@@ -1,74 +1,221 @@
-"""Bus messages: one envelope, typed payloads, topic helpers.
+"""Bus messages: one envelope, one typed payload model per message type, topic helpers.
 
-Every body on the bus is JSON of :class:`Envelope`. A stage that receives something it cannot parse
-(bad JSON, wrong schema version, unknown type, payload that fails validation) hands the raw bytes to the
-dead-letter path instead of crashing.
+Every body on the bus is JSON of :class:`Envelope`. Its ``payload`` is the model that belongs to its
+``type`` (:data:`PAYLOADS`), validated strictly at the boundary: no lax coercion (``true`` is not 1, ``"3"``
+is not 3), no NaN or infinities, no unknown fields. Stages read typed attributes. The JSON schema of the
+envelope (:meth:`Envelope.model_json_schema`) is a union discriminated on ``type``, so a tool on the bus can
+validate what it sees. A stage that receives something it cannot parse (bad JSON, wrong schema version,
+unknown type, payload that fails validation) hands the raw bytes to the dead-letter path instead of crashing.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
-import time
-from typing import Any, Literal
+from enum import StrEnum
+from typing import Annotated, Any, ClassVar, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializeAsAny,
+    TypeAdapter,
+    ValidationError,
+    create_model,
+    model_validator,
+)
+
+from voicepipe import clock
+from voicepipe.records import TurnRecord
+from voicepipe.spans import Span
 
 SCHEMA_VERSION = 1
 ROOT = "voicepipe"
 
+__all__ = ["PAYLOADS", "Envelope", "Span", "parse", "topic"]
 
-class Span(BaseModel):
-    """One stretch of work a stage did for a turn, on the shared monotonic clock (ns).
 
-    ``modelled`` spans are durations the models prescribed (the stage then slept until
-    ``start_ns + dur_ns``); measured spans are what the stage observed.
-    """
+class CancelReason(StrEnum):
+    USER_RESUMED = "user resumed"  # the ASR withdrew a segment: its endpoint was premature
+    PREEMPTIVE_MISMATCH = "preemptive mismatch"  # the final transcript differs from the eager partial
+    HEARD = "heard"  # the user heard the reply start: stop the audio only (playout=first_audio)
+    BARGE_IN = "barge-in"  # the user talked over the reply: stop speaking and drop the turn's work
 
-    model_config = ConfigDict(frozen=True)
 
-    stage: str
-    what: str
-    start_ns: int
-    dur_ns: int
-    modelled: bool = True
+class Target(StrEnum):
+    """Who a route message is for."""
 
-    @property
-    def end_ns(self) -> int:
-        return self.start_ns + self.dur_ns
+    AGENT = "agent"
+    COUNCIL = "council"
+    CACHE = "cache"
+    COMMIT = "commit"  # release a held preemptive attempt
 
+
+class Path(StrEnum):
+    """How a turn was answered (TurnRecord.path)."""
+
+    AGENT = "agent"
+    CACHE = "cache"
+    COUNCIL = "council"
+    PREEMPTIVE = "preemptive"
+
+
+class Payload(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
+    TYPE: ClassVar[str]
+
+
+Count = Annotated[int, Field(ge=0)]
+
+
+class CacheAnswer(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+    questions: list[str]
+    answer: str
+
+
+class TurnScript(Payload):
+    """client -> stages: the scripted turn (reference reply, hints): the simulation's oracle."""
+
+    TYPE = "turn.script"
+    user: str
+    reply: str
+    intent: str | None = None
+    complexity: Literal["low", "medium", "high"] | None = None
+    complete_at_pauses: list[bool] = Field(default_factory=list)
+    words: Count
+    cache: list[CacheAnswer] = Field(default_factory=list)
+
+
+class UserWord(Payload):
+    """client -> asr: one spoken word reached the ASR (after the uplink)."""
+
+    TYPE = "user.word"
+    text: str
+    dur_ns: Count
+    index: Count
+    pause_before: bool
+    last_word: bool
+
+
+class SpeechStart(Payload):
+    """client -> tts: the user started speaking over the reply (barge-in)."""
+
+    TYPE = "user.speech_start"
+
+
+class Partial(Payload):
+    """asr -> router/cache: interim transcript (``eager``: stable through a short silence)."""
+
+    TYPE = "asr.partial"
+    text: str
+    words: Count
+    segment: Count
+    eager: bool = False
+
+
+class Final(Payload):
+    """asr -> router: final transcript of an endpointed segment."""
+
+    TYPE = "asr.final"
+    text: str
+    words: Count
+    segment: Count
+
+
+class Route(Payload):
+    """router/cache -> agent/council/cache: who serves this turn."""
+
+    TYPE = "route"
+    target: Target
+    text: str
+    words: Count
+    segment: Count
+    route: str = ""  # the routing decision, e.g. "single", "rule 0", "classifier:low (cache miss)"
+    path: Path = Path.AGENT
+    agent: str | None = None  # target agent: which of the agent stage's backends
+    fallback: str | None = None  # target cache: where a miss goes (agent:NAME or council)
+    attempt: Count | None = None  # preemptive attempt number (with hold, or target commit)
+    hold: bool = False  # generate now, publish nothing until committed
+
+
+class TurnMeta(BaseModel):
+    """What answered the turn and what it cost; travels on reply.text and tts.audio to the client."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
+    backend: str
+    path: Path
+    route: str = ""
+    input_tokens: Count = 0
+    output_tokens: Count = 0
+    wasted_tokens: Count = 0
+    cost_usd: float = Field(0.0, ge=0)
+    quality: float | None = None  # modelled, in [0, 1]
+    false_hit: bool = False
+    prerendered: bool = False
+    members: list[str] = Field(default_factory=list)
+
+
+class ReplyText(Payload):
+    """agent/council -> tts: a chunk of reply text."""
+
+    TYPE = "reply.text"
+    text: str
+    seq: Count
+    final: bool
+    words: Count
+    segment: Count
+    meta: TurnMeta
+
+
+class Audio(Payload):
+    """tts/cache -> client: a chunk of reply audio."""
+
+    TYPE = "tts.audio"
+    seq: Count
+    text: str
+    duration_ms: float = Field(ge=0)
+    last: bool
+    words: Count
+    segment: Count
+    meta: TurnMeta
+
+
+class Cancel(Payload):
+    """anyone -> all: drop work for (session, turn[, segment | attempt])."""
+
+    TYPE = "control.cancel"
+    reason: CancelReason
+    segment: Count | None = None
+    attempt: Count | None = None
+
+
+class SessionEnd(Payload):
+    """client -> all: forget this session."""
+
+    TYPE = "session.end"
+
+
+PAYLOADS: dict[str, type[BaseModel]] = {
+    m.TYPE: m
+    for m in (TurnScript, UserWord, SpeechStart, Partial, Final, Route, ReplyText, Audio, Cancel, SessionEnd)
+}
+PAYLOADS["turn.record"] = TurnRecord  # client -> anyone: the finished turn's measurement
 
 MessageType = Literal[
-    "turn.script",  # client -> stages: the scripted turn (reference reply, hints): the simulation's oracle
-    "user.word",  # client -> asr: one spoken word reached the ASR (after the uplink)
-    "user.speech_start",  # client -> all: the user started speaking (barge-in detection)
-    "asr.partial",  # asr -> router/cache: interim transcript
-    "asr.final",  # asr -> router: final transcript of an endpointed segment
-    "route",  # router -> agent/council/cache: who serves this turn
-    "reply.text",  # agent/council -> tts: a chunk of reply text
-    "tts.audio",  # tts/cache -> client: a chunk of reply audio
-    "control.cancel",  # anyone -> all: drop work for (session, turn, segment)
-    "session.end",  # client -> all: forget this session
-    "turn.record",  # client -> anyone: the finished turn's measurement
+    "turn.script",
+    "user.word",
+    "user.speech_start",
+    "asr.partial",
+    "asr.final",
+    "route",
+    "reply.text",
+    "tts.audio",
+    "control.cancel",
+    "session.end",
+    "turn.record",
 ]
-
-
-class Envelope(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    v: Literal[1] = SCHEMA_VERSION
-    type: MessageType
-    run: str
-    session: str
-    turn: int = -1
-    id: str = Field(default_factory=lambda: next_id())
-    sent_ns: int = Field(default_factory=time.monotonic_ns)
-    spans: list[Span] = Field(default_factory=list)
-    payload: dict[str, Any] = Field(default_factory=dict)
-
-    def to_bytes(self) -> bytes:
-        return self.model_dump_json().encode()
-
 
 _ids = itertools.count()
 _pid = os.getpid()
@@ -78,13 +225,68 @@ def next_id() -> str:
     return f"{_pid:x}-{next(_ids):x}"
 
 
+def type_of(payload: BaseModel) -> str:
+    return "turn.record" if isinstance(payload, TurnRecord) else payload.TYPE  # type: ignore[attr-defined]
+
+
+class Envelope(BaseModel):
+    """Routing facts, the causal chain of spans, and the typed payload of ``type``."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    v: Literal[1] = SCHEMA_VERSION
+    type: MessageType
+    run: str
+    session: str
+    turn: int = -1
+    id: str = Field(default_factory=next_id)
+    sent_ns: int = Field(default_factory=lambda: clock.now_ns())
+    spans: list[Span] = Field(default_factory=list)
+    payload: SerializeAsAny[BaseModel]
+
+    @model_validator(mode="after")
+    def _payload_fits_type(self) -> Envelope:
+        if type(self.payload) is not PAYLOADS[self.type]:
+            raise ValueError(f"payload of a {self.type} message must be {PAYLOADS[self.type].__name__}")
+        return self
+
+    @classmethod
+    def of(
+        cls, payload: BaseModel, run: str, session: str, turn: int = -1, spans: list[Span] | None = None
+    ) -> Envelope:
+        return cls(
+            type=type_of(payload), run=run, session=session, turn=turn, spans=spans or [], payload=payload
+        )
+
+    def to_bytes(self) -> bytes:
+        return self.model_dump_json().encode()
+
+    @classmethod
+    def model_json_schema(cls, *args: Any, **kw: Any) -> dict[str, Any]:  # type: ignore[override]
+        """The wire schema: one variant per message type, each with its payload model."""
+        return _WIRE.json_schema(*args, **kw)
+
+
+_VARIANTS = tuple(
+    create_model(
+        f"{model.__name__}Message",
+        __base__=Envelope,
+        __doc__=(model.__doc__ or "").strip().split("\n")[0],
+        type=(Literal[t], ...),  # type: ignore[valid-type]
+        payload=(model, ...),
+    )
+    for t, model in PAYLOADS.items()
+)
+_WIRE: TypeAdapter[Envelope] = TypeAdapter(Annotated[Union[_VARIANTS], Field(discriminator="type")])  # noqa: UP007
+
+
 class BadMessage(ValueError):
     """A body that is not a valid envelope; carries a one-line reason."""
 
 
 def parse(body: bytes | bytearray | str) -> Envelope:
     try:
-        return Envelope.model_validate_json(body)
+        return _WIRE.validate_json(body)
     except ValidationError as exc:
         err = exc.errors()[0]
         where = ".".join(str(p) for p in err["loc"]) or "body"
@@ -93,6 +295,10 @@ def parse(body: bytes | bytearray | str) -> Envelope:
 
 def topic(run: str, session: str, channel: str) -> str:
     return f"{ROOT}/{run}/{session}/{channel}"
+
+
+def channel_of(type_: str) -> str:
+    return type_.replace(".", "/")
 
 
 def deadletter_topic(run: str) -> str:

@@ -12,7 +12,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, Field
 
-from voicepipe.messages import Span
+from voicepipe.spans import Span
 
 Path = Literal["agent", "cache", "council", "preemptive"]
 

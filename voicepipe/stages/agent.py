@@ -18,7 +18,17 @@ from typing import Any
 
 from voicepipe.backends.base import Backend, LLMRequest, TokenStream, tokens_by
 from voicepipe.clock import now_ns, rng_for
-from voicepipe.messages import Envelope, Span
+from voicepipe.messages import (
+    Cancel,
+    CancelReason,
+    Envelope,
+    ReplyText,
+    Route,
+    Span,
+    Target,
+    TurnMeta,
+    TurnScript,
+)
 from voicepipe.stages.base import Stage
 from voicepipe.text import CLAUSE_END, count_tokens, tokens_of
 
@@ -66,7 +76,7 @@ async def stream_reply(
     stage: Stage,
     env: Envelope,
     gen: Generation,
-    meta_of: Callable[[Envelope], dict[str, Any]],
+    meta_of: Callable[[Envelope], TurnMeta],
     chunk_tokens: int,
     chain: list[Span],
 ) -> None:
@@ -76,7 +86,7 @@ async def stream_reply(
     route, or the router's commit) is known.
     """
     start = 0
-    meta: dict[str, Any] | None = None
+    meta: TurnMeta | None = None
     for seq, end in enumerate(chunk_ends(gen.tokens, chunk_tokens)):
         await gen.stream.token_time(end)
         gen.produced = end + 1
@@ -86,16 +96,13 @@ async def stream_reply(
         if meta is None:
             meta = meta_of(head)
         final = end == len(gen.tokens) - 1
-        payload = {
-            "text": "".join(gen.tokens[start : end + 1]),
-            "seq": seq,
-            "final": final,
-            "words": head.payload.get("words", 0),
-            "segment": head.payload.get("segment", 0),
-            "meta": meta,
-        }
+        route: Route = head.payload  # type: ignore[assignment]
+        text = ReplyText(
+            text="".join(gen.tokens[start : end + 1]), seq=seq, final=final, words=route.words,
+            segment=route.segment, meta=meta,
+        )  # fmt: skip
         spans = [*chain, *(head.spans if head is not env else []), *gen.stream.spans(end)]
-        await stage.bus.publish(stage.reply(head, "reply.text", payload, spans))
+        await stage.bus.publish(stage.reply(head, text, spans))
         start = end + 1
 
 
@@ -126,13 +133,13 @@ class Agent(Stage):
 
         ("heard" only stops the audio: the reply is still the assistant's turn in the conversation.)
         """
-        p = env.payload
-        if p.get("reason") == "heard":
+        p: Cancel = env.payload  # type: ignore[assignment]
+        if p.reason == CancelReason.HEARD:
             return
-        if "attempt" in p:
-            match = lambda k: k == (env.turn, "pre", p["attempt"])  # noqa: E731
+        if p.attempt is not None:
+            match = lambda k: k == (env.turn, "pre", p.attempt)  # noqa: E731
         else:
-            seg = p.get("segment")
+            seg = p.segment
             match = lambda k: k[0] == env.turn and (seg is None or k[1] == seg)  # noqa: E731
         for (session, key), gen in list(self.running.items()):
             if session == env.session and match(key):
@@ -152,59 +159,58 @@ class Agent(Stage):
 
     def _remember(self, env: Envelope, gen: Generation) -> None:
         """Once the turn is over, its question and (scripted) answer are conversation history."""
-        grow = count_tokens(env.payload.get("text", "")) + len(gen.tokens)
+        grow = count_tokens(env.payload.text) + len(gen.tokens)
         self.after_turn(
             env, lambda: self.history.__setitem__(env.session, self.history.get(env.session, 0) + grow)
         )
 
     async def route(self, env: Envelope) -> None:
-        p = env.payload
+        p: Route = env.payload  # type: ignore[assignment]
         if self.is_dropped(env):
             return
-        if p.get("target") == "commit":
-            gen = self.running.get((env.session, (env.turn, "pre", p.get("attempt"))))
+        if p.target == Target.COMMIT:
+            gen = self.running.get((env.session, (env.turn, "pre", p.attempt)))
             if gen is not None and not gen.commit.is_set():
                 gen.commit_env = env
                 gen.commit.set()
                 self._remember(env, gen)
             return
-        if p.get("target") != "agent" or p.get("agent") not in self.backends:
+        if p.target != Target.AGENT or p.agent not in self.backends:
             return
         script = self.script_of(env)
         if not script:
             raise ValueError(f"no script for turn {env.turn} of session {env.session}")
-        key = (env.turn, "pre", p["attempt"]) if p.get("hold") else (env.turn, p.get("segment", 0))
-        gen = self._start(env, script, p["agent"])
-        if not p.get("hold"):
+        key = (env.turn, "pre", p.attempt) if p.hold else (env.turn, p.segment)
+        gen = self._start(env, script, p.agent)
+        if not p.hold:
             gen.commit.set()
             self._remember(env, gen)
         self.running[(env.session, key)] = gen
         self.spawn(env.session, key, self._run(env, gen, key))
 
-    def _start(self, env: Envelope, script: dict, agent: str) -> Generation:
+    def _start(self, env: Envelope, script: TurnScript, agent: str) -> Generation:
         backend = self.backends[agent]
-        tokens = tokens_of(str(script["reply"]))
-        prompt, cached = prompt_tokens(
-            self.cfg.agent.prompt_tokens, self.history.get(env.session, 0), env.payload.get("text", "")
-        )
+        p: Route = env.payload  # type: ignore[assignment]
+        tokens = tokens_of(script.reply)
+        prompt, cached = prompt_tokens(self.cfg.agent.prompt_tokens, self.history.get(env.session, 0), p.text)
         req = LLMRequest(env.session, env.turn, prompt, len(tokens), cached)
         # a preemptive attempt is the same request made earlier: same draw as the segment's own
-        rng = rng_for(self.cfg.seed, env.session, env.turn, env.payload.get("segment", 0), "agent", agent)
+        rng = rng_for(self.cfg.seed, env.session, env.turn, p.segment, "agent", agent)
         return Generation(backend.start(req, now_ns(), rng), tokens, prompt, cached, backend)
 
     async def _run(self, env: Envelope, gen: Generation, key: Any) -> None:
-        def meta_of(head: Envelope) -> dict[str, Any]:
+        def meta_of(head: Envelope) -> TurnMeta:
             wasted_tokens, wasted_usd = self.wasted.get((env.session, env.turn), (0, 0.0))
-            return {
-                "backend": gen.backend.name,
-                "path": head.payload.get("path", "agent"),
-                "route": env.payload.get("route", "single"),
-                "input_tokens": gen.prompt,
-                "output_tokens": len(gen.tokens),
-                "cost_usd": request_cost(gen.backend, gen.prompt, gen.cached, len(gen.tokens)) + wasted_usd,
-                "wasted_tokens": wasted_tokens,
-                "quality": gen.backend.quality,
-            }
+            return TurnMeta(
+                backend=gen.backend.name,
+                path=head.payload.path,
+                route=env.payload.route,
+                input_tokens=gen.prompt,
+                output_tokens=len(gen.tokens),
+                cost_usd=request_cost(gen.backend, gen.prompt, gen.cached, len(gen.tokens)) + wasted_usd,
+                wasted_tokens=wasted_tokens,
+                quality=gen.backend.quality,
+            )
 
         try:
             await stream_reply(self, env, gen, meta_of, self.cfg.agent.chunk_tokens, list(env.spans))

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from voicepipe.clock import now_ns, rng_for, sleep_until_ns
 from voicepipe.config import ASRConfig
-from voicepipe.messages import Envelope, Span
+from voicepipe.messages import Cancel, CancelReason, Envelope, Final, Partial, Span, UserWord
 from voicepipe.stages.base import Stage
 from voicepipe.text import normalise
 
@@ -85,33 +85,35 @@ class ASR(Stage):
 
     async def word(self, env: Envelope) -> None:
         arrived = now_ns()
+        p: UserWord = env.payload  # type: ignore[assignment]
         u = self.utt.get(env.session)
         if u is None or u.turn != env.turn:
             u = Utterance(turn=env.turn)
-            u.complete_at_pauses = list(self.script_of(env).get("complete_at_pauses", []))
+            script = self.script_of(env)
+            u.complete_at_pauses = list(script.complete_at_pauses) if script else []
             self.utt[env.session] = u
         if u.finalised:
             # the user kept talking after we endpointed: that endpoint was premature
             await self.bus.publish(
-                self.reply(env, "control.cancel", {"segment": u.segment, "reason": "user resumed"}, [])
+                self.reply(env, Cancel(segment=u.segment, reason=CancelReason.USER_RESUMED), [])
             )
             u.segment += 1
             u.finalised = False
-        if env.payload.get("pause_before"):
+        if p.pause_before:
             u.pauses_seen += 1
         if u.partials < len(u.words):  # the previous word ended just as this one began
             await self._partial(env, u)
-        u.words.append(str(env.payload.get("text", "")))
+        u.words.append(p.text)
         u.gen += 1
         u.last = env
         annotated = self._annotation(u, env)
         # the silence clock starts when this word's audio ends, not when it began arriving
-        speech_end = arrived + int(env.payload.get("dur_ns", 0))
+        speech_end = arrived + p.dur_ns
         self.spawn(env.session, "endpoint", self._endpoint(env, u, speech_end, annotated))
 
     def _annotation(self, u: Utterance, env: Envelope) -> bool | None:
         """Scenario's smart-turn label for a pause after this word (True at the utterance's last word)."""
-        if env.payload.get("last_word"):
+        if env.payload.last_word:
             return True
         if u.pauses_seen < len(u.complete_at_pauses):
             return u.complete_at_pauses[u.pauses_seen]
@@ -119,8 +121,8 @@ class ASR(Stage):
 
     async def _partial(self, env: Envelope, u: Utterance) -> None:
         u.partials = len(u.words)
-        payload = {"text": " ".join(u.words), "words": len(u.words), "segment": u.segment}
-        await self.bus.publish(self.reply(env, "asr.partial", payload, []), qos=0)
+        payload = Partial(text=" ".join(u.words), words=len(u.words), segment=u.segment)
+        await self.bus.publish(self.reply(env, payload, []), qos=0)
 
     async def _endpoint(self, env: Envelope, u: Utterance, speech_end: int, annotated: bool | None) -> None:
         cfg = self.cfg.asr
@@ -138,8 +140,8 @@ class ASR(Stage):
             await sleep_until_ns(speech_end + round(pre.stable_ms * 1e6))
             if u.gen != gen:
                 return
-            payload = {"text": text, "words": n_words, "segment": u.segment, "eager": True}
-            await self.bus.publish(self.reply(env, "asr.partial", payload, []), qos=0)
+            payload = Partial(text=text, words=n_words, segment=u.segment, eager=True)
+            await self.bus.publish(self.reply(env, payload, []), qos=0)
         wait_ms, infer_ms = endpoint_wait_ms(cfg, text, annotated)
         spans = list(env.spans)
         t = speech_end
@@ -159,5 +161,4 @@ class ASR(Stage):
         await sleep_until_ns(t + fin)
         if u.gen != gen:
             return
-        payload = {"text": text, "words": n_words, "segment": u.segment}
-        await self.bus.publish(self.reply(env, "asr.final", payload, spans))
+        await self.bus.publish(self.reply(env, Final(text=text, words=n_words, segment=u.segment), spans))

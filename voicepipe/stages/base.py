@@ -15,11 +15,12 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import structlog
+from pydantic import BaseModel
 
 from voicepipe.backends import BackendPool
 from voicepipe.bus import Bus
 from voicepipe.config import PipelineConfig
-from voicepipe.messages import Envelope, Span
+from voicepipe.messages import CancelReason, Envelope, Span, TurnScript
 
 log = structlog.get_logger("voicepipe.stage")
 
@@ -46,7 +47,7 @@ class Stage:
         self.ready = asyncio.Event()
         self.handlers: dict[str, Handler] = {}
         # the scripted turns (turn.script: reference reply, hints) of stages that subscribe to them
-        self.scripts: dict[tuple[str, int], dict[str, Any]] = {}
+        self.scripts: dict[tuple[str, int], TurnScript] = {}
         if "turn/script" in self.channels:
             self.on("turn.script", self._script)
         # segments the ASR withdrew (the user resumed after a premature endpoint), and effects on the
@@ -62,8 +63,8 @@ class Stage:
             if env.type == "session.end":
                 self.end_session(env.session)
                 continue
-            if env.type == "control.cancel" and env.payload.get("reason") == "user resumed":
-                key = (env.session, env.turn, int(env.payload.get("segment", 0)))
+            if env.type == "control.cancel" and env.payload.reason == CancelReason.USER_RESUMED:
+                key = (env.session, env.turn, env.payload.segment or 0)
                 self.dropped.add(key)
                 self.pending.pop(key, None)
             handler = self.handlers.get(env.type)
@@ -136,19 +137,19 @@ class Stage:
 
     def is_dropped(self, env: Envelope) -> bool:
         """Is this message about a segment the ASR withdrew (premature endpoint)?"""
-        return (env.session, env.turn, int(env.payload.get("segment", 0))) in self.dropped
+        return (env.session, env.turn, env.payload.segment) in self.dropped
 
     def after_turn(self, env: Envelope, effect: Callable[[], None]) -> None:
         """Apply ``effect`` once the turn is over (next turn's script), unless its segment is withdrawn."""
         if not self.is_dropped(env):
-            key = (env.session, env.turn, int(env.payload.get("segment", 0)))
+            key = (env.session, env.turn, env.payload.segment)
             self.pending.setdefault(key, []).append(effect)
 
     async def on_script(self, env: Envelope) -> None:
         """A new scripted turn arrived (stages that need more than ``self.scripts`` override)."""
 
-    def script_of(self, env: Envelope) -> dict[str, Any]:
-        return self.scripts.get((env.session, env.turn), {})
+    def script_of(self, env: Envelope) -> TurnScript | None:
+        return self.scripts.get((env.session, env.turn))
 
     def forget(self, session: str) -> None:
         """Drop per-session state (stages with state override)."""
@@ -162,11 +163,9 @@ class Stage:
         await asyncio.sleep(0)
 
     # -- helpers -----------------------------------------------------------------------------------
-    def reply(self, env: Envelope, type_: str, payload: dict[str, Any], spans: list[Span]) -> Envelope:
+    def reply(self, env: Envelope, payload: BaseModel, spans: list[Span]) -> Envelope:
         """A new envelope for the same session/turn carrying the causal chain forward."""
-        return Envelope(
-            type=type_, run=env.run, session=env.session, turn=env.turn, spans=spans, payload=payload
-        )
+        return Envelope.of(payload, env.run, env.session, env.turn, spans)
 
 
 async def cancel_quietly(task: asyncio.Task[Any]) -> None:

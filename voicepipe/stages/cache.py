@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from voicepipe.clock import now_ns, rng_for, sleep_until_ns
-from voicepipe.messages import Envelope, Span
+from voicepipe.messages import Audio, CacheAnswer, Envelope, Partial, Path, Route, Span, Target, TurnMeta
 from voicepipe.stages.base import Stage
 from voicepipe.stages.tts import audio_ms
 from voicepipe.strategy import LRU, best_match
@@ -25,10 +25,9 @@ class Entry:
     prerendered: bool  # audio rendered ahead of time (config/scenario entries)
 
 
-def prerendered(entry: dict) -> dict[str, Entry]:
-    """A config/scenario entry {questions, answer} as question -> pre-rendered entry."""
-    answer = str(entry.get("answer", ""))
-    return {normalise(q): Entry(answer, prerendered=True) for q in entry.get("questions", [])}
+def prerendered(questions: list[str], answer: str) -> dict[str, Entry]:
+    """A config/scenario entry (questions, answer) as question -> pre-rendered entry."""
+    return {normalise(q): Entry(answer, prerendered=True) for q in questions}
 
 
 @dataclass
@@ -62,7 +61,7 @@ class Cache(Stage):
         self.per_session: dict[str, dict[str, Entry]] = {}
         self.learned: LRU[str, Entry] = LRU(c.capacity)
         for e in c.entries:
-            self.fixed.update(prerendered(e))
+            self.fixed.update(prerendered(list(e.get("questions", [])), str(e.get("answer", ""))))
         self.spec: dict[tuple[str, int], Speculation] = {}
         self.stats = Stats()
         self.on("asr.partial", self.partial)
@@ -79,12 +78,14 @@ class Cache(Stage):
         return best_match(text, pairs)
 
     async def on_script(self, env: Envelope) -> None:
-        for e in env.payload.get("cache", []):
-            self.per_session.setdefault(env.session, {}).update(prerendered(e))
+        entries: list[CacheAnswer] = env.payload.cache
+        for e in entries:
+            self.per_session.setdefault(env.session, {}).update(prerendered(e.questions, e.answer))
 
     async def partial(self, env: Envelope) -> None:
         key = (env.session, env.turn)
-        score, entry = self.lookup(env.session, str(env.payload.get("text", "")))
+        p: Partial = env.payload  # type: ignore[assignment]
+        score, entry = self.lookup(env.session, p.text)
         if entry is None or entry.prerendered or score < self.cfg.cache.partial_threshold:
             return
         cur = self.spec.get(key)
@@ -104,29 +105,27 @@ class Cache(Stage):
     def _learn(self, env: Envelope) -> None:
         """An agent or the council answers this turn: once the turn is over (and was not withdrawn), the
         question and its (scripted) answer become a learned entry."""
-        question, answer = (
-            str(env.payload.get("text", "")),
-            " ".join(str(self.script_of(env).get("reply", "")).split()),
-        )
+        script = self.script_of(env)
+        question, answer = env.payload.text, " ".join(script.reply.split()) if script else ""
         if question and answer:
             self.after_turn(
                 env, lambda: self.learned.put(normalise(question), Entry(answer, prerendered=False))
             )
 
     async def route(self, env: Envelope) -> None:
-        target = env.payload.get("target")
-        if self.is_dropped(env) or env.payload.get("hold"):
+        p: Route = env.payload  # type: ignore[assignment]
+        if self.is_dropped(env) or p.hold:
             return
-        if target == "cache":
-            self.spawn(env.session, (env.turn, "lookup"), self._serve(env))
-        elif self.cfg.cache.learn and target in ("agent", "council", "commit"):
+        if p.target == Target.CACHE:
+            self.spawn(env.session, (env.turn, "lookup"), self._serve(env, p))
+        elif self.cfg.cache.learn and p.target in (Target.AGENT, Target.COUNCIL, Target.COMMIT):
             self._learn(env)
 
-    async def _serve(self, env: Envelope) -> None:
+    async def _serve(self, env: Envelope, p: Route) -> None:
         cfg = self.cfg.cache
         t0 = now_ns()
         key = (env.session, env.turn)
-        text = str(env.payload.get("text", ""))
+        text = p.text
         lookup = round(cfg.lookup_ms * 1e6)
         spans = [*env.spans, Span(stage="cache", what="lookup", start_ns=t0, dur_ns=lookup)]
         self.stats.lookups += 1
@@ -136,11 +135,14 @@ class Cache(Stage):
         if entry is None or score < cfg.threshold:
             if spec:
                 self._wasted(spec)
-            fb = str(env.payload.get("fallback", "agent"))
-            payload = {**env.payload, "target": "council" if fb == "council" else "agent",
-                       "agent": fb.split(":", 1)[1] if ":" in fb else self.cfg.agent.name,
-                       "path": "council" if fb == "council" else "agent", "route": f"{env.payload.get('route')} (cache miss)"}  # fmt: skip
-            await self.bus.publish(self.reply(env, "route", payload, spans))
+            fb = p.fallback or "agent"
+            council = fb == "council"
+            miss = p.model_copy(update={
+                "target": Target.COUNCIL if council else Target.AGENT,
+                "agent": None if council else (fb.split(":", 1)[1] if ":" in fb else self.cfg.agent.name),
+                "path": Path.COUNCIL if council else Path.AGENT, "route": f"{p.route} (cache miss)", "fallback": None,
+            })  # fmt: skip
+            await self.bus.publish(self.reply(env, miss, spans))
             return
         ready = t0 + lookup
         if not entry.prerendered:
@@ -159,27 +161,19 @@ class Cache(Stage):
         elif spec:
             self._wasted(spec)
         await sleep_until_ns(ready)
-        expected = self.script_of(env).get("reply")
+        script = self.script_of(env)
+        expected = script.reply if script else None
         false_hit = expected is not None and normalise(expected) != normalise(entry.answer)
         self.stats.hits += 1
         self.stats.false_hits += int(false_hit)
         self.stats.hit_ms.append((ready - t0) / 1e6)
         words = entry.answer.split()
-        payload = {
-            "seq": 0,
-            "text": entry.answer,
-            "duration_ms": audio_ms(words, self.cfg.tts.words_per_minute),
-            "last": True,
-            "words": env.payload.get("words", 0),
-            "segment": env.payload.get("segment", 0),
-            "meta": {
-                "backend": "cache",
-                "path": "cache",
-                "route": env.payload.get("route", ""),
-                "cost_usd": 0.0,
-                "quality": 0.0 if false_hit else 1.0,
-                "false_hit": false_hit,
-                "prerendered": entry.prerendered,
-            },
-        }
-        await self.bus.publish(self.reply(env, "tts.audio", payload, spans))
+        meta = TurnMeta(
+            backend="cache", path=Path.CACHE, route=p.route, cost_usd=0.0, quality=0.0 if false_hit else 1.0,
+            false_hit=false_hit, prerendered=entry.prerendered,
+        )  # fmt: skip
+        audio = Audio(
+            seq=0, text=entry.answer, duration_ms=audio_ms(words, self.cfg.tts.words_per_minute), last=True,
+            words=p.words, segment=p.segment, meta=meta,
+        )  # fmt: skip
+        await self.bus.publish(self.reply(env, audio, spans))

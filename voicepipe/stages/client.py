@@ -17,7 +17,18 @@ from dataclasses import dataclass, field
 
 from voicepipe.clock import now_ns, sleep_until_ns
 from voicepipe.measure import measure
-from voicepipe.messages import Envelope, Span
+from voicepipe.messages import (
+    Audio,
+    CacheAnswer,
+    Cancel,
+    CancelReason,
+    Envelope,
+    SessionEnd,
+    Span,
+    SpeechStart,
+    TurnScript,
+    UserWord,
+)
 from voicepipe.records import TurnRecord
 from voicepipe.scenario import Scenario, Turn
 from voicepipe.stages.base import Stage
@@ -56,10 +67,10 @@ class Client(Stage):
         lis = self.listening.get(env.session)
         if not lis or env.turn != lis.turn:
             return
-        reason = env.payload.get("reason")
-        if reason == "user resumed":
+        reason = env.payload.reason
+        if reason == CancelReason.USER_RESUMED:
             lis.premature = True
-        elif reason == "barge-in" and lis.barge_in_ns and not lis.stopped_ns:
+        elif reason == CancelReason.BARGE_IN and lis.barge_in_ns and not lis.stopped_ns:
             # the stop crosses the return path to the speaker; the jitter buffer is dropped at once
             lis.stopped_ns = got + round(self.cfg.transport.stop_ms * 1e6)
             lis.play_until_ns = min(lis.play_until_ns, lis.stopped_ns)
@@ -70,15 +81,16 @@ class Client(Stage):
         lis = self.listening.get(env.session)
         if lis is None or env.turn != lis.turn:
             return
-        if int(env.payload.get("words", 0)) < lis.words:
+        p: Audio = env.payload  # type: ignore[assignment]
+        if p.words < lis.words:
             lis.premature = True  # a reply to the first part of the utterance: the endpoint was early
             return
         start = max(got + round(self.cfg.transport.downlink_ms * 1e6), lis.play_until_ns)
-        lis.play_until_ns = start + round(float(env.payload.get("duration_ms", 0.0)) * 1e6)
-        lis.reply.append(str(env.payload.get("text", "")))
+        lis.play_until_ns = start + round(p.duration_ms * 1e6)
+        lis.reply.append(p.text)
         if not lis.first.done():
             lis.first.set_result((got, env))
-        if env.payload.get("last"):
+        if p.last:
             lis.done.set()
 
     # -- playing a conversation -------------------------------------------------------------------
@@ -89,25 +101,25 @@ class Client(Stage):
                 records.append(await self._turn(scenario, session, k, turn))
         finally:
             self.listening.pop(session, None)
-            end = Envelope(type="session.end", run=self.ctx.run, session=session)
-            await self.bus.publish(end)
+            await self.bus.publish(Envelope.of(SessionEnd(), self.ctx.run, session))
         return records
 
     async def _turn(self, scenario: Scenario, session: str, k: int, turn: Turn) -> TurnRecord:
         cfg = self.cfg
         run = self.ctx.run
         words = speak(turn.user, turn.words_per_minute or cfg.client.words_per_minute)
-        script = {
-            "user": plain(turn.user),
-            "reply": turn.reply,
-            "intent": turn.intent,
-            "complexity": turn.complexity,
-            "complete_at_pauses": turn.complete_at_pauses,
-            "words": len(words),
-        }
-        if k == 0 and scenario.cache:
-            script["cache"] = [e.model_dump() for e in scenario.cache]
-        await self.bus.publish(Envelope(type="turn.script", run=run, session=session, turn=k, payload=script))
+        script = TurnScript(
+            user=plain(turn.user),
+            reply=turn.reply,
+            intent=turn.intent,
+            complexity=turn.complexity,
+            complete_at_pauses=list(turn.complete_at_pauses),
+            words=len(words),
+            cache=[CacheAnswer(questions=list(e.questions), answer=e.answer) for e in scenario.cache]
+            if k == 0
+            else [],
+        )
+        await self.bus.publish(Envelope.of(script, run, session, k))
         t_start = now_ns() + LEAD_NS
         uplink = round(cfg.transport.uplink_ms * 1e6)
         loop = asyncio.get_running_loop()
@@ -120,18 +132,16 @@ class Client(Stage):
             w_start = t_start + round(w.start_ms * 1e6)
             w_end = t_start + round(w.end_ms * 1e6)
             await sleep_until_ns(w_start + uplink)
-            payload = {
-                "text": w.text,
-                "dur_ns": w_end - w_start,
-                "index": i,
-                "pause_before": w.start_ms - prev_end > 1.0,
-                "last_word": i == len(words) - 1,
-            }
+            word = UserWord(
+                text=w.text,
+                dur_ns=w_end - w_start,
+                index=i,
+                pause_before=w.start_ms - prev_end > 1.0,
+                last_word=i == len(words) - 1,
+            )
             prev_end = w.end_ms
             span = Span(stage="transport", what="uplink", start_ns=w_end, dur_ns=uplink)
-            await self.bus.publish(
-                Envelope(type="user.word", run=run, session=session, turn=k, spans=[span], payload=payload)
-            )
+            await self.bus.publish(Envelope.of(word, run, session, k, [span]))
         record = await self._await_reply(scenario, session, k, turn, lis)
         # let the reply play out (or stop it), then the user's pause before speaking again
         if turn.barge_in_after_ms is not None and record.status == "ok" and record.first_audio_ns:
@@ -143,15 +153,10 @@ class Client(Stage):
                 await asyncio.wait_for(lis.done.wait(), cfg.client.turn_timeout_s)
             await sleep_until_ns(lis.play_until_ns)
         else:
-            await self.bus.publish(
-                Envelope(type="control.cancel", run=run, session=session, turn=k, payload={"reason": "heard"})
-            )
+            await self.bus.publish(Envelope.of(Cancel(reason=CancelReason.HEARD), run, session, k))
         if self.on_record:
             self.on_record(record)
-        payload = record.model_dump(mode="json")
-        await self.bus.publish(
-            Envelope(type="turn.record", run=run, session=session, turn=k, payload=payload)
-        )
+        await self.bus.publish(Envelope.of(record, run, session, k))
         await asyncio.sleep(turn.gap_ms / 1e3)
         return record
 
@@ -164,9 +169,7 @@ class Client(Stage):
         uplink = round(self.cfg.transport.uplink_ms * 1e6)
         await sleep_until_ns(at_ns + uplink)
         span = Span(stage="transport", what="uplink", start_ns=at_ns, dur_ns=uplink)
-        await self.bus.publish(
-            Envelope(type="user.speech_start", run=self.ctx.run, session=session, turn=k, spans=[span])
-        )
+        await self.bus.publish(Envelope.of(SpeechStart(), self.ctx.run, session, k, [span]))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(lis.done.wait(), self.cfg.client.turn_timeout_s)
         await sleep_until_ns(lis.play_until_ns)
@@ -195,12 +198,13 @@ class Client(Stage):
         heard = now_ns()
         spans = [*env.spans, Span(stage="transport", what="downlink", start_ns=got, dur_ns=downlink)]
         m = measure(spans, lis.end_of_speech_ns, heard)
-        meta = env.payload.get("meta", {})
+        p: Audio = env.payload  # type: ignore[assignment]
+        meta = p.meta
         measured = m.measured_ns / 1e6
         return TurnRecord(
-            **{**base, "backend": meta.get("backend", base["backend"])},
+            **{**base, "backend": meta.backend},
             transcript=plain(turn.user),
-            reply_text=str(env.payload.get("text", "")),
+            reply_text=p.text,
             measured_ms=measured,
             predicted_ms=m.predicted_ns / 1e6,
             tax_ms=m.tax_ns / 1e6,
@@ -208,13 +212,13 @@ class Client(Stage):
             breakdown=m.parts,
             spans=spans,
             first_audio_ns=heard,
-            path=meta.get("path", "agent"),
-            route=meta.get("route", "single"),
-            input_tokens=int(meta.get("input_tokens", 0)),
-            output_tokens=int(meta.get("output_tokens", 0)),
-            wasted_tokens=int(meta.get("wasted_tokens", 0)),
-            cost_usd=float(meta.get("cost_usd", 0.0)),
-            quality=meta.get("quality"),
-            premature_endpoint=lis.premature or int(env.payload.get("segment", 0)) > 0,
-            false_hit=bool(meta.get("false_hit", False)),
+            path=meta.path.value,
+            route=meta.route,
+            input_tokens=meta.input_tokens,
+            output_tokens=meta.output_tokens,
+            wasted_tokens=meta.wasted_tokens,
+            cost_usd=meta.cost_usd,
+            quality=meta.quality,
+            premature_endpoint=lis.premature or p.segment > 0,
+            false_hit=meta.false_hit,
         )

@@ -18,7 +18,7 @@ import contextlib
 
 from voicepipe.backends.base import LLMRequest, tokens_by
 from voicepipe.clock import now_ns, rng_for
-from voicepipe.messages import Envelope, Span
+from voicepipe.messages import Cancel, CancelReason, Envelope, Path, Route, Span, Target, TurnMeta, TurnScript
 from voicepipe.stages.agent import Generation, prompt_tokens, request_cost, stream_reply
 from voicepipe.stages.base import Stage
 from voicepipe.strategy import council_quality
@@ -55,41 +55,42 @@ class Council(Stage):
         self.history.pop(session, None)
 
     async def cancelled(self, env: Envelope) -> None:
-        if "attempt" in env.payload or env.payload.get("reason") == "heard":
+        p: Cancel = env.payload  # type: ignore[assignment]
+        if p.attempt is not None or p.reason == CancelReason.HEARD:
             return  # preemption is the agent's; "heard" stops only the audio
-        seg = env.payload.get("segment")
+        seg = p.segment
         self.cancel(env.session, lambda k: k[0] == env.turn and (seg is None or k[1] == seg))
 
     async def route(self, env: Envelope) -> None:
-        if env.payload.get("target") != "council" or self.is_dropped(env):
+        p: Route = env.payload  # type: ignore[assignment]
+        if p.target != Target.COUNCIL or self.is_dropped(env):
             return
         script = self.script_of(env)
         if not script:
             raise ValueError(f"no script for turn {env.turn} of session {env.session}")
-        self.spawn(env.session, (env.turn, env.payload.get("segment", 0)), self._convene(env, script))
+        self.spawn(env.session, (env.turn, p.segment), self._convene(env, script))
 
     def _gen(
         self, env: Envelope, backend, tokens: list[str], extra_prompt: int, i: int, t0: int
     ) -> Generation:
-        prompt, cached = prompt_tokens(
-            self.cfg.agent.prompt_tokens, self.history.get(env.session, 0), env.payload.get("text", "")
-        )
+        p: Route = env.payload  # type: ignore[assignment]
+        prompt, cached = prompt_tokens(self.cfg.agent.prompt_tokens, self.history.get(env.session, 0), p.text)
         prompt += extra_prompt
         req = LLMRequest(env.session, env.turn, prompt, len(tokens), cached)
-        rng = rng_for(self.cfg.seed, env.session, env.turn, env.payload.get("segment", 0), "council", i)
+        rng = rng_for(self.cfg.seed, env.session, env.turn, p.segment, "council", i)
         return Generation(backend.start(req, t0, rng), tokens, prompt, cached, backend)
 
-    async def _convene(self, env: Envelope, script: dict) -> None:
+    async def _convene(self, env: Envelope, script: TurnScript) -> None:
         c = self.cfg.council
         t0 = now_ns()
-        tokens = tokens_of(str(script["reply"]))
+        tokens = tokens_of(script.reply)
         gens = [self._gen(env, b, tokens, 0, i, t0) for i, b in enumerate(self.members)]
         deadline = c.deadline_ms / 1e3
         first_clause = first_clause_token(tokens, self.cfg.tts.min_clause_words)
         cost = 0.0
         wasted = 0
         n = len(tokens)
-        grow = count_tokens(env.payload.get("text", "")) + n
+        grow = count_tokens(env.payload.text) + n
         self.after_turn(
             env, lambda: self.history.__setitem__(env.session, self.history.get(env.session, 0) + grow)
         )
@@ -125,17 +126,17 @@ class Council(Stage):
             quality = council_quality(c.aggregation, members_q, c.judge_gain)
             if c.aggregation == "draft-refine":
                 cost += request_cost(self.judge, chosen.prompt + n, chosen.cached, n)
-            meta = {
-                "backend": f"council:{c.aggregation}",
-                "path": "council",
-                "route": env.payload.get("route", ""),
-                "input_tokens": sum(g.prompt for g in gens),
-                "output_tokens": len(tokens),
-                "cost_usd": cost,
-                "wasted_tokens": wasted,
-                "quality": quality,
-                "members": [b.name for b in self.members],
-            }
+            meta = TurnMeta(
+                backend=f"council:{c.aggregation}",
+                path=Path.COUNCIL,
+                route=env.payload.route,
+                input_tokens=sum(g.prompt for g in gens),
+                output_tokens=len(tokens),
+                cost_usd=cost,
+                wasted_tokens=wasted,
+                quality=quality,
+                members=[b.name for b in self.members],
+            )
             chain = list(env.spans)
             if spoken is not chosen:  # judge: the wait for the members' answers is council time
                 chain.append(Span(stage="council", what=f"{c.aggregation} wait", start_ns=t0,

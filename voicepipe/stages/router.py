@@ -14,7 +14,18 @@ from dataclasses import dataclass
 
 from voicepipe.clock import now_ns, sleep_until_ns
 from voicepipe.config import RouterConfig, RuleWhen
-from voicepipe.messages import Envelope, Span
+from voicepipe.messages import (
+    Cancel,
+    CancelReason,
+    Envelope,
+    Final,
+    Partial,
+    Path,
+    Route,
+    Span,
+    Target,
+    TurnScript,
+)
 from voicepipe.stages.base import Stage
 from voicepipe.strategy import same_utterance
 from voicepipe.text import normalise
@@ -22,11 +33,11 @@ from voicepipe.text import normalise
 QUESTION_WORDS = {"why", "how", "explain", "compare", "difference", "should", "could", "would"}
 
 
-def rule_matches(when: RuleWhen, text: str, script: dict) -> bool:
+def rule_matches(when: RuleWhen, text: str, script: TurnScript | None) -> bool:
     words = normalise(text).split()
-    if when.intent is not None and script.get("intent") not in when.intent:
+    if when.intent is not None and (script.intent if script else None) not in when.intent:
         return False
-    if when.complexity is not None and script.get("complexity") not in when.complexity:
+    if when.complexity is not None and (script.complexity if script else None) not in when.complexity:
         return False
     if when.keywords is not None and not set(map(str.lower, when.keywords)) & set(words):
         return False
@@ -43,7 +54,7 @@ def classify(text: str) -> str:
     return "low"
 
 
-def decide(cfg: RouterConfig, text: str, script: dict, main_agent: str) -> tuple[str, str]:
+def decide(cfg: RouterConfig, text: str, script: TurnScript | None, main_agent: str) -> tuple[str, str]:
     """(destination, route name) for a final transcript. Destination: cache | council | agent[:NAME]."""
     if cfg.policy == "rules":
         for i, rule in enumerate(cfg.rules):
@@ -96,10 +107,11 @@ class Router(Stage):
     async def partial(self, env: Envelope) -> None:
         """Start (or restart) the agent on an eager end-of-turn: a partial stable through a short silence."""
         pre = self.cfg.router.preemptive
-        if not pre.enabled or not env.payload.get("eager"):
+        p: Partial = env.payload  # type: ignore[assignment]
+        if not pre.enabled or not p.eager:
             return
         st = self._state(env)
-        text = str(env.payload.get("text", ""))
+        text = p.text
         if (
             st.final_seen
             or st.tries >= pre.max_tries
@@ -110,49 +122,48 @@ class Router(Stage):
             await self._cancel_attempt(env, st)
         st.tries += 1
         st.attempt = Attempt(n=st.tries, text=text)
-        payload = {
-            "target": "agent",
-            "agent": self.cfg.main_agent,
-            "path": "preemptive",
-            "route": "preemptive",
-            "text": text,
-            "words": env.payload.get("words", 0),
-            "segment": env.payload.get("segment", 0),
-            "attempt": st.attempt.n,
-            "hold": True,
-        }
-        await self.bus.publish(self.reply(env, "route", payload, []))
+        payload = Route(
+            target=Target.AGENT,
+            agent=self.cfg.main_agent,
+            path=Path.PREEMPTIVE,
+            route="preemptive",
+            text=text,
+            words=p.words,
+            segment=p.segment,
+            attempt=st.attempt.n,
+            hold=True,
+        )
+        await self.bus.publish(self.reply(env, payload, []))
 
     async def _cancel_attempt(self, env: Envelope, st: TurnState) -> None:
         assert st.attempt is not None
         await self.bus.publish(
-            self.reply(env, "control.cancel", {"attempt": st.attempt.n, "reason": "preemptive mismatch"}, [])
+            self.reply(env, Cancel(attempt=st.attempt.n, reason=CancelReason.PREEMPTIVE_MISMATCH), [])
         )
         st.attempt = None
 
     # -- the final transcript ------------------------------------------------------------------------
     async def final(self, env: Envelope) -> None:
-        text = str(env.payload.get("text", ""))
+        p: Final = env.payload  # type: ignore[assignment]
+        text = p.text
         st = self._state(env)
         st.final_seen = True
-        base = {
-            "text": text,
-            "words": env.payload.get("words", 0),
-            "segment": env.payload.get("segment", 0),
-        }
         if st.attempt is not None:
             if same_utterance(st.attempt.text, text):
-                payload = {**base, "target": "commit", "attempt": st.attempt.n, "path": "preemptive"}
+                commit = Route(
+                    target=Target.COMMIT, text=text, words=p.words, segment=p.segment,
+                    attempt=st.attempt.n, path=Path.PREEMPTIVE, route="preemptive",
+                )  # fmt: skip
                 st.attempt = None
-                await self.bus.publish(self.reply(env, "route", payload, list(env.spans)))
+                await self.bus.publish(self.reply(env, commit, list(env.spans)))
                 return
             await self._cancel_attempt(env, st)
         # the classifier's modelled time runs in a task: the handler must not hold up other sessions
-        self.spawn(env.session, (env.turn, "route", base["segment"]), self._route(env, base))
+        self.spawn(env.session, (env.turn, "route", p.segment), self._route(env, p))
 
-    async def _route(self, env: Envelope, base: dict) -> None:
+    async def _route(self, env: Envelope, p: Final) -> None:
         cfg = self.cfg.router
-        text = base["text"]
+        text = p.text
         spans = list(env.spans)
         t = now_ns()
         if cfg.policy == "classifier" and cfg.classifier_ms > 0:
@@ -161,18 +172,13 @@ class Router(Stage):
             await sleep_until_ns(t + d)
         dest, route = decide(cfg, text, self.script_of(env), self.cfg.main_agent)
         fallback = dest if not dest.startswith("cache") else cfg.default
+        base = {"text": text, "words": p.words, "segment": p.segment, "route": route}
         if dest == "cache" or (cfg.cache_first and self.cfg.cache.enabled):
             if fallback == "cache":
                 fallback = f"agent:{self.cfg.main_agent}"
-            payload = {**base, "target": "cache", "fallback": fallback, "route": route, "path": "cache"}
+            payload = Route(**base, target=Target.CACHE, fallback=fallback, path=Path.CACHE)
         elif dest == "council":
-            payload = {**base, "target": "council", "route": route, "path": "council"}
+            payload = Route(**base, target=Target.COUNCIL, path=Path.COUNCIL)
         else:
-            payload = {
-                **base,
-                "target": "agent",
-                "agent": self._agent_name(dest),
-                "route": route,
-                "path": "agent",
-            }
-        await self.bus.publish(self.reply(env, "route", payload, spans))
+            payload = Route(**base, target=Target.AGENT, agent=self._agent_name(dest), path=Path.AGENT)
+        await self.bus.publish(self.reply(env, payload, spans))

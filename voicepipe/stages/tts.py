@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from voicepipe.clock import now_ns, rng_for, sleep_until_ns
 from voicepipe.config import TTSConfig
-from voicepipe.messages import Envelope, Span
+from voicepipe.messages import Audio, Cancel, CancelReason, Envelope, ReplyText, Span
 from voicepipe.stages.base import Stage
 from voicepipe.text import first_clause_end
 
@@ -75,14 +75,14 @@ class TTS(Stage):
         self.cancel(env.session, lambda k: k[0] == env.turn)
         for k in [k for k in self.replies if k[:2] == (env.session, env.turn)]:
             del self.replies[k]
-        await self.bus.publish(self.reply(env, "control.cancel", {"reason": "barge-in"}, []))
+        await self.bus.publish(self.reply(env, Cancel(reason=CancelReason.BARGE_IN), []))
 
     def forget(self, session: str) -> None:
         for k in [k for k in self.replies if k[0] == session]:
             del self.replies[k]
 
     async def cancelled(self, env: Envelope) -> None:
-        seg = env.payload.get("segment")
+        seg = env.payload.segment
         self.cancel(env.session, lambda k: k[0] == env.turn and (seg is None or k[1] == seg))
         for k in [k for k in self.replies if k[:2] == (env.session, env.turn)]:
             if seg is None or k[2] == seg:
@@ -92,16 +92,17 @@ class TTS(Stage):
         arrived = now_ns()
         if self.is_dropped(env):
             return  # text for a segment the ASR withdrew (premature endpoint)
-        seg = int(env.payload.get("segment", 0))
+        p: ReplyText = env.payload  # type: ignore[assignment]
+        seg = p.segment
         key = (env.session, env.turn, seg)
         r = self.replies.get(key)
         if r is None:
-            if env.payload.get("seq", 0) != 0:
+            if p.seq != 0:
                 return  # tail of a reply we already dropped (cancelled)
             r = self.replies[key] = Reply()
             self.spawn(env.session, (env.turn, seg), self._speak(env, r, key))
-        r.pending.extend(str(env.payload.get("text", "")).split())
-        final = bool(env.payload.get("final"))
+        r.pending.extend(p.text.split())
+        final = p.final
         clauses, r.pending = split_clauses(r.pending, self.cfg.tts, final)
         for i, clause in enumerate(clauses):
             r.queue.put_nowait((clause, env, arrived, final and i == len(clauses) - 1))
@@ -125,16 +126,12 @@ class TTS(Stage):
                     ready = max(ready, arrived) + ttfb // 4
                     spans = []
                 await sleep_until_ns(ready)
-                payload = {
-                    "seq": r.seq,
-                    "text": " ".join(clause),
-                    "duration_ms": audio_ms(clause, cfg.words_per_minute),
-                    "last": last,
-                    "words": env.payload.get("words", 0),
-                    "segment": key[2],
-                    "meta": env.payload.get("meta", {}),
-                }
-                await self.bus.publish(self.reply(env, "tts.audio", payload, spans))
+                text: ReplyText = env.payload
+                audio = Audio(
+                    seq=r.seq, text=" ".join(clause), duration_ms=audio_ms(clause, cfg.words_per_minute),
+                    last=last, words=text.words, segment=key[2], meta=text.meta,
+                )  # fmt: skip
+                await self.bus.publish(self.reply(env, audio, spans))
                 r.seq += 1
                 if last:
                     return

@@ -1,0 +1,82 @@
+"""Typed bus messages: strict payloads per type, the wire schema, dead-letter reasons."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from voicepipe.messages import (
+    PAYLOADS,
+    Audio,
+    BadMessage,
+    Cancel,
+    CancelReason,
+    Envelope,
+    Partial,
+    Path,
+    Route,
+    Target,
+    TurnMeta,
+    parse,
+)
+
+
+def _audio() -> Envelope:
+    meta = TurnMeta(backend="b", path=Path.AGENT, cost_usd=1e-5)
+    audio = Audio(seq=0, text="hi", duration_ms=250.0, last=True, words=3, segment=0, meta=meta)
+    return Envelope.of(audio, "r1", "s-0", 2)
+
+
+def test_round_trip_gives_the_typed_payload():
+    env = parse(_audio().to_bytes())
+    assert isinstance(env.payload, Audio)
+    assert env.payload.meta.path is Path.AGENT and env.turn == 2
+    cancel = parse(Envelope.of(Cancel(reason=CancelReason.BARGE_IN), "r", "s").to_bytes())
+    assert cancel.payload.reason is CancelReason.BARGE_IN
+
+
+@pytest.mark.parametrize(
+    ("where", "value", "msg"),
+    [
+        (("turn",), True, "valid integer"),  # no bool -> int
+        (("payload", "words"), "3", "valid integer"),  # no str -> int
+        (("payload", "duration_ms"), float("nan"), "finite"),
+        (("payload", "duration_ms"), float("inf"), "finite"),
+        (("payload", "meta", "path"), "telepathy", "payload.meta.path"),
+        (("payload", "extra"), 1, "Extra inputs"),
+    ],
+)
+def test_lax_or_wrong_values_are_rejected(where, value, msg):
+    body = json.loads(_audio().to_bytes())
+    d = body
+    for k in where[:-1]:
+        d = d[k]
+    d[where[-1]] = value
+    with pytest.raises(BadMessage, match=msg):
+        parse(json.dumps(body))
+
+
+def test_payload_must_fit_the_type():
+    with pytest.raises(ValueError, match="must be Route"):
+        Envelope(type="route", run="r", session="s", payload=Cancel(reason=CancelReason.HEARD))
+    body = json.loads(_audio().to_bytes())
+    body["type"] = "asr.partial"
+    with pytest.raises(BadMessage, match="asr.partial"):
+        parse(json.dumps(body))
+    route = Route(target=Target.CACHE, text="hi", words=1, segment=0, fallback="council")
+    assert parse(Envelope.of(route, "r", "s").to_bytes()).payload == route
+    assert parse(Envelope.of(Partial(text="a", words=1, segment=0), "r", "s").to_bytes()).payload.eager is False
+
+
+def test_schema_describes_each_type_with_its_payload():
+    schema = Envelope.model_json_schema()
+    assert set(schema["discriminator"]["mapping"]) == set(PAYLOADS)
+    variants = {
+        v["properties"]["type"]["const"]: v["properties"]["payload"]["$ref"].rsplit("/", 1)[-1]
+        for v in (schema["$defs"][ref["$ref"].rsplit("/", 1)[-1]] for ref in schema["oneOf"])
+    }
+    assert variants["route"] == "Route" and variants["turn.record"] == "TurnRecord"
+    cancel = schema["$defs"]["Cancel"]["properties"]["reason"]
+    assert cancel["$ref"].endswith("CancelReason")
+    assert set(schema["$defs"]["CancelReason"]["enum"]) == {r.value for r in CancelReason}
