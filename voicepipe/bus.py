@@ -1,11 +1,19 @@
-"""The bus: one aiomqtt client per stage, envelopes in and out, dead letters, and a Nagle probe.
+"""The bus: the interface every stage talks through, and its MQTT implementation.
 
-Every client sets TCP_NODELAY (small QoS 1 messages otherwise wait on delayed ACKs). A stage subscribes to
+:class:`Bus` is what a stage sees: subscribe to channels (for every session of the run), publish
+envelopes, iterate over received ones, dead-letter what cannot be used. Two implementations share that
+contract — topics ``voicepipe/{run}/{session}/{channel}``, one :class:`~voicepipe.messages.Envelope` per
+message, QoS 1 (every subscriber gets each message, in publish order per publisher, the publisher too when
+subscribed): :class:`MqttBus` (one aiomqtt client per stage, here) and
+:class:`voicepipe.membus.MemoryBus` (in-process, for virtual time). Stages do not know which one they run on.
+
+MQTT: every client sets TCP_NODELAY (small QoS 1 messages otherwise wait on delayed ACKs). A stage subscribes to
 ``voicepipe/{run}/+/{channel}`` once and serves every session through that one subscription.
 """
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import logging
@@ -20,8 +28,9 @@ from urllib.parse import unquote, urlparse
 import aiomqtt
 import structlog
 
+from voicepipe.clock import now_ns
 from voicepipe.errors import UserError
-from voicepipe.messages import BadMessage, Envelope, deadletter_topic, parse, split_topic, topic
+from voicepipe.messages import BadMessage, Envelope, channel_of, deadletter_topic, parse, split_topic, topic
 
 log = structlog.get_logger("voicepipe.bus")
 
@@ -71,20 +80,52 @@ class BrokerAddress:
         )
 
 
-class Bus:
+class Bus(abc.ABC):
     """A stage's connection: publish envelopes, receive parsed ones, dead-letter the rest."""
 
-    def __init__(self, addr: BrokerAddress, run: str, name: str, qos: int = 1) -> None:
-        self.addr = addr
+    run: str
+    name: str
+
+    def __init__(self, run: str, name: str) -> None:
         self.run = run
         self.name = name
-        self.qos = qos
-        self.client = addr.client(identifier=f"vp-{run}-{name}")
         self.deadletters = 0
         self.published = 0
         self.received = 0
 
     async def __aenter__(self) -> Bus:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:  # noqa: B027 - connection-less buses need nothing
+        pass
+
+    @abc.abstractmethod
+    async def subscribe(self, *channels: str) -> None:
+        """Receive ``channels`` (``user/word``...) of every session of the run."""
+
+    @abc.abstractmethod
+    async def publish(self, env: Envelope, *, qos: int | None = None) -> None:
+        """Send ``env`` on its session's channel for its type; stamps ``sent_ns``."""
+
+    @abc.abstractmethod
+    def messages(self) -> AsyncIterator[tuple[str, Envelope]]:
+        """(channel, envelope) for every message received on the subscribed channels."""
+
+    async def deadletter(self, where: str, reason: str, body: bytes) -> None:
+        self.deadletters += 1
+        log.warning("deadletter", stage=self.name, topic=where, reason=reason)
+
+
+class MqttBus(Bus):
+    """A stage's own aiomqtt client."""
+
+    def __init__(self, addr: BrokerAddress, run: str, name: str, qos: int = 1) -> None:
+        super().__init__(run, name)
+        self.addr = addr
+        self.qos = qos
+        self.client = addr.client(identifier=f"vp-{run}-{name}")
+
+    async def __aenter__(self) -> MqttBus:
         await self.client.__aenter__()
         return self
 
@@ -97,8 +138,8 @@ class Bus:
             await self.client.subscribe(topic(self.run, "+", ch), qos=self.qos)
 
     async def publish(self, env: Envelope, *, qos: int | None = None) -> None:
-        env.sent_ns = time.monotonic_ns()
-        channel = env.type.replace(".", "/")
+        env.sent_ns = now_ns()
+        channel = channel_of(env.type)
         task = asyncio.current_task()
         await self.client.publish(
             topic(self.run, env.session, channel), env.to_bytes(), qos=self.qos if qos is None else qos
@@ -111,8 +152,7 @@ class Bus:
             raise asyncio.CancelledError
 
     async def deadletter(self, where: str, reason: str, body: bytes) -> None:
-        self.deadletters += 1
-        log.warning("deadletter", stage=self.name, topic=where, reason=reason)
+        await super().deadletter(where, reason, body)
         note = {
             "stage": self.name,
             "topic": where,
@@ -133,7 +173,7 @@ class Bus:
             try:
                 _, session, channel = split_topic(t)
                 env = parse(body)
-                if env.type.replace(".", "/") != channel:
+                if channel_of(env.type) != channel:
                     raise BadMessage(f"type {env.type!r} does not belong on channel {channel!r}")
                 if env.session != session or env.run != self.run:
                     raise BadMessage("run/session in body do not match the topic")

@@ -1,6 +1,13 @@
-"""The one clock every stage reads: CLOCK_MONOTONIC in ns (shared by all processes on a host).
+"""The one clock every stage reads, and the one place that sleeps: real or virtual.
 
-Modelled durations are realised by sleeping until absolute deadlines. asyncio's own timers wake up to
+Real: CLOCK_MONOTONIC in ns (shared by all processes on a host). Virtual: :class:`VirtualLoop`, an asyncio
+event loop with no I/O whose time is a counter — when no callback is ready it jumps straight to the
+earliest timer instead of waiting, so modelled seconds cost only the CPU of the code that runs. Code on it
+is unchanged: :func:`now_ns` and :func:`sleep_until_ns` follow the running loop, and asyncio's own timers
+(``asyncio.sleep``, ``wait_for``, ``call_later``) run on its time. A virtual run in which every task waits
+and no timer is left is a deadlock: it raises :class:`VirtualDeadlock` instead of hanging.
+
+Real-time sleeps: modelled durations are realised by sleeping until absolute deadlines. asyncio's own timers wake up to
 ~1 ms late (epoll takes whole milliseconds), which on a chain of six sleeps would add ~6 ms of fake
 "pipeline tax". So one timer task per event loop serves every deadline: it sleeps coarsely to ~1 ms
 before the earliest deadline, then yields to the loop until the deadline passes. Only that task ever
@@ -15,10 +22,12 @@ import itertools
 import time
 import weakref
 import zlib
+from asyncio import events
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 import numpy as np
 
-now_ns = time.monotonic_ns
 SPIN_NS = 1_200_000  # finish the last stretch by yielding, not by an epoll timeout
 
 
@@ -69,12 +78,94 @@ def _resolve(fut: asyncio.Future[None]) -> None:
 _timers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _DeadlineTimer] = weakref.WeakKeyDictionary()
 
 
+class VirtualDeadlock(RuntimeError):
+    """Every task of a virtual run waits on something no timer or message will ever bring."""
+
+
+class _JumpingSelector:
+    """The selector of a loop without I/O: ``select(timeout)`` moves virtual time instead of blocking."""
+
+    def __init__(self, loop: VirtualLoop) -> None:
+        self.loop = loop
+
+    def select(self, timeout: float | None) -> list[Any]:
+        if timeout is None:
+            raise VirtualDeadlock(
+                "virtual clock: every task is waiting and no timer is scheduled (a deadlock in the pipeline)"
+            )
+        if timeout > 0:
+            # the loop dropped cancelled timers from the head of its heap before computing the timeout
+            when = self.loop._scheduled[0]._when
+            self.loop.now = max(self.loop.now, round(when * 1e9))
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+class VirtualLoop(asyncio.BaseEventLoop):
+    """An asyncio loop on virtual time (ns counter starting at ``start_ns``); no sockets, no subprocesses."""
+
+    def __init__(self, start_ns: int = 0) -> None:
+        super().__init__()
+        self.now = start_ns
+        self._selector = _JumpingSelector(self)
+        self._clock_resolution = 1e-9
+
+    def time(self) -> float:
+        return self.now / 1e9
+
+    def _process_events(self, event_list: list[Any]) -> None:
+        pass
+
+    def _write_to_self(self) -> None:
+        pass  # nothing runs in other threads: no wake-up needed
+
+
+T = TypeVar("T")
+
+
+def run_virtual(coro: Coroutine[Any, Any, T], start_ns: int = 0) -> T:
+    """Run ``coro`` to completion on a fresh :class:`VirtualLoop` (from synchronous code)."""
+    with asyncio.Runner(loop_factory=lambda: VirtualLoop(start_ns)) as runner:
+        return runner.run(coro)
+
+
+def now_ns() -> int:
+    """Monotonic ns: the running virtual loop's time, else the host's CLOCK_MONOTONIC."""
+    loop = events._get_running_loop()
+    if loop.__class__ is VirtualLoop:
+        return loop.now  # type: ignore[attr-defined]
+    return time.monotonic_ns()
+
+
+def is_virtual() -> bool:
+    return events._get_running_loop().__class__ is VirtualLoop
+
+
+async def _sleep_virtual(loop: VirtualLoop, deadline_ns: int) -> None:
+    # a timer may pop up to the loop's 1 ns resolution early: sleep again until the deadline is reached
+    while loop.now < deadline_ns:
+        fut = loop.create_future()
+        handle = loop.call_at(deadline_ns / 1e9, _resolve, fut)
+        try:
+            await fut
+        finally:
+            handle.cancel()
+
+
 async def sleep_until_ns(deadline_ns: int) -> None:
     """Sleep until an absolute monotonic deadline (never a chain of relative sleeps that drifts)."""
+    loop = asyncio.get_running_loop()
+    if loop.__class__ is VirtualLoop:
+        if deadline_ns <= loop.now:  # type: ignore[attr-defined]
+            await asyncio.sleep(0)
+        else:
+            await _sleep_virtual(loop, deadline_ns)  # type: ignore[arg-type]
+        return
     if deadline_ns <= time.monotonic_ns():
         await asyncio.sleep(0)
         return
-    loop = asyncio.get_running_loop()
     timer = _timers.get(loop)
     if timer is None:
         timer = _timers[loop] = _DeadlineTimer(loop)

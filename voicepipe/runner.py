@@ -1,4 +1,9 @@
-"""Runs scenarios through the pipeline: broker, stages (one MQTT client each), sessions, records."""
+"""Runs scenarios through the pipeline: a bus, the stages (one bus connection each), sessions, records.
+
+:func:`run_pipeline` runs live: real time, an MQTT broker (embedded amqtt, or the configured one).
+:func:`simulate` runs the same stages on the in-memory bus and the virtual clock (``predict``, ``capacity``):
+modelled time only, as fast as the CPU goes. Both play sessions through :func:`play_sessions`.
+"""
 
 from __future__ import annotations
 
@@ -11,8 +16,10 @@ from dataclasses import dataclass, field
 import structlog
 
 from voicepipe.brokers import EmbeddedBroker, quiet_amqtt
-from voicepipe.bus import BrokerAddress, Bus, probe_round_trip
+from voicepipe.bus import BrokerAddress, Bus, MqttBus, probe_round_trip
+from voicepipe.clock import run_virtual
 from voicepipe.config import PipelineConfig
+from voicepipe.membus import MemoryBroker
 from voicepipe.records import TurnRecord
 from voicepipe.scenario import Scenario, session_id
 from voicepipe.stages.agent import Agent
@@ -73,12 +80,15 @@ def needed_stages(cfg: PipelineConfig) -> list[str]:
     return [*names, "tts", "client"]
 
 
-def build_stages(addr: BrokerAddress, ctx: RunContext, names: list[str], **client_kw) -> list[Stage]:
-    """One stage per name, each with its own bus client (not yet connected)."""
-    qos = ctx.cfg.broker.qos
-    return [
-        STAGES[n](Bus(addr, ctx.run, n, qos=qos), ctx, **(client_kw if n == "client" else {})) for n in names
-    ]
+def build_stages(
+    connect: Callable[[str], Bus], ctx: RunContext, names: list[str], **client_kw: object
+) -> list[Stage]:
+    """One stage per name, each with its own bus connection ``connect(name)`` (not yet connected)."""
+    return [STAGES[n](connect(n), ctx, **(client_kw if n == "client" else {})) for n in names]
+
+
+def mqtt_connector(addr: BrokerAddress, ctx: RunContext) -> Callable[[str], Bus]:
+    return lambda name: MqttBus(addr, ctx.run, name, qos=ctx.cfg.broker.qos)
 
 
 async def start_stages(stack: contextlib.AsyncExitStack, stages: list[Stage]) -> list[asyncio.Task[None]]:
@@ -145,17 +155,17 @@ async def serve_stages(cfg: PipelineConfig, names: list[str], run: str) -> None:
     addr = BrokerAddress.parse(cfg.broker.url, cfg.broker.username, cfg.broker.password)
     ctx = RunContext(run=run, cfg=cfg)
     async with contextlib.AsyncExitStack() as stack:
-        stages = build_stages(addr, ctx, names)
+        stages = build_stages(mqtt_connector(addr, ctx), ctx, names)
         tasks: list[asyncio.Task[None]] = []
         try:
             tasks = await start_stages(stack, stages)
             for s in stages:
-                await s.bus.client.publish(ready_topic(run, s.name), b"ready", qos=1, retain=True)
+                await s.bus.client.publish(ready_topic(run, s.name), b"ready", qos=1, retain=True)  # type: ignore[attr-defined]
             await asyncio.gather(*tasks)
         finally:
             for s in stages:
                 with contextlib.suppress(Exception):
-                    await s.bus.client.publish(ready_topic(run, s.name), b"", qos=1, retain=True)
+                    await s.bus.client.publish(ready_topic(run, s.name), b"", qos=1, retain=True)  # type: ignore[attr-defined]
             await stop_stages(stages, tasks)
 
 
@@ -196,24 +206,78 @@ async def run_pipeline(
                 on_record(r)
 
         local = [n for n in needed_stages(cfg) if n not in external]
-        stages = build_stages(addr, ctx, local, on_record=record)
-        tasks: list[asyncio.Task[None]] = []
-        try:
-            tasks = await start_stages(stack, stages)
+        stages = build_stages(mqtt_connector(addr, ctx), ctx, local, on_record=record)
+
+        async def wait_external() -> None:
             if external:
                 await _wait_for_external(addr, run, set(external) & set(needed_stages(cfg)))
             if on_ready:
                 on_ready(result)
-            client = next(s for s in stages if isinstance(s, Client))
-            pairs = session_ids(scenarios, sessions)
-            spread = cfg.client.start_spread_ms / 1e3 / max(1, len(pairs))
-            await asyncio.gather(
-                *(_after(i * spread, client.play(sc, sid)) for i, (sc, sid) in enumerate(pairs))
-            )
-            await asyncio.sleep(0.05)  # let session.end reach every stage
-            result.open_tasks_after = sum(s.open_tasks() for s in stages)
-        finally:
-            await stop_stages(stages, tasks)
-            result.deadletters = sum(s.bus.deadletters for s in stages)
-            result.stage_errors = sum(s.errors for s in stages)
+
+        await play_sessions(stack, stages, scenarios, sessions, result, before=wait_external)
     return result
+
+
+async def play_sessions(
+    stack: contextlib.AsyncExitStack,
+    stages: list[Stage],
+    scenarios: list[Scenario],
+    sessions: int,
+    result: RunResult,
+    *,
+    before: Callable[[], Awaitable[None]] | None = None,
+    starts_s: list[float] | None = None,
+) -> None:
+    """Start the stages, play every session (started ``starts_s`` apart, default: the config's spread), stop."""
+    tasks: list[asyncio.Task[None]] = []
+    cfg = stages[0].cfg
+    try:
+        tasks = await start_stages(stack, stages)
+        if before is not None:
+            await before()
+        client = next(s for s in stages if isinstance(s, Client))
+        pairs = session_ids(scenarios, sessions)
+        if starts_s is None:
+            spread = cfg.client.start_spread_ms / 1e3 / max(1, len(pairs))
+            starts_s = [i * spread for i in range(len(pairs))]
+        await asyncio.gather(
+            *(_after(at, client.play(sc, sid)) for at, (sc, sid) in zip(starts_s, pairs, strict=True))
+        )
+        await asyncio.sleep(0.05)  # let session.end reach every stage
+        result.open_tasks_after = sum(s.open_tasks() for s in stages)
+    finally:
+        await stop_stages(stages, tasks)
+        result.deadletters = sum(s.bus.deadletters for s in stages)
+        result.stage_errors = sum(s.errors for s in stages)
+
+
+async def simulate_async(
+    cfg: PipelineConfig,
+    scenarios: list[Scenario],
+    sessions: int = 1,
+    *,
+    run_id: str = "virtual",
+    starts_s: list[float] | None = None,
+    hop_ns: int = 0,
+    on_record: Callable[[TurnRecord], None] | None = None,
+    ctx: RunContext | None = None,
+) -> RunResult:
+    """The live stages on the in-memory bus (call on a :class:`~voicepipe.clock.VirtualLoop`)."""
+    ctx = ctx or RunContext(run=run_id, cfg=cfg)
+    broker = MemoryBroker(ctx.run, hop_ns)
+    result = RunResult(run=ctx.run, broker=f"in-memory ({hop_ns / 1e6:g} ms hops, virtual time)")
+
+    def record(r: TurnRecord) -> None:
+        result.records.append(r)
+        if on_record:
+            on_record(r)
+
+    stages = build_stages(broker.connect, ctx, needed_stages(cfg), on_record=record)
+    async with contextlib.AsyncExitStack() as stack:
+        await play_sessions(stack, stages, scenarios, sessions, result, starts_s=starts_s)
+    return result
+
+
+def simulate(cfg: PipelineConfig, scenarios: list[Scenario], sessions: int = 1, **kw: object) -> RunResult:
+    """:func:`simulate_async` on a fresh virtual clock: modelled time only, as fast as the CPU allows."""
+    return run_virtual(simulate_async(cfg, scenarios, sessions, **kw))  # type: ignore[arg-type]
