@@ -345,7 +345,7 @@ def compare_table(
 
 
 def _compare_predicted(variants: list, scs: list[Scenario], sessions: int, json_out: Path | None) -> None:
-    """`compare --predict`: one row per configuration from the analytic predictor (no run)."""
+    """`compare --predict`: one row per configuration from the stages on virtual time (no live run)."""
     from voicepipe.compare import compare_rows, display_names, verdict
     from voicepipe.predict import predict as predict_turns
     from voicepipe.report.table import PREDICTED
@@ -387,7 +387,7 @@ def compare(
     otel: Annotated[Path | None, typer.Option("--otel", help="Per-turn spans as OTLP/JSON traces.")] = None,
     predict: Annotated[
         bool,
-        typer.Option("--predict", help="Predict analytically instead of running (instant; for large grids)."),
+        typer.Option("--predict", help="Predict on virtual time instead of running (no waiting; for large grids)."),
     ] = False,
 ) -> None:
     """Run the same scenarios under several configurations: one row each with latency, budget share, cost.
@@ -474,13 +474,13 @@ def predict(
     scenario: ScenariosArg,
     config: ConfigOpt = None,
     set_: SetOpt = None,
-    sessions: Annotated[int, typer.Option("--sessions", "-n", min=1, help="Copies of each (own draws).")] = 1,
+    sessions: Annotated[int, typer.Option("--sessions", "-n", min=1, help="Concurrent copies of each.")] = 1,
     json_out: Annotated[Path | None, typer.Option("--json", help="One JSON prediction per line.")] = None,
 ) -> None:
-    """Predict every turn's latency and breakdown analytically — nothing runs, no broker.
+    """Predict every turn's latency and breakdown: the live stages on virtual time — no broker, no waiting.
 
-    The same modelled spans the live pipeline realises, with zero bus hops: a live run's predicted_ms
-    equals this for the same turn and seed (one session per device; preemptive turns to within hops).
+    The pipeline's own code on an in-memory bus with zero hops: a live run's predicted_ms equals this for
+    the same turn and seed (to within bus hops where timing overlaps or sessions queue on one device).
     """
     from voicepipe.predict import predict as predict_turns
     from voicepipe.report.table import print_predictions

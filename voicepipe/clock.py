@@ -17,6 +17,7 @@ spins, whatever the number of sessions, and I/O keeps flowing while it does.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import heapq
 import itertools
 import time
@@ -126,9 +127,17 @@ T = TypeVar("T")
 
 
 def run_virtual(coro: Coroutine[Any, Any, T], start_ns: int = 0) -> T:
-    """Run ``coro`` to completion on a fresh :class:`VirtualLoop` (from synchronous code)."""
-    with asyncio.Runner(loop_factory=lambda: VirtualLoop(start_ns)) as runner:
-        return runner.run(coro)
+    """Run ``coro`` to completion on a fresh :class:`VirtualLoop`; blocks the caller (in a helper thread
+    when the caller's thread already runs an event loop)."""
+
+    def go() -> T:
+        with asyncio.Runner(loop_factory=lambda: VirtualLoop(start_ns)) as runner:
+            return runner.run(coro)
+
+    if events._get_running_loop() is None:
+        return go()
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="voicepipe-virtual") as pool:
+        return pool.submit(go).result()
 
 
 def now_ns() -> int:

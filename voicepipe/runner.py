@@ -49,6 +49,7 @@ class RunResult:
     probe_ms: float | None = None
     deadletters: int = 0
     stage_errors: int = 0
+    first_error: str | None = None
     open_tasks_after: int = 0
 
 
@@ -249,6 +250,7 @@ async def play_sessions(
         await stop_stages(stages, tasks)
         result.deadletters = sum(s.bus.deadletters for s in stages)
         result.stage_errors = sum(s.errors for s in stages)
+        result.first_error = next((s.first_error for s in stages if s.first_error), None)
 
 
 async def simulate_async(

@@ -44,6 +44,7 @@ class Stage:
         self.cfg = ctx.cfg
         self.tasks: dict[str, dict[Any, asyncio.Task[None]]] = {}
         self.errors = 0
+        self.first_error: str | None = None  # the first handler/task failure, for runs that must not hide it
         self.ready = asyncio.Event()
         self.handlers: dict[str, Handler] = {}
         # the scripted turns (turn.script: reference reply, hints) of stages that subscribe to them
@@ -73,7 +74,7 @@ class Stage:
             try:
                 await handler(env)
             except Exception as exc:  # a bad message never kills the stage
-                self.errors += 1
+                self._failed(exc)
                 log.warning("handler failed", stage=self.name, type=env.type, error=repr(exc))
                 await self.bus.deadletter(f"{env.session}/{env.type}", f"handler error: {exc!r}", b"")
 
@@ -106,8 +107,13 @@ class Stage:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            self.errors += 1
+            self._failed(exc)
             log.warning("task failed", stage=self.name, error=repr(exc))
+
+    def _failed(self, exc: Exception) -> None:
+        self.errors += 1
+        if self.first_error is None:
+            self.first_error = f"{self.name}: {exc}"
 
     def cancel(self, session: str, match: Callable[[Any], bool]) -> int:
         n = 0

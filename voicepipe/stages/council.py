@@ -96,13 +96,15 @@ class Council(Stage):
         )
         try:
             if c.aggregation in ("first", "draft-refine"):
-                order = await self._finish_order(gens, first_clause, deadline, k=1)
+                race = first_clause
+                order = await self._finish_order(gens, race, t0, deadline, k=1)
                 win = order[0]
                 chosen, members_q = gens[win], [self.members[win].quality]  # what the user hears
                 spoken = chosen
             else:
                 k = c.k if c.aggregation == "vote" else len(gens)
-                order = await self._finish_order(gens, len(tokens) - 1, deadline, k=k)
+                race = len(tokens) - 1
+                order = await self._finish_order(gens, race, t0, deadline, k=k)
                 members_q = [self.members[i].quality for i in order]
                 chosen = gens[order[-1]]  # the answer that completed the vote / the last the judge waited for
                 spoken = chosen
@@ -114,12 +116,14 @@ class Council(Stage):
             # members whose answers counted are billed in full; the rest for what they made before
             # they were dropped (wasted work)
             counted = {id(gens[i]) for i in order} if c.aggregation in ("vote", "judge") else {id(chosen)}
-            now = now_ns()
+            # the decision instant is modelled (the last counted answer's token), never the moment this
+            # task got to run: billing must not depend on scheduling or bus timing
+            decided = gens[order[-1]].stream.spans(race)[-1].end_ns
             for g in gens:
                 if id(g) in counted:
                     cost += request_cost(g.backend, g.prompt, g.cached, n)
                     continue
-                made = tokens_by(g.stream, n, now)
+                made = tokens_by(g.stream, n, decided)
                 g.stream.cancel()
                 wasted += made
                 cost += request_cost(g.backend, g.prompt, g.cached, made)
@@ -150,7 +154,8 @@ class Council(Stage):
                 # the draft has been spoken; the refine call (draft in its prompt) runs on the judge's
                 # backend, sharing its device with everyone else; its answer is the one the history
                 # keeps (same length as the draft: the text is scripted)
-                refine = self._gen(env, self.judge, tokens, n, 98, now_ns())
+                drafted = spoken.stream.spans(n - 1)[-1].end_ns  # modelled: the draft's last token
+                refine = self._gen(env, self.judge, tokens, n, 98, drafted)
                 self.spawn(env.session, (env.turn, "refine"), self._refine(refine))
         finally:
             for g in gens:
@@ -163,27 +168,37 @@ class Council(Stage):
         finally:
             gen.stream.cancel()
 
-    async def _finish_order(self, gens: list[Generation], token: int, deadline_s: float, k: int) -> list[int]:
-        """Indices of the first ``k`` members to produce ``token`` (before the deadline)."""
+    async def _finish_order(
+        self, gens: list[Generation], token: int, t0: int, deadline_s: float, k: int
+    ) -> list[int]:
+        """Indices of the first ``k`` members to produce ``token`` within the deadline, by the token's modelled
+        instant (never by which task woke first: real-time wake-ups jitter by a millisecond)."""
 
         async def one(i: int) -> int:
             await gens[i].stream.token_time(token)
-            gens[i].produced = token + 1
             return i
 
         tasks = [asyncio.create_task(one(i)) for i in range(len(gens))]
-        order: list[int] = []
+        woke = 0
         try:
             for fut in asyncio.as_completed(tasks, timeout=deadline_s):
                 with contextlib.suppress(TimeoutError):
-                    order.append(await fut)
-                if len(order) >= k:
+                    await fut
+                    woke += 1
+                if woke >= k:
                     break
         except TimeoutError:
             pass
         finally:
             for t in tasks:
                 t.cancel()
-        if not order:
+        now = now_ns()
+        limit = min(now, t0 + round(deadline_s * 1e9))
+        done = sorted(
+            (at, i) for i, g in enumerate(gens) if (at := g.stream.spans(token)[-1].end_ns) <= limit
+        )[:k]
+        if not done:
             raise TimeoutError("no council member answered before the deadline")
-        return order
+        for _, i in done:
+            gens[i].produced = token + 1
+        return [i for _, i in done]
