@@ -131,8 +131,19 @@ def run_virtual(coro: Coroutine[Any, Any, T], start_ns: int = 0) -> T:
     when the caller's thread already runs an event loop)."""
 
     def go() -> T:
-        with asyncio.Runner(loop_factory=lambda: VirtualLoop(start_ns)) as runner:
-            return runner.run(coro)
+        # not asyncio.Runner: it swaps the SIGINT handler, and repr()s the old one on the way (slow with a
+        # big pipeline in it); a virtual run has nothing to interrupt but the CPU work itself
+        loop = VirtualLoop(start_ns)
+        try:
+            return loop.run_until_complete(coro)
+        finally:
+            left = [t for t in asyncio.all_tasks(loop) if not t.done()]
+            for t in left:
+                t.cancel()
+            if left:
+                loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
 
     if events._get_running_loop() is None:
         return go()

@@ -254,9 +254,13 @@ class Envelope(BaseModel):
     def of(
         cls, payload: BaseModel, run: str, session: str, turn: int = -1, spans: list[Span] | None = None
     ) -> Envelope:
-        return cls(
-            type=type_of(payload), run=run, session=session, turn=turn, spans=spans or [], payload=payload
-        )
+        """A new envelope around an already validated payload (built without validating it again)."""
+        if not isinstance(payload, Payload | TurnRecord):
+            raise TypeError(f"not a message payload: {type(payload).__name__}")
+        return cls.model_construct(
+            type=type_of(payload), run=run, session=session, turn=turn, id=next_id(), sent_ns=clock.now_ns(),
+            spans=spans or [], payload=payload, v=SCHEMA_VERSION,
+        )  # fmt: skip
 
     def to_bytes(self) -> bytes:
         return self.model_dump_json().encode()

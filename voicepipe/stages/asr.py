@@ -143,20 +143,18 @@ class ASR(Stage):
             payload = Partial(text=text, words=n_words, segment=u.segment, eager=True)
             await self.bus.publish(self.reply(env, payload, []), qos=0)
         wait_ms, infer_ms = endpoint_wait_ms(cfg, text, annotated)
-        spans = list(env.spans)
-        t = speech_end
-        spans.append(Span(stage="asr", what="endpoint wait", start_ns=t, dur_ns=round(wait_ms * 1e6)))
-        t += round(wait_ms * 1e6)
-        if infer_ms:
-            spans.append(Span(stage="asr", what="turn detector", start_ns=t, dur_ns=round(infer_ms * 1e6)))
-            t += round(infer_ms * 1e6)
-        rng = rng_for(self.cfg.seed, env.session, env.turn, u.segment, "asr")
-        fin = round(cfg.finalize_ms.sample_ms(rng) * 1e6)
+        wait, infer = round(wait_ms * 1e6), round(infer_ms * 1e6)
+        t = speech_end + wait + infer
         await sleep_until_ns(t)
         if u.gen != gen:
-            return
+            return  # the common case (another word came): no spans built, no draw made
         # endpointed: from here a new word means the user was not done
         u.finalised = True
+        spans = [*env.spans, Span(stage="asr", what="endpoint wait", start_ns=speech_end, dur_ns=wait)]
+        if infer:
+            spans.append(Span(stage="asr", what="turn detector", start_ns=speech_end + wait, dur_ns=infer))
+        rng = rng_for(self.cfg.seed, env.session, env.turn, u.segment, "asr")
+        fin = round(cfg.finalize_ms.sample_ms(rng) * 1e6)
         spans.append(Span(stage="asr", what="finalise", start_ns=t, dur_ns=fin))
         await sleep_until_ns(t + fin)
         if u.gen != gen:
