@@ -565,5 +565,9 @@ def main() -> None:
         sys.exit(2)
 
 
+from voicepipe.cli_capacity import register as _register_capacity  # noqa: E402 - needs the helpers above
+
+_register_capacity(sys.modules[__name__])
+
 if __name__ == "__main__":
     main()

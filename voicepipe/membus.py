@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from voicepipe.bus import Bus
 from voicepipe.clock import now_ns
@@ -25,9 +25,10 @@ from voicepipe.messages import Envelope, channel_of
 class MemoryBroker:
     """One run's subscriptions: channel -> the buses subscribed to it (in subscription order)."""
 
-    def __init__(self, run: str, hop_ns: int = 0) -> None:
+    def __init__(self, run: str, hop_ns: int = 0, tap: Callable[[str, Envelope], None] | None = None) -> None:
         self.run = run
         self.hop_ns = hop_ns
+        self.tap = tap  # sees every published message (an observer, like a tool subscribed to voicepipe/#)
         self.subs: dict[str, list[MemoryBus]] = {}
         self.delivered = 0
 
@@ -35,6 +36,8 @@ class MemoryBroker:
         return MemoryBus(self, name)
 
     def deliver(self, channel: str, env: Envelope) -> None:
+        if self.tap is not None:
+            self.tap(channel, env)
         subs = self.subs.get(channel)
         if not subs:
             return

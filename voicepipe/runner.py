@@ -12,6 +12,7 @@ import contextlib
 import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import structlog
 
@@ -20,6 +21,7 @@ from voicepipe.bus import BrokerAddress, Bus, MqttBus, probe_round_trip
 from voicepipe.clock import run_virtual
 from voicepipe.config import PipelineConfig
 from voicepipe.membus import MemoryBroker
+from voicepipe.messages import Envelope
 from voicepipe.records import TurnRecord
 from voicepipe.scenario import Scenario, session_id
 from voicepipe.stages.agent import Agent
@@ -53,9 +55,20 @@ class RunResult:
     open_tasks_after: int = 0
 
 
-async def _after(delay_s: float, coro: Awaitable[list[TurnRecord]]) -> list[TurnRecord]:
-    await asyncio.sleep(delay_s)
-    return await coro
+Slot = tuple[float, list[tuple[Scenario, str]]]  # start offset (s), conversations played back to back
+
+
+async def _slot(client: Client, start_s: float, conversations: list[tuple[Scenario, str]]) -> None:
+    await asyncio.sleep(start_s)
+    for sc, sid in conversations:
+        await client.play(sc, sid)
+
+
+def spread_slots(cfg: PipelineConfig, scenarios: list[Scenario], sessions: int) -> list[Slot]:
+    """Every (scenario, session) once, started ``client.start_spread_ms`` apart in all (the live default)."""
+    pairs = session_ids(scenarios, sessions)
+    spread = cfg.client.start_spread_ms / 1e3 / max(1, len(pairs))
+    return [(i * spread, [pair]) for i, pair in enumerate(pairs)]
 
 
 def session_ids(scenarios: list[Scenario], sessions: int) -> list[tuple[Scenario, str]]:
@@ -215,35 +228,26 @@ async def run_pipeline(
             if on_ready:
                 on_ready(result)
 
-        await play_sessions(stack, stages, scenarios, sessions, result, before=wait_external)
+        await play_sessions(stack, stages, spread_slots(cfg, scenarios, sessions), result, before=wait_external)
     return result
 
 
 async def play_sessions(
     stack: contextlib.AsyncExitStack,
     stages: list[Stage],
-    scenarios: list[Scenario],
-    sessions: int,
+    slots: list[Slot],
     result: RunResult,
     *,
     before: Callable[[], Awaitable[None]] | None = None,
-    starts_s: list[float] | None = None,
 ) -> None:
-    """Start the stages, play every session (started ``starts_s`` apart, default: the config's spread), stop."""
+    """Start the stages, play every slot's conversations, stop the stages."""
     tasks: list[asyncio.Task[None]] = []
-    cfg = stages[0].cfg
     try:
         tasks = await start_stages(stack, stages)
         if before is not None:
             await before()
         client = next(s for s in stages if isinstance(s, Client))
-        pairs = session_ids(scenarios, sessions)
-        if starts_s is None:
-            spread = cfg.client.start_spread_ms / 1e3 / max(1, len(pairs))
-            starts_s = [i * spread for i in range(len(pairs))]
-        await asyncio.gather(
-            *(_after(at, client.play(sc, sid)) for at, (sc, sid) in zip(starts_s, pairs, strict=True))
-        )
+        await asyncio.gather(*(_slot(client, at, convs) for at, convs in slots))
         await asyncio.sleep(0.05)  # let session.end reach every stage
         result.open_tasks_after = sum(s.open_tasks() for s in stages)
     finally:
@@ -259,14 +263,15 @@ async def simulate_async(
     sessions: int = 1,
     *,
     run_id: str = "virtual",
-    starts_s: list[float] | None = None,
+    slots: list[Slot] | None = None,
     hop_ns: int = 0,
     on_record: Callable[[TurnRecord], None] | None = None,
-    ctx: RunContext | None = None,
+    tap: Callable[[str, Envelope], None] | None = None,
 ) -> RunResult:
-    """The live stages on the in-memory bus (call on a :class:`~voicepipe.clock.VirtualLoop`)."""
-    ctx = ctx or RunContext(run=run_id, cfg=cfg)
-    broker = MemoryBroker(ctx.run, hop_ns)
+    """The live stages on the in-memory bus (call on a :class:`~voicepipe.clock.VirtualLoop`). ``slots``
+    replaces the live default (each session once, spread as configured); ``tap`` sees every message."""
+    ctx = RunContext(run=run_id, cfg=cfg)
+    broker = MemoryBroker(ctx.run, hop_ns, tap=tap)
     result = RunResult(run=ctx.run, broker=f"in-memory ({hop_ns / 1e6:g} ms hops, virtual time)")
 
     def record(r: TurnRecord) -> None:
@@ -276,10 +281,10 @@ async def simulate_async(
 
     stages = build_stages(broker.connect, ctx, needed_stages(cfg), on_record=record)
     async with contextlib.AsyncExitStack() as stack:
-        await play_sessions(stack, stages, scenarios, sessions, result, starts_s=starts_s)
+        await play_sessions(stack, stages, slots or spread_slots(cfg, scenarios, sessions), result)
     return result
 
 
-def simulate(cfg: PipelineConfig, scenarios: list[Scenario], sessions: int = 1, **kw: object) -> RunResult:
+def simulate(cfg: PipelineConfig, scenarios: list[Scenario], sessions: int = 1, **kw: Any) -> RunResult:
     """:func:`simulate_async` on a fresh virtual clock: modelled time only, as fast as the CPU allows."""
-    return run_virtual(simulate_async(cfg, scenarios, sessions, **kw))  # type: ignore[arg-type]
+    return run_virtual(simulate_async(cfg, scenarios, sessions, **kw))

@@ -1,0 +1,252 @@
+"""``voicepipe capacity``: how many concurrent conversations each configuration carries inside the budget.
+
+The engine is :mod:`voicepipe.capacity` (the live stages on virtual time); this module is the command:
+options, progress, the table, the answer line per configuration, and ``--json`` (JSON lines: one per load
+level, then one per limit), ``--csv`` (one row per level) and ``--report`` (self-contained HTML with a
+chart of p90 against load and the budget line).
+"""
+
+import csv as csvlib
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Annotated
+
+import typer
+from rich import box
+from rich.table import Table
+
+from voicepipe.capacity import Level, Limit, conversation_s, limit, parse_loads, plan, run_level
+from voicepipe.report.svg import HALO, MUTED, budget_ref, esc, fmt_num, nice_ticks, series_colour
+
+MODELLED = (
+    "MODELLED on virtual time: the live stages on an in-memory bus with zero hops; a real bus adds its "
+    "pipeline tax (see `voicepipe run`)"
+)
+
+
+def _ms(v: float | None) -> str:
+    return "–" if v is None else f"{v:,.0f}"
+
+
+def _devices_cell(lv: Level, attr: str, fmt: str) -> str:
+    vals = [(d.backend, getattr(d, attr)) for d in lv.devices]
+    if len(vals) == 1:
+        v = vals[0][1]
+        return "–" if v is None else format(v, fmt)
+    return " · ".join(f"{b.split('/')[0]} {'–' if v is None else format(v, fmt)}" for b, v in vals)
+
+
+def capacity_table(levels: Sequence[Level], budget_ms: float, title: str) -> Table:
+    several = len({lv.label for lv in levels}) > 1
+    t = Table(title=title, header_style="bold", box=box.SIMPLE_HEAD, caption=MODELLED, padding=(0, 1, 0, 0))
+    heads = [*(["config"] if several else []), "load", "turns", "p50", "p90", "p99", f"≤{budget_ms:g}",
+             "queue ms", "tok/s/user", "busy", "$/hour"]  # fmt: skip
+    for h in heads:
+        t.add_column(h, justify="left" if h in ("config", "load") else "right", no_wrap=h != "config")
+    for lv in levels:
+        over = lv.p90_ms is None or lv.p90_ms > budget_ms
+        t.add_row(
+            *([lv.label] if several else []), lv.load.label, str(lv.turns), _ms(lv.p50_ms),
+            f"[bold red]{_ms(lv.p90_ms)}[/]" if over else f"[green]{_ms(lv.p90_ms)}[/]", _ms(lv.p99_ms),
+            f"{lv.within_budget * 100:.0f}%", _devices_cell(lv, "queue_mean_ms", ".1f"),
+            _devices_cell(lv, "user_tok_s", ".0f"), _devices_cell(lv, "busy_share", ".0%"),
+            f"{lv.cost_per_hour_usd:.3g}",
+        )  # fmt: skip
+    return t
+
+
+def write_csv(path: Path, levels: Sequence[Level]) -> None:
+    cols = ["label", "load_kind", "load", "conversations", "turns", "answered", "p50_ms", "p90_ms", "p99_ms",
+            "within_budget", "cost_per_hour_usd", "window_s", "wall_s"]  # fmt: skip
+    with path.open("w", newline="") as f:
+        w = csvlib.writer(f)
+        w.writerow(
+            [*cols, "backend", "queue_mean_ms", "queue_p90_ms", "user_tok_s", "busy_share", "in_flight"]
+        )
+        for lv in levels:
+            row = lv.to_json()
+            for d in lv.devices or [None]:
+                dev = (
+                    [d.backend, d.queue_mean_ms, d.queue_p90_ms, d.user_tok_s, d.busy_share, d.in_flight]
+                    if d
+                    else []
+                )
+                w.writerow([row[c] for c in cols] + dev)
+
+
+def p90_chart(levels: Sequence[Level], budget_ms: float, width: float = 900, height: float = 420) -> str:
+    """p90 voice-to-voice against load, one line per configuration, with the budget line (SVG)."""
+    labels = list(dict.fromkeys(lv.label for lv in levels))
+    loads = sorted({lv.load.value for lv in levels})
+    log_x = len(loads) > 1 and loads[-1] / loads[0] >= 20
+    x0, x1, top, bot = 70.0, width - 20, 30.0 + 18 * len(labels), height - 50
+    lo, hi = (math.log10(loads[0]), math.log10(loads[-1])) if log_x else (0.0, loads[-1])
+    hi = hi if hi > lo else lo + 1
+
+    def sx(v: float) -> float:
+        return x0 + (x1 - x0) * ((math.log10(v) if log_x else v) - lo) / (hi - lo)
+
+    yt = nice_ticks(max([budget_ms * 1.1, *(lv.p90_ms or 0 for lv in levels)]))
+
+    def sy(v: float) -> float:
+        return bot - (bot - top) * min(v, yt[-1]) / yt[-1]
+
+    kind = levels[0].load.kind if levels else "sessions"
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width:.0f} {height:.0f}" width="{width:.0f}" '
+        f'height="{height:.0f}" role="img" aria-label="p90 against load" font-family="system-ui, sans-serif" '
+        f'font-size="12" style="max-width:100%;height:auto"><title>p90 voice-to-voice against load</title>'
+    ]
+    for t in yt:
+        out.append(f'<line x1="{x0}" x2="{x1}" y1="{sy(t):.1f}" y2="{sy(t):.1f}" stroke="#e6e6e6"/>'
+                   f'<text x="{x0 - 6}" y="{sy(t) + 4:.1f}" text-anchor="end" fill="{MUTED}">{fmt_num(t)}</text>')  # fmt: skip
+    for v in loads:
+        out.append(
+            f'<text x="{sx(v):.1f}" y="{bot + 16}" text-anchor="middle" fill="{MUTED}">{fmt_num(v)}</text>'
+        )
+    xl = ("concurrent conversations" if kind == "sessions" else "calls per minute") + (
+        " (log scale)" if log_x else ""
+    )
+    out.append(f'<text x="{(x0 + x1) / 2:.1f}" y="{height - 12}" text-anchor="middle">{esc(xl)}</text>'
+               f'<text x="16" y="{(top + bot) / 2:.1f}" transform="rotate(-90 16 {(top + bot) / 2:.1f})" '
+               f'text-anchor="middle">p90 voice-to-voice, ms (modelled)</text>')  # fmt: skip
+    ref = budget_ref(budget_ms)
+    out.append(f'<line class="budget-line" x1="{x0}" x2="{x1}" y1="{sy(budget_ms):.1f}" y2="{sy(budget_ms):.1f}" '
+               f'stroke="{ref.colour}" stroke-width="1.8" stroke-dasharray="{ref.dash}"/>'
+               f'<text x="{x1 - 4}" y="{sy(budget_ms) - 5:.1f}" text-anchor="end" fill="{ref.colour}" '
+               f'font-weight="600" {HALO}>{esc(ref.label)}</text>')  # fmt: skip
+    for i, label in enumerate(labels):
+        c = series_colour(i)
+        pts = [
+            (sx(lv.load.value), sy(lv.p90_ms)) for lv in levels if lv.label == label and lv.p90_ms is not None
+        ]
+        out.append(f'<text x="{x0}" y="{16 + 18 * i}" fill="{c}" font-weight="600">— {esc(label)}</text>')
+        out.append(f'<polyline class="series" fill="none" stroke="{c}" stroke-width="2" '
+                   f'points="{" ".join(f"{x:.1f},{y:.1f}" for x, y in pts)}"/>')  # fmt: skip
+        for (x, y), lv in zip(
+            pts, [lv for lv in levels if lv.label == label and lv.p90_ms is not None], strict=True
+        ):
+            out.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="4" fill="{c}"><title>{esc(label)} · '
+                       f"{esc(lv.load.label)}: p90 {lv.p90_ms:.0f} ms</title></circle>")  # fmt: skip
+    out.append("</svg>")
+    return "".join(out)
+
+
+def report_html(levels: Sequence[Level], limits: Sequence[Limit], budget_ms: float, title: str) -> str:
+    rows = "".join(
+        "<tr>" + "".join(f"<td>{esc(c)}</td>" for c in (
+            lv.label, lv.load.label, lv.turns, _ms(lv.p50_ms), _ms(lv.p90_ms), _ms(lv.p99_ms),
+            f"{lv.within_budget * 100:.0f}%", _devices_cell(lv, "queue_mean_ms", ".1f"),
+            _devices_cell(lv, "user_tok_s", ".0f"), _devices_cell(lv, "busy_share", ".0%"),
+            f"{lv.cost_per_hour_usd:.3g}")) + "</tr>"
+        for lv in levels
+    )  # fmt: skip
+    head = "".join(f"<th>{h}</th>" for h in ("config", "load", "turns", "p50 ms", "p90 ms", "p99 ms",
+                   f"within {budget_ms:g} ms", "queue ms", "tok/s per user", "busy", "$/hour"))  # fmt: skip
+    answers = "".join(f"<li>{esc(lim.sentence())}</li>" for lim in limits)
+    return (
+        f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{esc(title)}</title><style>"
+        "body{font-family:system-ui,sans-serif;margin:2rem;color:#222;max-width:1000px}"
+        "table{border-collapse:collapse;font-size:13px}td,th{padding:3px 8px;border-bottom:1px solid #ddd;"
+        "text-align:right}td:first-child,th:first-child,td:nth-child(2){text-align:left}"
+        f".note{{color:{MUTED}}}</style></head><body><h1>{esc(title)}</h1><ul>{answers}</ul>"
+        f"{p90_chart(levels, budget_ms)}<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
+        f"<p class='note'>{esc(MODELLED)}.</p></body></html>"
+    )
+
+
+def register(cli: ModuleType) -> None:
+    """Add ``capacity`` to the CLI module's app, with its shared options and helpers (``cli.py`` calls this
+    once it has defined them, so this module never imports ``voicepipe.cli`` itself)."""
+    app, out, fail, user_errors = cli.app, cli.out, cli.fail, cli.user_errors
+    ConfigsOpt, ScenariosArg, SetOpt, VaryOpt = cli.ConfigsOpt, cli.ScenariosArg, cli.SetOpt, cli.VaryOpt
+
+    @app.command()
+    def capacity(
+        scenario: ScenariosArg,
+        config: ConfigsOpt = None,
+        vary: VaryOpt = None,
+        set_: SetOpt = None,
+        sessions: Annotated[
+            str | None, typer.Option("--sessions", help="Concurrent conversations to try, e.g. 10,100,1000.")
+        ] = None,
+        arrivals: Annotated[
+            str | None,
+            typer.Option("--arrivals", help="Poisson call arrival rates to try, e.g. 30/min,60/min."),
+        ] = None,
+        minutes: Annotated[
+            float, typer.Option("--minutes", min=0.1, help="Arrival horizon (with --arrivals).")
+        ] = 10.0,
+        json_out: Annotated[
+            Path | None, typer.Option("--json", help="JSON lines: one per load level, then limits.")
+        ] = None,
+        csv: Annotated[
+            Path | None, typer.Option("--csv", help="One row per load level (and device).")
+        ] = None,
+        report: Annotated[
+            Path | None, typer.Option("--report", help="HTML: table and p90-vs-load chart.")
+        ] = None,
+    ) -> None:
+        """How many concurrent conversations (or calls per minute) keep p90 inside the budget, per configuration.
+
+        Runs the pipeline's own stages on virtual time at each load level: p50/p90/p99, share within budget,
+        queue wait and busy share of each shared device, decode rate per user, cost per hour; then the answer
+        line per configuration. Modelled — no bus tax.
+        """
+        from voicepipe.compare import plan_variants
+        from voicepipe.config import load_config
+
+        with user_errors():
+            loads = parse_loads(sessions, arrivals)
+            if vary or len(config or []) > 1:
+                variants = plan_variants(config or [], vary or [], set_ or [], None)
+            else:  # one configuration is enough here
+                one = load_config(config[0] if config else None, set_ or [])
+                variants = [(config[0].stem if config else one.backend_label(), one)]
+            scs = cli.load_scenarios(scenario)
+        levels: list[Level] = []
+        limits: list[Limit] = []
+        budget = variants[0][1].budget_ms
+        per_conv = sum(len(s.turns) for s in scs) / len(scs)
+        lengths = {}
+        for label, cfg in variants:
+            try:
+                lengths[label] = conversation_s(cfg, scs)
+            except ValueError as exc:
+                raise fail(f"configuration {label!r}: {exc}") from None
+        total = round(sum(plan(ld, scs, lengths[lb], cfg.seed, minutes).conversations * per_conv
+                          for lb, cfg in variants for ld in loads))  # fmt: skip
+        with cli.progress_bar(total, "capacity") as prog:
+            task = prog.task_ids[0]
+            for label, cfg in variants:
+                mine = []
+                for ld in loads:
+                    prog.update(task, description=f"{label} · {ld.label}")
+                    try:
+                        lv = run_level(label, cfg, scs, ld, conv_s=lengths[label], minutes=minutes,
+                                       on_record=lambda _r: prog.advance(task))  # fmt: skip
+                    except ValueError as exc:
+                        raise fail(f"configuration {label!r}: {exc}") from None
+                    mine.append(lv)
+                levels += mine
+                limits.append(limit(label, mine, cfg.budget_ms))
+        title = f"capacity: {', '.join(s.name for s in scs)} · budget {budget:g} ms"
+        if len(variants) == 1:
+            title += f" · {variants[0][0]}"
+        out.print(capacity_table(levels, budget, title))
+        for lim in limits:
+            out.print(lim.sentence(), highlight=False, markup=False, soft_wrap=True)
+        if json_out:
+            lines = [json.dumps({"kind": "level", **lv.to_json()}) for lv in levels]
+            lines += [json.dumps({"kind": "limit", "label": lim.label, "budget_ms": lim.budget_ms,
+                                  "largest_ok": lim.largest_ok.load.value if lim.largest_ok else None,
+                                  "first_over": lim.first_over.load.value if lim.first_over else None,
+                                  "crossing": lim.crossing, "answer": lim.sentence()}) for lim in limits]  # fmt: skip
+            json_out.write_text("\n".join(lines) + "\n")
+        if csv:
+            write_csv(csv, levels)
+        if report:
+            report.write_text(report_html(levels, limits, budget, title))
