@@ -53,7 +53,8 @@ def test_catalog_has_every_issue_entry():
 
 def test_every_model_has_quality_and_sources():
     for m in cat.models().values():
-        assert m.quality is not None and 0 < m.quality.score <= 100, m.key
+        # a benchmark-only shape (gpt-j-6b, falcon-180b) may carry no score, but says why
+        assert m.quality is None or 0 < m.quality.score <= 100, m.key
         assert m.sources["config"] and m.sources["params"] and m.sources["quality"]
         for price in m.prices.values():
             assert price.source
