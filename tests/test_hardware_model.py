@@ -208,9 +208,11 @@ def test_every_fitting_pair_predicts():
 
 
 def test_efficiencies_within_published_ranges():
+    from voicepipe.hardware.validate import BOUNDS
+
     e = hm.DEFAULT_EFFICIENCY
-    assert 0.72 <= e.eta_mem <= 0.92
-    assert 0.3 <= e.mfu <= 0.7
+    for name, (lo, hi) in BOUNDS.items():  # fitted inside the published ranges (docs §2)
+        assert lo <= getattr(e, name) <= hi, name
 
 
 # ---------------------------------------------------------------- speculative decoding

@@ -136,7 +136,9 @@ def deploy(cfg: dict[str, Any]) -> Deployment:
     fast = bool(cfg.get("fast", False))
     notes: list[str] = []
     if asked_batch is not None:
-        system = make_system(dev, mdl, prec, tp=tp, seqs=asked_batch, context=context, kv_precision=kv, stack=stk)
+        system = make_system(
+            dev, mdl, prec, tp=tp, seqs=asked_batch, context=context, kv_precision=kv, stack=stk
+        )
         max_batch = asked_batch
     elif dev.kind == "sram":
         one = make_system(dev, mdl, prec, seqs=1, context=context, kv_precision=kv, stack=stk)

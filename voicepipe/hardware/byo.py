@@ -118,10 +118,16 @@ def load_hf_config(path: str) -> ModelSpec:
         moe_layers = len([i for i in range(first_dense, layers) if (i + 1) % step == 0 or step == 1])
         dense_layers = layers - moe_layers
         one_expert = mlp_mats * hidden * expert_inter
-        shared_p = mlp_mats * hidden * shared_inter if shared or "shared_expert_intermediate_size" in cfg else 0
+        shared_p = (
+            mlp_mats * hidden * shared_inter if shared or "shared_expert_intermediate_size" in cfg else 0
+        )
         router = hidden * experts
-        total = layers * attn + dense_layers * dense_mlp + moe_layers * (experts * one_expert + shared_p + router)
-        active = layers * attn + dense_layers * dense_mlp + moe_layers * (top_k * one_expert + shared_p + router)
+        total = (
+            layers * attn + dense_layers * dense_mlp + moe_layers * (experts * one_expert + shared_p + router)
+        )
+        active = (
+            layers * attn + dense_layers * dense_mlp + moe_layers * (top_k * one_expert + shared_p + router)
+        )
     else:
         total = active = layers * (attn + dense_mlp)
     embed = vocab * hidden * (1 if tied else 2)
@@ -175,7 +181,9 @@ def load_device(path: str) -> Device:
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = ".".join(str(x) for x in err["loc"])
-        msg = "unknown field" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
+        msg = (
+            "unknown field" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
+        )
         raise ValueError(f"{source}: {loc + ': ' if loc else ''}{msg}") from None
     except TypeError as exc:
         raise ValueError(f"{source}: {exc}") from None

@@ -72,7 +72,9 @@ class Device(BaseModel):
         if (self.offload_gb is None) != (self.offload_bw_tbs is None):
             raise ValueError("offload_gb and offload_bw_tbs go together")
         numeric = [*need, "peak_tflops", "price_per_chip_hour"] + (["max_tp"] if self.kind == "hbm" else [])
-        numeric += [f for f in ("allreduce_us", "offload_gb", "offload_bw_tbs") if getattr(self, f) is not None]
+        numeric += [
+            f for f in ("allreduce_us", "offload_gb", "offload_bw_tbs") if getattr(self, f) is not None
+        ]
         unsourced = [f for f in numeric if not self.sources.get(f)]
         if unsourced:
             raise ValueError(f"no source for {', '.join(unsourced)}")
@@ -184,7 +186,11 @@ class Stack(BaseModel):
 
     @model_validator(mode="after")
     def _sourced(self) -> Stack:
-        missing = [f for f in ("step_overhead_us", "layer_overhead_us", "request_overhead_ms") if not self.sources.get(f)]
+        missing = [
+            f
+            for f in ("step_overhead_us", "layer_overhead_us", "request_overhead_ms")
+            if not self.sources.get(f)
+        ]
         if missing:
             raise ValueError(f"no source for {', '.join(missing)}")
         return self
@@ -247,7 +253,9 @@ def device(name: str) -> Device:
         from voicepipe.hardware.byo import load_device
 
         return load_device(name)
-    raise ValueError(f"unknown hardware {name!r}; known: {', '.join(sorted(devices()))} or a device .yaml file")
+    raise ValueError(
+        f"unknown hardware {name!r}; known: {', '.join(sorted(devices()))} or a device .yaml file"
+    )
 
 
 def model(name: str) -> ModelSpec:

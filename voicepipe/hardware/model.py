@@ -63,10 +63,11 @@ class DoesNotFit(ValueError):
 class Efficiency:
     """Efficiency factors, one set for every HBM device (η_mem, MFU, η_wq, η_moe fitted; see docs §2)."""
 
-    eta_mem: float = 0.80  # share of HBM bandwidth a native decode step streams (published 0.72-0.92)
-    mfu: float = 0.60  # share of dense peak FLOP/s in matmul-heavy work (published 0.3-0.7)
-    eta_wq: float = 0.70  # weight-only kernels' efficiency relative to native ones (dequant in the loop)
-    eta_moe: float = 0.70  # expert (grouped-GEMM) streaming efficiency relative to dense GEMV + routing
+    # fitted on every point of data/validation.yaml (`voicepipe hardware validate`; docs §2 and §3)
+    eta_mem: float = 0.67  # share of HBM bandwidth a native decode step streams (published 0.6-0.92)
+    mfu: float = 0.64  # share of dense peak FLOP/s in matmul-heavy work (published 0.3-0.7)
+    eta_wq: float = 1.0  # weight-only kernels' efficiency relative to native ones (dequant in the loop)
+    eta_moe: float = 1.0  # expert (grouped-GEMM) streaming efficiency relative to dense GEMV + routing
     ar_growth: float = 0.5  # all-reduce latency growth per doubling of the TP group beyond 2
     link_eff: float = 0.45  # share of link bandwidth NCCL reaches at 0.1-10 MB messages
     usable_memory: float = 0.90  # share of HBM for weights + KV (rest: activations, runtime, fragments)
@@ -316,8 +317,8 @@ class StepParts:
     flops_s: FArray  # FLOPs per chip / peak
     comm_s: FArray  # all-reduces (latency + bandwidth), set constants
     fixed_s: FArray  # stack per-step and per-layer costs (SRAM: per-layer time, sweep)
-    weight_only: bool
-    sram: bool
+    weight_only: bool | NDArray[np.bool_]
+    sram: bool | NDArray[np.bool_]
 
 
 @dataclass(frozen=True)
@@ -385,7 +386,15 @@ def step_parts(
         hbm_share = in_hbm / (in_hbm + spilled)
         comm = zero
         if tp > 1:
-            ring = 2.0 * (tp - 1) / tp * tokens * m.hidden * 2.0 / (float(dev.link_gbs or 0) * 1e9 * eff.link_eff)
+            ring = (
+                2.0
+                * (tp - 1)
+                / tp
+                * tokens
+                * m.hidden
+                * 2.0
+                / (float(dev.link_gbs or 0) * 1e9 * eff.link_eff)
+            )
             comm = allreduces_per_step(m, tp) * (allreduce_latency_s(dev, tp, eff) + ring) + zero
         offload_bw = float(dev.offload_bw_tbs or 1.0) * 1e12
         weights_s = (dense_p + expert_p) * bpp / tp
@@ -420,13 +429,15 @@ def combine(
 ) -> tuple[FArray, FArray, FArray]:
     """(memory, compute, total) seconds from raw parts and efficiencies (arrays broadcast: the fit
     passes a column of candidate constants against a row of points)."""
-    w = np.asarray(eta_wq, dtype=float) if parts.weight_only else 1.0
+    w = np.where(parts.weight_only, np.asarray(eta_wq, dtype=float), 1.0)
     eta = np.asarray(eta_mem, dtype=float)
-    memory = (parts.kv_s + parts.dense_s / w + parts.expert_s / (w * np.asarray(eta_moe))) / eta + parts.spill_s
+    memory = (
+        parts.kv_s + parts.dense_s / w + parts.expert_s / (w * np.asarray(eta_moe))
+    ) / eta + parts.spill_s
     compute = parts.flops_s / (np.asarray(mfu, dtype=float) * w)
-    if parts.sram:
-        return memory, compute, memory + compute + parts.comm_s + parts.fixed_s
-    return memory, compute, np.maximum(memory, compute) + parts.comm_s + parts.fixed_s
+    # HBM: the roofline's max; SRAM: the token walks layers, so its parts add up
+    busy = np.where(parts.sram, memory + compute, np.maximum(memory, compute))
+    return memory, compute, busy + parts.comm_s + parts.fixed_s
 
 
 def step_time(
@@ -570,16 +581,17 @@ def predict(
 ) -> Prediction:
     """Idle-device timing of one request among ``batch`` identical ones.
 
-    The chip count is the smallest TP width holding ``batch`` sequences (or ``tp``). When none does,
-    the server runs as many as fit and queues the rest: ``fits`` is False, ``effective_batch`` is what
-    runs, and the timings are for it. Raises DoesNotFit only when the weights fit at no width.
+    The chip count is the smallest TP width holding the weights and one sequence (or ``tp``), whatever
+    the batch, so ``predict`` and ``sweep`` agree. A batch whose KV does not fit runs as many sequences
+    as fit and queues the rest: ``fits`` is False, ``effective_batch`` is what runs, and the timings are
+    for it. Raises DoesNotFit only when the weights (plus one sequence) fit at no width.
     """
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch}")
     ctx_max = prompt_tokens + output_tokens
     system = make_system(
-        device, model, precision, tp=tp, seqs=batch, context=ctx_max, eff=eff,
-        kv_precision=kv_precision, stack=stack, strict=False,
+        device, model, precision, tp=tp, seqs=batch if device.kind == "sram" else 1, context=ctx_max,
+        eff=eff, kv_precision=kv_precision, stack=stack,
     )  # fmt: skip
     room = max_sequences(system, ctx_max)
     run = batch if device.kind == "sram" else min(batch, room)

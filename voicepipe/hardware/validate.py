@@ -12,7 +12,7 @@ is then a closed-form function of those parts and the constants θ = (η_mem, MF
 
 (B is the batch that fits when the published one does not.) The fit minimises the mean absolute log
 error over the training points by a coarse-to-fine grid over θ inside published ranges, with a weak pull
-towards the mid-range defaults so constants no training point constrains stay there. All candidate θ are
+towards published mid-range values so constants no training point constrains stay there. All candidate θ are
 evaluated in one numpy broadcast, so a fit takes milliseconds and leave-one-source-out (refit without
 every point of one source, predict that source) takes well under a second.
 """
@@ -55,7 +55,13 @@ BOUNDS: dict[str, tuple[float, float]] = {
 }
 DEFAULT_PROMPT, DEFAULT_OUTPUT = 1024, 256  # where a source publishes no lengths (as `hardware predict`)
 SATURATED = 512  # cap on "as many as fit" for a saturated server (trtllm-bench/vLLM throughput runs)
-PRIOR_WEIGHT = 0.002  # weak pull to the defaults: only decides constants the data leaves free
+PRIOR_WEIGHT = 0.002
+PRIOR = {
+    "eta_mem": 0.80,
+    "mfu": 0.60,
+    "eta_wq": 0.70,
+    "eta_moe": 0.70,
+}  # published mid-ranges  # weak pull to the defaults: only decides constants the data leaves free
 
 
 class Point(BaseModel):
@@ -68,7 +74,9 @@ class Point(BaseModel):
     precision: str
     kv_precision: str | None = None
     batch: int | None = Field(default=None, ge=1)  # None: a saturated server (as many as fit, ≤ SATURATED)
-    prompt_tokens: int | None = Field(default=None, ge=0)  # 0: pure decode (llama-bench tg); None: unpublished
+    prompt_tokens: int | None = Field(
+        default=None, ge=0
+    )  # 0: pure decode (llama-bench tg); None: unpublished
     output_tokens: int | None = Field(default=None, ge=1)
     stack: str
     metric: Metric
@@ -91,7 +99,9 @@ def points() -> tuple[Point, ...]:
         except ValidationError as exc:
             err = exc.errors()[0]
             where = item.get("id", f"#{i}") if isinstance(item, dict) else f"#{i}"
-            raise ValueError(f"validation.yaml: points[{where}].{'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+            raise ValueError(
+                f"validation.yaml: points[{where}].{'.'.join(map(str, err['loc']))}: {err['msg']}"
+            ) from None
     return tuple(out)
 
 
@@ -147,7 +157,9 @@ def prepare(p: Point) -> Prepared:
         batch = asked if dev.kind == "sram" else min(asked, max_sequences(system, ctx_max))
     else:
         if p.chips > dev.max_tp:
-            return Prepared(p, reason=f"{p.chips} chips exceed {dev.key}'s tensor-parallel group ({dev.max_tp})")
+            return Prepared(
+                p, reason=f"{p.chips} chips exceed {dev.key}'s tensor-parallel group ({dev.max_tp})"
+            )
         system = System(dev, mdl, p.precision, p.chips, DEFAULT_EFFICIENCY, p.kv_precision, stk)
         batch = min(asked, max_sequences(system, ctx_max))
         if batch < 1:
@@ -158,7 +170,9 @@ def prepare(p: Point) -> Prepared:
     decode = step_parts(system, batch, batch * ctx)
     # all B prompts in one prefill pass: B·P tokens through the weights, attention per prompt (P²/2 each)
     prefill = step_parts(system, batch, batch * prompt / 2.0, tokens_per_seq=max(prompt, 1))
-    return Prepared(p, decode=decode, prefill=prefill, request_s=request_overhead_s(system), batch=batch, out=out)
+    return Prepared(
+        p, decode=decode, prefill=prefill, request_s=request_overhead_s(system), batch=batch, out=out
+    )
 
 
 def _stack_parts(parts: list[StepParts]) -> StepParts:
@@ -218,7 +232,7 @@ def predicted(b: Batch, theta: FArray) -> FArray:
 
 def _loss(b: Batch, theta: FArray) -> FArray:
     err = np.abs(np.log(predicted(b, theta) / b.value)).mean(axis=-1)
-    default = np.array([getattr(DEFAULT_EFFICIENCY, k) for k in FITTED])
+    default = np.array([PRIOR[k] for k in FITTED])
     prior = (np.log(np.atleast_2d(theta) / default) ** 2).sum(axis=-1)
     return err + PRIOR_WEIGHT * prior
 
@@ -230,7 +244,10 @@ def fit(b: Batch, rounds: int = 6, steps: int = 5) -> FArray:
     best = (lo + hi) / 2.0
     span = hi - lo
     for _ in range(rounds):
-        axes = [np.clip(np.linspace(c - s / 2, c + s / 2, steps), a, z) for c, s, a, z in zip(best, span, lo, hi)]
+        axes = [
+            np.clip(np.linspace(c - s / 2, c + s / 2, steps), a, z)
+            for c, s, a, z in zip(best, span, lo, hi, strict=True)
+        ]
         grid = np.stack(np.meshgrid(*axes, indexing="ij"), axis=-1).reshape(-1, len(FITTED))
         best = grid[int(np.argmin(_loss(b, grid)))]
         span = span * 2.0 / (steps - 1)
@@ -256,7 +273,11 @@ class Report:
 
     def errors(self, tier: int | None = None) -> FArray:
         return np.array(
-            [abs(r.error) for r in self.rows if r.error is not None and (tier is None or r.point.tier == tier)]
+            [
+                abs(r.error)
+                for r in self.rows
+                if r.error is not None and (tier is None or r.point.tier == tier)
+            ]
         )
 
 
@@ -308,7 +329,9 @@ def markdown(rep: Report) -> str:
     for r in rep.rows:
         pred = f"{r.predicted:.4g}" if r.predicted is not None else f"cannot answer: {r.reason}"
         err = f"{r.error * 100:+.1f} %" if r.error is not None else "—"
-        lines.append(f"| {r.point.id} | {r.point.tier} | {r.point.metric} | {r.point.value:g} | {pred} | {err} |")
+        lines.append(
+            f"| {r.point.id} | {r.point.tier} | {r.point.metric} | {r.point.value:g} | {pred} | {err} |"
+        )
     lines.append("")
     lines.extend(f"* {s}" for s in summary_lines(rep))
     return "\n".join(lines)
