@@ -265,3 +265,9 @@ def test_json_file_output(tmp_path):
     r = runner.invoke(app, ["predict", "-H", "h100-sxm", "-m", "llama-3.1-8b", "--json", str(out)])
     assert r.exit_code == 0 and "MODELLED" in r.output
     assert json.loads(out.read_text())["modelled"] is True
+
+
+def test_shipped_defaults_are_the_full_data_fit():
+    rep = val.run()
+    for name, value in rep.theta_all.items():
+        assert getattr(hm.DEFAULT_EFFICIENCY, name) == pytest.approx(value, abs=0.01), name

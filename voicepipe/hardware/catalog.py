@@ -180,6 +180,7 @@ class Stack(BaseModel):
     name: str
     step_overhead_us: float = Field(ge=0)  # per engine step: scheduling, sampling, detokenisation
     layer_overhead_us: float = Field(ge=0)  # per layer per step: kernel gaps, norms, rotary
+    prefill_layer_overhead_us: float = Field(ge=0)  # extra per layer when a step prefills (eager launches)
     request_overhead_ms: float = Field(ge=0)  # per request, on TTFT: tokenise, admit, first sample, API
     multi_chip: Literal["tensor", "pipeline"] = "tensor"  # how it spreads a model over several chips
     sources: dict[str, str]

@@ -64,10 +64,10 @@ class Efficiency:
     """Efficiency factors, one set for every HBM device (η_mem, MFU, η_wq, η_moe fitted; see docs §2)."""
 
     # fitted on every point of data/validation.yaml (`voicepipe hardware validate`; docs §2 and §3)
-    eta_mem: float = 0.67  # share of HBM bandwidth a native decode step streams (published 0.6-0.92)
+    eta_mem: float = 0.68  # share of HBM bandwidth a native decode step streams (published 0.6-0.92)
     mfu: float = 0.64  # share of dense peak FLOP/s in matmul-heavy work (published 0.3-0.7)
     eta_wq: float = 1.0  # weight-only kernels' efficiency relative to native ones (dequant in the loop)
-    eta_moe: float = 1.0  # expert (grouped-GEMM) streaming efficiency relative to dense GEMV + routing
+    eta_moe: float = 0.98  # expert (grouped-GEMM) streaming efficiency relative to dense GEMV + routing
     ar_growth: float = 0.5  # all-reduce latency growth per doubling of the TP group beyond 2
     link_eff: float = 0.45  # share of link bandwidth NCCL reaches at 0.1-10 MB messages
     usable_memory: float = 0.90  # share of HBM for weights + KV (rest: activations, runtime, fragments)
@@ -361,21 +361,26 @@ def step_parts(
     tokens_per_seq: ArrayLike = 1,
     prefill_tokens: ArrayLike = 0,
     prefill_cached: ArrayLike = 0,
+    prefill_seqs: ArrayLike = 1,
 ) -> StepParts:
-    """Raw costs of one engine step (see the module docstring for the formulas)."""
+    """Raw costs of one engine step (see the module docstring for the formulas).
+
+    ``prefill_tokens`` may be ``prefill_seqs`` prompts of equal length (a batch arriving at once):
+    attention then costs each prompt its own ``(n/s)²/2``."""
     dev, m, eff = system.device, system.model, system.eff
     d = np.asarray(decode_seqs, dtype=float)
     kv = np.asarray(kv_tokens, dtype=float)
     q = np.asarray(tokens_per_seq, dtype=float)
     n = np.asarray(prefill_tokens, dtype=float)
     c = np.asarray(prefill_cached, dtype=float)
+    ps = np.maximum(np.asarray(prefill_seqs, dtype=float), 1.0)
     tokens = d * q + n
     zero = 0.0 * (tokens + kv + c)
     bpp = bytes_per_param(system.precision)
     kvb = kv_bytes_per_token(m, system.kv)
     dense_p, expert_p = _read_split(m, tokens)
     attn_dim = m.heads * m.head_dim
-    flops = 2.0 * matmul_params(m) * tokens + 4.0 * m.layers * attn_dim * (q * kv + n * (c + n / 2.0))
+    flops = 2.0 * matmul_params(m) * tokens + 4.0 * m.layers * attn_dim * (q * kv + n * (c + n / (2.0 * ps)))
     kv_bytes = (kv + np.where(n > 0, c, 0.0) + tokens) * kvb
     flops_s = flops / (dev.peak_flops(system.precision) * system.chips) + zero
     stk = system.serving
@@ -405,7 +410,9 @@ def step_parts(
             spill_s=weights_s * (1.0 - hbm_share) / offload_bw + zero,
             flops_s=flops_s,
             comm_s=comm,
-            fixed_s=zero + m.layers * stk.layer_overhead_us * 1e-6 + stk.step_overhead_us * 1e-6,
+            fixed_s=zero
+            + m.layers * (stk.layer_overhead_us + np.where(n > 0, stk.prefill_layer_overhead_us, 0.0)) * 1e-6
+            + stk.step_overhead_us * 1e-6,
             weight_only=dev.weight_only(system.precision),
             sram=False,
         )

@@ -169,7 +169,7 @@ def prepare(p: Point) -> Prepared:
     ctx = prompt + out / 2.0
     decode = step_parts(system, batch, batch * ctx)
     # all B prompts in one prefill pass: B·P tokens through the weights, attention per prompt (P²/2 each)
-    prefill = step_parts(system, batch, batch * prompt / 2.0, tokens_per_seq=max(prompt, 1))
+    prefill = step_parts(system, 0, 0, prefill_tokens=batch * max(prompt, 1), prefill_seqs=batch)
     return Prepared(
         p, decode=decode, prefill=prefill, request_s=request_overhead_s(system), batch=batch, out=out
     )
