@@ -271,3 +271,22 @@ def test_shipped_defaults_are_the_full_data_fit():
     rep = val.run()
     for name, value in rep.theta_all.items():
         assert getattr(hm.DEFAULT_EFFICIENCY, name) == pytest.approx(value, abs=0.01), name
+
+
+def test_pipeline_config_takes_own_device_and_model_for_agent_and_council(tmp_path):
+    from voicepipe.config import load_config
+    from voicepipe.errors import UserError
+
+    dev = tmp_path / "dev.yaml"
+    dev.write_text(DEVICE_YAML)
+    model_cfg = HF / "mixtral-8x7b" / "config.json"
+    cfg_file = tmp_path / "pipe.yaml"
+    spec = f"{{hardware: {dev}, model: {model_cfg}, precision: int4}}"
+    cfg_file.write_text(f"agent:\n  backend: {spec}\ncouncil:\n  members: [{spec}, h100-sxm/llama-3.1-8b]\n")
+    cfg = load_config(cfg_file)
+    assert isinstance(cfg.agent.backend, dict) and cfg.agent.backend["hardware"] == str(dev)
+    assert build_backend(cfg.agent.backend).describe()["chips"] >= 1
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(f"agent:\n  backend: {{hardware: {dev}, model: {tmp_path / 'missing.json'}}}\n")
+    with pytest.raises(UserError, match=r"missing\.json"):
+        load_config(bad)

@@ -10,7 +10,7 @@ HBM devices (GPUs, TPUs), per chip of a tensor-parallel group of ``tp``::
     w      = η_wq if the precision is weight-only on this device (dequantised in-kernel), else 1
     t_mem  = (KV(K + m + T)/shards + W_dense/tp / w + W_exp(T)/tp / (w·η_moe)) / (η_mem · BW)
              + W_spill/tp / BW_offload
-    t_comp = (2·P_matmul·T + 4·L·H·hd·(q·K + n·(m + n/2))) / (tp · peak(precision) · MFU · w)
+    t_comp = (2·P_matmul·T / peak(precision) + 4·L·H·hd·(q·K + n·(m + n/2)) / peak(bf16)) / (tp · MFU · w)
     t_comm = [tp > 1] · 2·L · (α(tp) + 2·(tp−1)/tp · T·hidden·2 B / (link_BW · η_link))
     α(tp)  = α_2 · (1 + g·log2(tp/2))                       (α_2: the device's measured-class latency)
     t_step = max(t_mem, t_comp) + t_comm + L·t_layer + t_step_fixed      (t_layer, t_step_fixed: stack)
@@ -380,9 +380,13 @@ def step_parts(
     kvb = kv_bytes_per_token(m, system.kv)
     dense_p, expert_p = _read_split(m, tokens)
     attn_dim = m.heads * m.head_dim
-    flops = 2.0 * matmul_params(m) * tokens + 4.0 * m.layers * attn_dim * (q * kv + n * (c + n / (2.0 * ps)))
+    linear = 2.0 * matmul_params(m) * tokens
+    attention = 4.0 * m.layers * attn_dim * (q * kv + n * (c + n / (2.0 * ps)))
     kv_bytes = (kv + np.where(n > 0, c, 0.0) + tokens) * kvb
-    flops_s = flops / (dev.peak_flops(system.precision) * system.chips) + zero
+    # weights' matmuls run at the precision's rate; attention (scores, values) in 16-bit math
+    flops_s = (
+        linear / dev.peak_flops(system.precision) + attention / dev.peak_flops("bf16")
+    ) / system.chips + zero
     stk = system.serving
     if dev.kind == "hbm":
         bw = float(dev.mem_bw_tbs or 0) * 1e12
