@@ -244,7 +244,7 @@ def points() -> list[hw.CalibrationPoint]:
     return hw.calibration()
 
 
-def test_every_calibration_point_within_15_percent(points):
+def test_every_calibration_point_within_its_tolerance(points):
     bad = [(p.name, p.published, p.predicted) for p in points if not p.ok]
     assert not bad
     assert len(points) >= 12

@@ -64,10 +64,10 @@ class Efficiency:
     """Efficiency factors, one set for every HBM device (η_mem, MFU, η_wq, η_moe fitted; see docs §2)."""
 
     # fitted on every point of data/validation.yaml (`voicepipe hardware validate`; docs §2 and §3)
-    eta_mem: float = 0.68  # share of HBM bandwidth a native decode step streams (published 0.6-0.92)
+    eta_mem: float = 0.61  # share of HBM bandwidth a native decode step streams (published 0.6-0.92)
     mfu: float = 0.64  # share of dense peak FLOP/s in matmul-heavy work (published 0.3-0.7)
     eta_wq: float = 1.0  # weight-only kernels' efficiency relative to native ones (dequant in the loop)
-    eta_moe: float = 0.98  # expert (grouped-GEMM) streaming efficiency relative to dense GEMV + routing
+    eta_moe: float = 1.0  # expert (grouped-GEMM) streaming efficiency relative to dense GEMV + routing
     ar_growth: float = 0.5  # all-reduce latency growth per doubling of the TP group beyond 2
     link_eff: float = 0.45  # share of link bandwidth NCCL reaches at 0.1-10 MB messages
     usable_memory: float = 0.90  # share of HBM for weights + KV (rest: activations, runtime, fragments)
@@ -110,9 +110,10 @@ def speculative_speedup(alpha: ArrayLike, gamma: ArrayLike, draft_cost: ArrayLik
     return expected_tokens_per_step(alpha, g) / (g * np.asarray(draft_cost, dtype=float) + 1.0)
 
 
-def default_kv_precision(model: ModelSpec) -> str:
-    """KV-cache format when none is given: the model's own precision if it is a KV format, else bf16."""
-    return model.default_precision if model.default_precision in ("bf16", "fp16", "fp8") else "bf16"
+def default_kv_precision(precision: str) -> str:
+    """KV-cache format when none is given: the precision the model runs at if that is a KV format
+    (bf16, fp16, fp8), else bf16 (int8/int4/fp4 weight formats keep a 16-bit cache)."""
+    return precision if precision in ("bf16", "fp16", "fp8") else "bf16"
 
 
 @dataclass(frozen=True)
@@ -124,7 +125,7 @@ class System:
     precision: str
     chips: int
     eff: Efficiency = field(default=DEFAULT_EFFICIENCY)
-    kv_precision: str | None = None  # None: default_kv_precision(model)
+    kv_precision: str | None = None  # None: default_kv_precision(precision)
     stack: Stack | None = None  # None: the catalog's default stack
 
     @property
@@ -133,7 +134,7 @@ class System:
 
     @property
     def kv(self) -> str:
-        return self.kv_precision or default_kv_precision(self.model)
+        return self.kv_precision or default_kv_precision(self.precision)
 
     @property
     def serving(self) -> Stack:
