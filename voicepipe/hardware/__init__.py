@@ -1,7 +1,9 @@
 """Hardware models of LLM serving: catalog (devices, models), analytic timing, shared-device simulation.
 
-* :mod:`~voicepipe.hardware.catalog` — devices and models with the source of every number
+* :mod:`~voicepipe.hardware.catalog` — devices, models and serving stacks with the source of every number
+* :mod:`~voicepipe.hardware.byo` — a user's own Hugging Face ``config.json`` or device YAML
 * :mod:`~voicepipe.hardware.model` — pure timing functions (roofline for HBM, per-layer + hops for SRAM)
+* :mod:`~voicepipe.hardware.validate` — fit of the few global constants, leave-one-source-out residuals
 * :mod:`~voicepipe.hardware.serving` — one shared device on virtual time (continuous batching, queue)
 * :mod:`~voicepipe.hardware.backend` — ``make_hardware_backend(spec)`` for the agent stage
 
