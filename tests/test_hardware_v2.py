@@ -290,3 +290,23 @@ def test_pipeline_config_takes_own_device_and_model_for_agent_and_council(tmp_pa
     bad.write_text(f"agent:\n  backend: {{hardware: {dev}, model: {tmp_path / 'missing.json'}}}\n")
     with pytest.raises(UserError, match=r"missing\.json"):
         load_config(bad)
+
+
+def test_pipeline_stack_runs_chips_in_turn():
+    one = system("rtx-4090", "llama-3.1-8b", tp=1, stack=cat.stack("llama.cpp"), precision="int4")
+    two = system("rtx-4090", "llama-3.1-8b", tp=2, stack=cat.stack("llama.cpp"), precision="int4")
+    tensor = system("rtx-4090", "llama-3.1-8b", tp=2, stack=cat.stack("vllm"), precision="int4")
+    t1, t2 = (float(hm.decode_step_s(s, 1, 512)) for s in (one, two))
+    assert t1 < t2 < 1.1 * t1  # no speed-up from a layer split, only a hop more
+    assert float(hm.step_parts(tensor, 1, 512).dense_s) == pytest.approx(
+        float(hm.step_parts(one, 1, 512).dense_s) / 2
+    )
+    assert hm.max_sequences(two, 4096) > 2 * hm.max_sequences(one, 4096)  # but twice the memory
+
+
+def test_offload_tier_only_when_no_width_holds_the_weights_in_hbm():
+    sn = cat.device("sambanova-sn40l")
+    s70 = hm.make_system(sn, cat.model("llama-3.1-70b"))
+    assert s70.chips == 4 and hm.weight_split(s70)[1] == 0
+    gh = hm.make_system(cat.device("gh200"), cat.model("llama-3.1-70b"))
+    assert gh.chips == 1 and hm.weight_split(gh)[1] > 0

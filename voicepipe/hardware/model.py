@@ -283,10 +283,11 @@ def make_system(
         widths = [tp]
     else:
         widths = tp_options(device)
-    for width in widths:
-        system = build(width)
-        if max_sequences(system, context) >= seqs:
-            return system
+    for spill_ok in (False, True):  # prefer a width that holds the weights in HBM to one that spills
+        for width in widths:
+            system = build(width)
+            if max_sequences(system, context) >= seqs and (spill_ok or weight_split(system)[1] == 0):
+                return system
     widest = build(widths[-1])
     if strict or max_sequences(widest, context) < 1:
         raise DoesNotFit(_no_fit(widest, seqs if strict else 1, context))
@@ -384,34 +385,31 @@ def step_parts(
     linear = 2.0 * matmul_params(m) * tokens
     attention = 4.0 * m.layers * attn_dim * (q * kv + n * (c + n / (2.0 * ps)))
     kv_bytes = (kv + np.where(n > 0, c, 0.0) + tokens) * kvb
-    # weights' matmuls run at the precision's rate; attention (scores, values) in 16-bit math
-    flops_s = (
-        linear / dev.peak_flops(system.precision) + attention / dev.peak_flops("bf16")
-    ) / system.chips + zero
     stk = system.serving
+    # tensor parallelism splits every step's work over the chips; a pipeline (llama.cpp's layer split)
+    # runs the chips in turn, so a step costs one chip's time for all the work plus the hops between
+    pipeline = dev.kind == "hbm" and stk.multi_chip == "pipeline" and system.chips > 1
+    par = 1 if pipeline else system.chips
+    # weights' matmuls run at the precision's rate; attention (scores, values) in 16-bit math
+    flops_s = (linear / dev.peak_flops(system.precision) + attention / dev.peak_flops("bf16")) / par + zero
     if dev.kind == "hbm":
         bw = float(dev.mem_bw_tbs or 0) * 1e12
         tp = system.chips
+        link = float(dev.link_gbs or 0) * 1e9 * eff.link_eff
         in_hbm, spilled = weight_split(system)
         hbm_share = in_hbm / (in_hbm + spilled)
         comm = zero
-        if tp > 1:
-            ring = (
-                2.0
-                * (tp - 1)
-                / tp
-                * tokens
-                * m.hidden
-                * 2.0
-                / (float(dev.link_gbs or 0) * 1e9 * eff.link_eff)
-            )
+        if pipeline:  # one activation hand-off per chip boundary
+            comm = (tp - 1) * (float(dev.allreduce_us or 0.0) * 1e-6 + tokens * m.hidden * 2.0 / link) + zero
+        elif tp > 1:
+            ring = 2.0 * (tp - 1) / tp * tokens * m.hidden * 2.0 / link
             comm = allreduces_per_step(m, tp) * (allreduce_latency_s(dev, tp, eff) + ring) + zero
         offload_bw = float(dev.offload_bw_tbs or 1.0) * 1e12
-        weights_s = (dense_p + expert_p) * bpp / tp
+        weights_s = (dense_p + expert_p) * bpp / par
         return StepParts(
-            kv_s=kv_bytes / kv_shards(m, tp) / bw + zero,
-            dense_s=dense_p * bpp / tp * hbm_share / bw + zero,
-            expert_s=expert_p * bpp / tp * hbm_share / bw + zero,
+            kv_s=kv_bytes / (1 if pipeline else kv_shards(m, tp)) / bw + zero,
+            dense_s=dense_p * bpp / par * hbm_share / bw + zero,
+            expert_s=expert_p * bpp / par * hbm_share / bw + zero,
             spill_s=weights_s * (1.0 - hbm_share) / offload_bw + zero,
             flops_s=flops_s,
             comm_s=comm,

@@ -164,8 +164,6 @@ def prepare(p: Point) -> Prepared:
         batch = min(asked, max_sequences(system, ctx_max))
         if batch < 1:
             return Prepared(p, reason=f"weights do not fit {p.chips} x {dev.key} at {p.precision}")
-        if stk.multi_chip == "pipeline":  # layers run in turn: one chip's bandwidth, all chips' capacity
-            system = System(dev, mdl, p.precision, 1, DEFAULT_EFFICIENCY, p.kv_precision, stk)
     ctx = prompt + out / 2.0
     decode = step_parts(system, batch, batch * ctx)
     # all B prompts in one prefill pass: B·P tokens through the weights, attention per prompt (P²/2 each)
