@@ -109,6 +109,7 @@ def load_hf_config(path: str) -> ModelSpec:
     mlp_mats = 3 if _gated(cfg) else 2
     dense_mlp = mlp_mats * hidden * inter
     total = active = 0.0
+    moe_layers = 0
     if experts > 1:
         expert_inter = r.int_("moe_intermediate_size", "expert_intermediate_size", default=inter)
         shared = r.int_("n_shared_experts", "num_shared_experts", default=0, lo=0)
@@ -148,6 +149,7 @@ def load_hf_config(path: str) -> ModelSpec:
         "params_active_b": active / 1e9 if experts > 1 else None,
         "experts": experts,
         "experts_active": top_k if experts > 1 else 1,
+        "moe_layers": moe_layers if experts > 1 else None,
         "kv_dim": kv_dim,
         "tied_embeddings": tied,
         "default_precision": precision or _DTYPES.get(dtype, "bf16"),

@@ -123,6 +123,7 @@ class ModelSpec(BaseModel):
     params_active_b: float | None = Field(default=None, gt=0)
     experts: int = Field(default=1, ge=1)
     experts_active: int = Field(default=1, ge=1)
+    moe_layers: int | None = Field(default=None, gt=0)  # layers with routed experts (MoE; default all)
     kv_dim: int | None = Field(default=None, gt=0)
     tied_embeddings: bool = False
     default_precision: str = "bf16"
@@ -150,6 +151,11 @@ class ModelSpec(BaseModel):
     @property
     def is_moe(self) -> bool:
         return self.experts > 1
+
+    @property
+    def routed_layers(self) -> int:
+        """Layers that route tokens to experts (0 for a dense model)."""
+        return 0 if not self.is_moe else (self.moe_layers or self.layers)
 
     @property
     def total_params(self) -> float:

@@ -13,7 +13,7 @@ HBM devices (GPUs, TPUs), per chip of a tensor-parallel group of ``tp``::
     t_comp = (2·P_matmul·T / peak(precision) + 4·L·H·hd·(q·K + n·(m + n/2)) / peak(bf16)) / (tp · MFU · w)
     t_comm = [tp > 1] · 2·L · (α(tp) + 2·(tp−1)/tp · T·hidden·2 B / (link_BW · η_link))
     α(tp)  = α_2 · (1 + g·log2(tp/2))                       (α_2: the device's measured-class latency)
-    t_step = max(t_mem, t_comp) + t_comm + L·t_layer + t_step_fixed      (t_layer, t_step_fixed: stack)
+    t_step = max(t_mem, t_comp) + t_comm + L·t_layer + L_moe·t_route + t_step_fixed   (stack: t_layer, t_step_fixed)
 
 SRAM machines (Cerebras wafers, Groq chips) are not bandwidth-bound at small batch; the token walks
 through the layers and across the chips holding them::
@@ -69,6 +69,7 @@ class Efficiency:
     eta_wq: float = 1.0  # weight-only kernels' efficiency relative to native ones (dequant in the loop)
     eta_moe: float = 1.0  # expert (grouped-GEMM) streaming efficiency relative to dense GEMV + routing
     ar_growth: float = 0.5  # all-reduce latency growth per doubling of the TP group beyond 2
+    moe_route_s: float = 20e-6  # per MoE layer per step: router, top-k, permute, grouped-GEMM launches
     link_eff: float = 0.45  # share of link bandwidth NCCL reaches at 0.1-10 MB messages
     usable_memory: float = 0.90  # share of HBM for weights + KV (rest: activations, runtime, fragments)
     usable_sram: float = 1.0  # SRAM machines map weights and KV directly
@@ -415,6 +416,7 @@ def step_parts(
             comm_s=comm,
             fixed_s=zero
             + m.layers * (stk.layer_overhead_us + np.where(n > 0, stk.prefill_layer_overhead_us, 0.0)) * 1e-6
+            + m.routed_layers * eff.moe_route_s
             + stk.step_overhead_us * 1e-6,
             weight_only=dev.weight_only(system.precision),
             sram=False,
