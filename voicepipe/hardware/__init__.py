@@ -1,7 +1,9 @@
 """Hardware models of LLM serving: catalog (devices, models), analytic timing, shared-device simulation.
 
-* :mod:`~voicepipe.hardware.catalog` — devices and models with the source of every number
+* :mod:`~voicepipe.hardware.catalog` — devices, models and serving stacks with the source of every number
+* :mod:`~voicepipe.hardware.byo` — a user's own Hugging Face ``config.json`` or device YAML
 * :mod:`~voicepipe.hardware.model` — pure timing functions (roofline for HBM, per-layer + hops for SRAM)
+* :mod:`~voicepipe.hardware.validate` — fit of the few global constants, leave-one-source-out residuals
 * :mod:`~voicepipe.hardware.serving` — one shared device on virtual time (continuous batching, queue)
 * :mod:`~voicepipe.hardware.backend` — ``make_hardware_backend(spec)`` for the agent stage
 
@@ -22,6 +24,9 @@ class CalibrationPoint:
     unit: str
     source: str
     lower_bound: bool = False  # the published figure is a floor (">1,000 tok/s")
+    # 15 % where the point fits its own constants (SRAM) or is a definition; 30 % for the HBM points,
+    # whose constants are fitted on the validation set instead (docs §2-§3), so this is out of sample
+    tolerance: float = 0.15
 
     @property
     def residual(self) -> float:
@@ -30,8 +35,8 @@ class CalibrationPoint:
 
     @property
     def ok(self) -> bool:
-        """Within 15 % (or at/above a published floor)."""
-        return self.predicted >= self.published if self.lower_bound else abs(self.residual) <= 0.15
+        """Within the tolerance (or at/above a published floor)."""
+        return self.predicted >= self.published if self.lower_bound else abs(self.residual) <= self.tolerance
 
 
 def calibration() -> list[CalibrationPoint]:
@@ -55,9 +60,9 @@ def calibration() -> list[CalibrationPoint]:
     sonnet = profiles()["sonnet-gpu"]
     vllm = "johnmusgrave.com vLLM sweep on A100 (reference-figures.md)"
     return [
-        CalibrationPoint("A100-40GB Llama-3.1-8B bf16, 1 request, 1024 in/128 out", 75, a100.tokens_per_second, "tok/s", vllm),
-        CalibrationPoint("  same, share of the bandwidth roofline", 0.77, a100.tokens_per_second / roofline, "ratio", vllm),
-        CalibrationPoint("  same, aggregate gain at concurrency 8 (closed loop, prefill included)", 6.6, gain, "x", vllm),
+        CalibrationPoint("A100-40GB Llama-3.1-8B bf16, 1 request, 1024 in/128 out", 75, a100.tokens_per_second, "tok/s", vllm, tolerance=0.3),
+        CalibrationPoint("  same, share of the bandwidth roofline", 0.77, a100.tokens_per_second / roofline, "ratio", vllm, tolerance=0.3),
+        CalibrationPoint("  same, aggregate gain at concurrency 8 (closed loop, prefill included)", 6.6, gain, "x", vllm, tolerance=0.3),
         CalibrationPoint("Cerebras WSE-3 Llama-3.1-8B 16-bit", 1800, cer8.tokens_per_second, "tok/s", "Cerebras launch blog, Aug 2024 (AA: 1,837)"),
         CalibrationPoint("Groq LPU Llama-3.1-70B", 250, groq70.tokens_per_second, "tok/s", "Artificial Analysis Sept 2024, via SambaNova blog 2024-09-10"),
         CalibrationPoint("Groq LPU chips for a 70B model", 576, groq70.chips, "chips", "reference-figures.md (~576)"),

@@ -1,24 +1,34 @@
 """Hardware-modelled LLM backends: ``make_hardware_backend("cerebras-wse3/llama-3.1-8b")`` or a dict.
 
-Dict keys: ``hardware``, ``model`` (required); ``precision``, ``tp``, ``max_batch``, ``context`` (tokens
+Dict keys: ``hardware``, ``model`` (required: catalog names, or a device YAML file and a Hugging Face
+``config.json`` path, see :mod:`voicepipe.hardware.byo`); ``precision``, ``kv_precision`` (default: the
+model's), ``stack`` (serving-stack profile, default vllm), ``tp``, ``max_batch``, ``context`` (tokens
 per sequence the system is sized for, default 4096), ``speculative: {alpha, gamma, draft_cost}``,
 ``fast`` (same model at a small max batch, priced accordingly), ``prompt_cache`` (honour the request's
 ``cached_prompt_tokens``; default true).
 
-``predict`` is the idle device: ``ttft = t_step(prefill of prompt − cached)`` (that forward pass emits
+``predict`` is the idle device: ``ttft = stack request cost + t_step(prefill of prompt − cached)`` (that forward pass emits
 token 0), ``tpot = t_step(1 sequence at prompt + output/2 context) / E``. ``start`` runs the request on the
 backend's one shared :class:`~voicepipe.hardware.serving.DeviceServer`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from voicepipe.backends.base import LLMRequest, Prices, Timing
-from voicepipe.hardware.catalog import Device, ModelSpec, check_precision, device, model
+from voicepipe.hardware.catalog import (
+    Device,
+    ModelSpec,
+    check_kv_precision,
+    check_precision,
+    device,
+    model,
+    stack,
+)
 from voicepipe.hardware.model import (
     DoesNotFit,
     Speculative,
@@ -29,6 +39,7 @@ from voicepipe.hardware.model import (
     mean_context,
     mixed_step_s,
     prefill_s,
+    request_overhead_s,
     tokens_per_step,
     tp_options,
 )
@@ -44,6 +55,8 @@ SPEC_KEYS = {
     "hardware",
     "model",
     "precision",
+    "kv_precision",
+    "stack",
     "tp",
     "max_batch",
     "context",
@@ -115,25 +128,34 @@ def deploy(cfg: dict[str, Any]) -> Deployment:
     dev: Device = device(str(cfg["hardware"]))
     mdl: ModelSpec = model(str(cfg["model"]))
     prec = check_precision(str(cfg.get("precision") or mdl.default_precision))
+    kv = check_kv_precision(str(cfg["kv_precision"])) if cfg.get("kv_precision") else None
+    stk = stack(str(cfg["stack"])) if cfg.get("stack") else None
     tp = _int(cfg, "tp")
     asked_batch = _int(cfg, "max_batch")
     context = _int(cfg, "context") or DEFAULT_CONTEXT
     fast = bool(cfg.get("fast", False))
     notes: list[str] = []
     if asked_batch is not None:
-        system = make_system(dev, mdl, prec, tp=tp, seqs=asked_batch, context=context)
+        system = make_system(
+            dev, mdl, prec, tp=tp, seqs=asked_batch, context=context, kv_precision=kv, stack=stk
+        )
         max_batch = asked_batch
     elif dev.kind == "sram":
-        leftover = max_sequences(make_system(dev, mdl, prec, seqs=1, context=context), context)
+        one = make_system(dev, mdl, prec, seqs=1, context=context, kv_precision=kv, stack=stk)
+        leftover = max_sequences(one, context)
         max_batch = max(SRAM_MIN_BATCH, min(DEFAULT_MAX_BATCH, leftover))
-        system = make_system(dev, mdl, prec, seqs=max_batch, context=context)
+        system = make_system(dev, mdl, prec, seqs=max_batch, context=context, kv_precision=kv, stack=stk)
         notes.append(f"max_batch {max_batch}: KV room left beside the weights (at least {SRAM_MIN_BATCH})")
     else:
         try:
-            system = make_system(dev, mdl, prec, tp=tp, seqs=DEFAULT_MAX_BATCH, context=context)
+            system = make_system(
+                dev, mdl, prec, tp=tp, seqs=DEFAULT_MAX_BATCH, context=context, kv_precision=kv, stack=stk
+            )
             max_batch = DEFAULT_MAX_BATCH
         except DoesNotFit:
-            system = _widest_useful(dev, mdl, prec, tp, context)
+            system = _widest_useful(make_system(dev, mdl, prec, tp=1 if tp is None else tp, seqs=0,
+                                                context=context, kv_precision=kv, stack=stk, strict=False),
+                                    tp, context)  # fmt: skip
             max_batch = max_sequences(system, context)
             notes.append(f"max_batch {max_batch}: KV memory left at tp {system.chips}")
     if fast:
@@ -149,19 +171,22 @@ def deploy(cfg: dict[str, Any]) -> Deployment:
     )
 
 
-def _widest_useful(dev: Device, mdl: ModelSpec, prec: str, tp: int | None, context: int) -> System:
+def _widest_useful(probe: System, tp: int | None, context: int) -> System:
     """Fallback when 64 sequences don't fit: the first TP width holding 8 sequences, else the widest."""
-    widths = [tp] if tp is not None else tp_options(dev)
+    widths = [tp] if tp is not None else tp_options(probe.device)
     last: System | None = None
     for width in widths:
-        system = System(dev, mdl, prec, width)
+        system = replace(probe, chips=width)
         n = max_sequences(system, context)
         if n >= 8:
             return system
         if n >= 1:
             last = system
-    if last is None:
-        return make_system(dev, mdl, prec, tp=tp, seqs=1, context=context)  # raises DoesNotFit
+    if last is None:  # raises DoesNotFit
+        return make_system(
+            probe.device, probe.model, probe.precision, tp=tp, seqs=1, context=context,
+            kv_precision=probe.kv_precision, stack=probe.stack,
+        )  # fmt: skip
     return last
 
 
@@ -226,6 +251,7 @@ class HardwareBackend:
         n, cached = prefill_split(req, self.deployment.prompt_cache)
         spec = self.deployment.spec
         ttft = float(mixed_step_s(self.system, 0, 0.0, prefill_tokens=n, prefill_cached=cached, spec=spec))
+        ttft += request_overhead_s(self.system)
         ctx = mean_context(req.prompt_tokens, req.output_tokens)
         step = float(mixed_step_s(self.system, 1, ctx, spec=spec))
         return Timing(ttft_s=ttft, tpot_s=step / tokens_per_step(spec))
@@ -243,6 +269,8 @@ class HardwareBackend:
             "hardware": sys_.device.key,
             "model": sys_.model.key,
             "precision": sys_.precision,
+            "kv_precision": sys_.kv,
+            "stack": sys_.serving.key,
             "chips": sys_.chips,
             "max_batch": dep.max_batch,
             "context": dep.context,
@@ -261,6 +289,7 @@ class HardwareBackend:
             "sources": {
                 "device": dict(sys_.device.sources),
                 "model": dict(sys_.model.sources),
+                "stack": dict(sys_.serving.sources),
                 "method": "MODELLED: voicepipe.hardware.model (docs/hardware-model.md)",
             },
         }
@@ -271,6 +300,10 @@ def backend_name(cfg: dict[str, Any], dep: Deployment) -> str:
     name = f"{sys_.device.key}/{sys_.model.key}"
     if sys_.precision != sys_.model.default_precision:
         name += f"@{sys_.precision}"
+    if cfg.get("kv_precision"):
+        name += f"+kv{sys_.kv}"
+    if cfg.get("stack"):
+        name += f"+{sys_.serving.key}"
     if cfg.get("tp") is not None:
         name += f"+tp{sys_.chips}"
     if cfg.get("max_batch") is not None:

@@ -1,8 +1,12 @@
-"""Load and validate the device and model catalogs (``data/devices.yaml``, ``data/models.yaml``).
+"""Load and validate the device, model and serving-stack catalogs (``data/*.yaml``).
 
 Every numeric field of an entry must have a source string of the same name under ``sources`` (models
 group their architecture numbers under ``config`` and parameter counts under ``params``); validation
 fails otherwise, so a number cannot enter the catalog without its provenance.
+
+A user's own device (a YAML file with the fields of a catalog device) or model (a Hugging Face
+``config.json``) is accepted wherever a catalog name is: :func:`device` and :func:`model` take a name or a
+path (see :mod:`voicepipe.hardware.byo`).
 """
 
 from __future__ import annotations
@@ -21,7 +25,10 @@ PRECISIONS: dict[str, float] = {
     "fp8": 1.0,
     "int8": 1.0,
     "int4": 4.25 / 8,
+    # fp4: NVFP4 = 4-bit E2M1 values + one FP8 scale per 16 (4.5 bits); MXFP4 (8-bit scale per 32) is 4.25
+    "fp4": 4.5 / 8,
 }
+KV_PRECISIONS = ("bf16", "fp16", "fp8", "int8", "fp4")  # KV-cache element formats serving stacks offer
 
 
 class Device(BaseModel):
@@ -38,6 +45,9 @@ class Device(BaseModel):
     mem_bw_tbs: float | None = Field(default=None, gt=0)
     link_gbs: float | None = Field(default=None, gt=0)
     max_tp: int = Field(default=1, ge=1)
+    allreduce_us: float | None = Field(default=None, gt=0)  # small-message all-reduce latency at tp 2
+    offload_gb: float | None = Field(default=None, gt=0)  # a slower tier weights may spill to (DDR)
+    offload_bw_tbs: float | None = Field(default=None, gt=0)
     # SRAM devices
     sram_gb: float | None = Field(default=None, gt=0)
     sram_bw_tbs: float | None = Field(default=None, gt=0)
@@ -57,7 +67,14 @@ class Device(BaseModel):
             raise ValueError(f"{self.kind} device lacks {', '.join(missing)}")
         if "bf16" not in self.peak_tflops:
             raise ValueError("peak_tflops needs a bf16 entry")
+        if self.kind == "hbm" and self.max_tp > 1 and self.allreduce_us is None:
+            raise ValueError("hbm device with max_tp > 1 lacks allreduce_us")
+        if (self.offload_gb is None) != (self.offload_bw_tbs is None):
+            raise ValueError("offload_gb and offload_bw_tbs go together")
         numeric = [*need, "peak_tflops", "price_per_chip_hour"] + (["max_tp"] if self.kind == "hbm" else [])
+        numeric += [
+            f for f in ("allreduce_us", "offload_gb", "offload_bw_tbs") if getattr(self, f) is not None
+        ]
         unsourced = [f for f in numeric if not self.sources.get(f)]
         if unsourced:
             raise ValueError(f"no source for {', '.join(unsourced)}")
@@ -66,6 +83,10 @@ class Device(BaseModel):
     def peak_flops(self, precision: str) -> float:
         """Dense FLOP/s per chip for matmuls at ``precision`` (weight-only formats fall back to bf16)."""
         return self.peak_tflops.get(precision, self.peak_tflops["bf16"]) * 1e12
+
+    def weight_only(self, precision: str) -> bool:
+        """True when ``precision`` has no math of its own here: weights are dequantised to bf16 in-kernel."""
+        return precision not in self.peak_tflops and precision not in ("bf16", "fp16")
 
     @property
     def capacity_bytes(self) -> float:
@@ -102,6 +123,7 @@ class ModelSpec(BaseModel):
     params_active_b: float | None = Field(default=None, gt=0)
     experts: int = Field(default=1, ge=1)
     experts_active: int = Field(default=1, ge=1)
+    moe_layers: int | None = Field(default=None, gt=0)  # layers with routed experts (MoE; default all)
     kv_dim: int | None = Field(default=None, gt=0)
     tied_embeddings: bool = False
     default_precision: str = "bf16"
@@ -131,6 +153,11 @@ class ModelSpec(BaseModel):
         return self.experts > 1
 
     @property
+    def routed_layers(self) -> int:
+        """Layers that route tokens to experts (0 for a dense model)."""
+        return 0 if not self.is_moe else (self.moe_layers or self.layers)
+
+    @property
     def total_params(self) -> float:
         return self.params_total_b * 1e9
 
@@ -148,6 +175,32 @@ class ModelSpec(BaseModel):
         """KV-cache elements stored per token, all layers (GQA-aware; MLA via ``kv_dim``)."""
         per_layer = self.kv_dim if self.kv_dim is not None else 2 * self.kv_heads * self.head_dim
         return self.layers * per_layer
+
+
+class Stack(BaseModel):
+    """A serving stack's fixed costs (vLLM, SGLang, TensorRT-LLM, llama.cpp, ...); see data/stacks.yaml."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    key: str = ""
+    name: str
+    step_overhead_us: float = Field(ge=0)  # per engine step: scheduling, sampling, detokenisation
+    layer_overhead_us: float = Field(ge=0)  # per layer per step: kernel gaps, norms, rotary
+    prefill_layer_overhead_us: float = Field(ge=0)  # extra per layer when a step prefills (eager launches)
+    request_overhead_ms: float = Field(ge=0)  # per request, on TTFT: tokenise, admit, first sample, API
+    multi_chip: Literal["tensor", "pipeline"] = "tensor"  # how it spreads a model over several chips
+    sources: dict[str, str]
+
+    @model_validator(mode="after")
+    def _sourced(self) -> Stack:
+        missing = [
+            f
+            for f in ("step_overhead_us", "layer_overhead_us", "request_overhead_ms")
+            if not self.sources.get(f)
+        ]
+        if missing:
+            raise ValueError(f"no source for {', '.join(missing)}")
+        return self
 
 
 class QualityOnly(BaseModel):
@@ -176,21 +229,60 @@ def quality_only() -> dict[str, QualityOnly]:
     return {k: QualityOnly(**v) for k, v in (_read("models.yaml").get("quality_only") or {}).items()}
 
 
-def device(name: str) -> Device:
+@cache
+def stacks() -> dict[str, Stack]:
+    return {k: Stack(key=k, **v) for k, v in _read("stacks.yaml")["stacks"].items()}
+
+
+@cache
+def default_stack_name() -> str:
+    return str(_read("stacks.yaml")["default"])
+
+
+def stack(name: str | None = None) -> Stack:
+    """A serving-stack profile by name (None: the default one)."""
+    key = name or default_stack_name()
     try:
-        return devices()[name]
+        return stacks()[key]
     except KeyError:
-        raise ValueError(f"unknown hardware {name!r}; known: {', '.join(sorted(devices()))}") from None
+        raise ValueError(f"unknown stack {key!r}; known: {', '.join(sorted(stacks()))}") from None
+
+
+def _is_path(name: str, suffixes: tuple[str, ...]) -> bool:
+    return name.endswith(suffixes) or "/" in name or "\\" in name
+
+
+def device(name: str) -> Device:
+    """A catalog device by name, or a device YAML file (``*.yaml``/``*.yml`` or any path)."""
+    if name in devices():
+        return devices()[name]
+    if _is_path(name, (".yaml", ".yml")):
+        from voicepipe.hardware.byo import load_device
+
+        return load_device(name)
+    raise ValueError(
+        f"unknown hardware {name!r}; known: {', '.join(sorted(devices()))} or a device .yaml file"
+    )
 
 
 def model(name: str) -> ModelSpec:
-    try:
+    """A catalog model by name, or a Hugging Face ``config.json`` (any ``*.json`` or path)."""
+    if name in models():
         return models()[name]
-    except KeyError:
-        raise ValueError(f"unknown model {name!r}; known: {', '.join(sorted(models()))}") from None
+    if _is_path(name, (".json",)):
+        from voicepipe.hardware.byo import load_hf_config
+
+        return load_hf_config(name)
+    raise ValueError(f"unknown model {name!r}; known: {', '.join(sorted(models()))} or a config.json path")
 
 
 def check_precision(precision: str) -> str:
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}; use one of {', '.join(PRECISIONS)}")
+    return precision
+
+
+def check_kv_precision(precision: str) -> str:
+    if precision not in KV_PRECISIONS:
+        raise ValueError(f"unknown kv precision {precision!r}; use one of {', '.join(KV_PRECISIONS)}")
     return precision

@@ -7,10 +7,13 @@ tokens. ``T = d·q + n`` tokens go through the weights.
 
 HBM devices (GPUs, TPUs), per chip of a tensor-parallel group of ``tp``::
 
-    t_mem  = (W_read(T)/tp + (K + m + T)·kv_bytes/shards) / (η_mem · BW)
-    t_comp = (2·P_matmul·T + 4·L·H·hd·(q·K + n·(m + n/2))) / (tp · peak · MFU)
-    t_comm = [tp > 1] · 2·L · (α_ar + 2·(tp−1)/tp · T·hidden·2 B / link_bw)
-    t_step = max(t_mem, t_comp) + t_comm + L·t_layer + t_sched
+    w      = η_wq if the precision is weight-only on this device (dequantised in-kernel), else 1
+    t_mem  = (KV(K + m + T)/shards + W_dense/tp / w + W_exp(T)/tp / (w·η_moe)) / (η_mem · BW)
+             + W_spill/tp / BW_offload
+    t_comp = (2·P_matmul·T / peak(precision) + 4·L·H·hd·(q·K + n·(m + n/2)) / peak(bf16)) / (tp · MFU · w)
+    t_comm = [tp > 1] · 2·L · (α(tp) + 2·(tp−1)/tp · T·hidden·2 B / (link_BW · η_link))
+    α(tp)  = α_2 · (1 + g·log2(tp/2))                       (α_2: the device's measured-class latency)
+    t_step = max(t_mem, t_comp) + t_comm + L·t_layer + L_moe·t_route + t_step_fixed   (stack: t_layer, t_step_fixed)
 
 SRAM machines (Cerebras wafers, Groq chips) are not bandwidth-bound at small batch; the token walks
 through the layers and across the chips holding them::
@@ -20,42 +23,60 @@ through the layers and across the chips holding them::
 ``W_read(T)`` is the weight bytes one step streams: every dense weight, and for MoE the expected share of
 routed experts that ``T`` tokens touch, ``1 − (1 − k/E)^T`` (= the active params at T = 1). The input
 embedding table is not streamed (one row per token) unless it is tied to the output head.
+
+TTFT adds the stack's per-request cost to the prefill step. A batch whose KV does not fit runs as many
+sequences as fit (:func:`predict` says ``fits: false`` and the effective batch).
+
+The efficiency constants η_mem, MFU, η_wq, η_moe are fitted (:mod:`voicepipe.hardware.validate`); every
+step is first split into raw parts (:class:`StepParts`, seconds at efficiency 1) that :func:`combine`
+turns into time, so the fit evaluates thousands of constant sets over all points in one numpy call.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from voicepipe.hardware.catalog import PRECISIONS, Device, ModelSpec, check_precision
+from voicepipe.hardware.catalog import (
+    PRECISIONS,
+    Device,
+    ModelSpec,
+    Stack,
+    check_kv_precision,
+    check_precision,
+)
+from voicepipe.hardware.catalog import stack as catalog_stack
 
 Bound = Literal["memory", "compute", "latency"]
 FArray = NDArray[np.float64]
 
 
 class DoesNotFit(ValueError):
-    """The configuration cannot hold the weights (and KV cache) it was asked to."""
+    """The configuration cannot hold the weights it was asked to (at any tensor-parallel width)."""
 
 
 @dataclass(frozen=True)
 class Efficiency:
-    """Software/hardware efficiency factors, one set for every HBM device (fitted, see docs)."""
+    """Efficiency factors, one set for every HBM device (η_mem, MFU, η_wq, η_moe fitted; see docs §2)."""
 
-    eta_mem: float = 0.80  # share of HBM bandwidth a decode step streams (published 0.72-0.92)
-    mfu: float = 0.60  # share of dense peak FLOP/s in matmul-heavy work (published 0.3-0.7)
-    layer_overhead_s: float = 5e-6  # per layer per step: kernel gaps, norms, rotary (CUDA-graphed)
-    step_overhead_s: float = 1.0e-3  # per step: scheduler, sampling, detokenisation (serving stack)
-    allreduce_latency_s: float = 6e-6  # one small-message all-reduce on NVLink/ICI (2 per layer at tp>1)
+    # fitted on every point of data/validation.yaml (`voicepipe hardware validate`; docs §2 and §3)
+    eta_mem: float = 0.61  # share of HBM bandwidth a native decode step streams (published 0.6-0.92)
+    mfu: float = 0.64  # share of dense peak FLOP/s in matmul-heavy work (published 0.3-0.7)
+    eta_wq: float = 1.0  # weight-only kernels' efficiency relative to native ones (dequant in the loop)
+    eta_moe: float = 1.0  # expert (grouped-GEMM) streaming efficiency relative to dense GEMV + routing
+    ar_growth: float = 0.5  # all-reduce latency growth per doubling of the TP group beyond 2
+    moe_route_s: float = 20e-6  # per MoE layer per step: router, top-k, permute, grouped-GEMM launches
+    link_eff: float = 0.45  # share of link bandwidth NCCL reaches at 0.1-10 MB messages
     usable_memory: float = 0.90  # share of HBM for weights + KV (rest: activations, runtime, fragments)
     usable_sram: float = 1.0  # SRAM machines map weights and KV directly
 
 
 DEFAULT_EFFICIENCY = Efficiency()
-KERNEL_ONLY = replace(DEFAULT_EFFICIENCY, step_overhead_s=0.0)  # a bare decode loop without a server
+FITTED = ("eta_mem", "mfu", "eta_wq", "eta_moe")  # the constants validate fits; the rest are set
 
 
 @dataclass(frozen=True)
@@ -90,19 +111,35 @@ def speculative_speedup(alpha: ArrayLike, gamma: ArrayLike, draft_cost: ArrayLik
     return expected_tokens_per_step(alpha, g) / (g * np.asarray(draft_cost, dtype=float) + 1.0)
 
 
+def default_kv_precision(precision: str) -> str:
+    """KV-cache format when none is given: the precision the model runs at if that is a KV format
+    (bf16, fp16, fp8), else bf16 (int8/int4/fp4 weight formats keep a 16-bit cache)."""
+    return precision if precision in ("bf16", "fp16", "fp8") else "bf16"
+
+
 @dataclass(frozen=True)
 class System:
-    """One serving instance: a model on ``chips`` chips of a device at a precision."""
+    """One serving instance: a model on ``chips`` chips of a device at a precision, under a stack."""
 
     device: Device
     model: ModelSpec
     precision: str
     chips: int
     eff: Efficiency = field(default=DEFAULT_EFFICIENCY)
+    kv_precision: str | None = None  # None: default_kv_precision(precision)
+    stack: Stack | None = None  # None: the catalog's default stack
 
     @property
     def name(self) -> str:
         return f"{self.device.key}/{self.model.key}"
+
+    @property
+    def kv(self) -> str:
+        return self.kv_precision or default_kv_precision(self.precision)
+
+    @property
+    def serving(self) -> Stack:
+        return self.stack or catalog_stack()
 
 
 # ---------------------------------------------------------------- bytes
@@ -113,8 +150,8 @@ def bytes_per_param(precision: str) -> float:
 
 
 def kv_bytes_per_token(model: ModelSpec, precision: str) -> float:
-    """KV-cache bytes per token (all layers): fp8 caches in 1 byte, everything else in 16 bits."""
-    return model.kv_elems_per_token * (1.0 if precision == "fp8" else 2.0)
+    """KV-cache bytes per token (all layers) with KV elements stored at ``precision``."""
+    return model.kv_elems_per_token * PRECISIONS[check_kv_precision(precision)]
 
 
 def weight_bytes(model: ModelSpec, precision: str) -> float:
@@ -131,13 +168,19 @@ def _expert_split(model: ModelSpec) -> tuple[float, float]:
     return model.total_params - experts, experts
 
 
-def weight_read_params(model: ModelSpec, tokens: ArrayLike) -> FArray:
-    """Params one forward step over ``tokens`` tokens streams: dense + touched experts − embedding."""
+def _read_split(model: ModelSpec, tokens: ArrayLike) -> tuple[FArray, FArray]:
+    """(dense params streamed, routed-expert params streamed) by one step over ``tokens`` tokens."""
     t = np.maximum(np.asarray(tokens, dtype=float), 1.0)
     dense, experts = _expert_split(model)
-    touched = 1.0 - (1.0 - model.experts_active / model.experts) ** t if model.is_moe else 0.0
+    touched = 1.0 - (1.0 - model.experts_active / model.experts) ** t if model.is_moe else 0.0 * t
     not_streamed = 0.0 if model.tied_embeddings else model.embed_params
-    return dense + experts * touched - not_streamed
+    return dense - not_streamed + 0.0 * t, experts * touched
+
+
+def weight_read_params(model: ModelSpec, tokens: ArrayLike) -> FArray:
+    """Params one forward step over ``tokens`` tokens streams: dense + touched experts − embedding."""
+    dense, experts = _read_split(model, tokens)
+    return dense + experts
 
 
 def matmul_params(model: ModelSpec) -> float:
@@ -153,25 +196,50 @@ def kv_shards(model: ModelSpec, chips: int) -> int:
     return 1 if model.kv_dim is not None else max(1, min(chips, model.kv_heads))
 
 
+def weight_split(system: System) -> tuple[float, float]:
+    """(weight bytes per chip in HBM, per chip spilled to the offload tier).
+
+    Weights stay in HBM when they fit; a device with an offload tier (SambaNova's DDR) keeps half its
+    usable HBM for KV and streams the rest of the weights from that tier.
+    """
+    dev = system.device
+    per_chip = weight_bytes(system.model, system.precision) / system.chips
+    usable = dev.capacity_bytes * system.eff.usable_memory
+    if per_chip <= usable or dev.offload_gb is None:
+        return per_chip, 0.0
+    keep = usable / 2.0
+    return keep, per_chip - keep
+
+
+def weights_fit(system: System) -> bool:
+    """Whether the weights alone (plus one token of KV room) fit this system at all."""
+    dev = system.device
+    if dev.kind == "sram":
+        return True
+    in_hbm, spilled = weight_split(system)
+    offload = float(dev.offload_gb or 0.0) * 1e9
+    return in_hbm < dev.capacity_bytes * system.eff.usable_memory and spilled <= offload
+
+
 def max_sequences(system: System, context: int) -> int:
     """How many sequences of ``context`` tokens fit beside the weights (≥ 0)."""
     dev, m = system.device, system.model
     if dev.kind == "hbm":
-        free = (
-            dev.capacity_bytes * system.eff.usable_memory - weight_bytes(m, system.precision) / system.chips
-        )
-        per_seq = context * kv_bytes_per_token(m, system.precision) / kv_shards(m, system.chips)
+        if not weights_fit(system):
+            return 0
+        free = dev.capacity_bytes * system.eff.usable_memory - weight_split(system)[0]
+        per_seq = context * kv_bytes_per_token(m, system.kv) / kv_shards(m, system.chips)
     else:
         free = system.chips * dev.capacity_bytes * system.eff.usable_sram - weight_bytes(m, system.precision)
-        per_seq = context * kv_bytes_per_token(m, system.precision)
+        per_seq = context * kv_bytes_per_token(m, system.kv)
     return max(0, math.floor(free / per_seq)) if free > 0 else 0
 
 
 def sram_units(
-    device: Device, model: ModelSpec, precision: str, seqs: int, context: int, eff: Efficiency
+    device: Device, model: ModelSpec, precision: str, seqs: int, context: int, eff: Efficiency, kv: str
 ) -> int:
     """Chips/wafers an SRAM machine needs to hold the weights plus ``seqs`` KV caches of ``context``."""
-    need = weight_bytes(model, precision) + seqs * context * kv_bytes_per_token(model, precision)
+    need = weight_bytes(model, precision) + seqs * context * kv_bytes_per_token(model, kv)
     return math.ceil(need / (device.capacity_bytes * eff.usable_sram))
 
 
@@ -188,43 +256,72 @@ def make_system(
     seqs: int = 1,
     context: int = 4096,
     eff: Efficiency = DEFAULT_EFFICIENCY,
+    kv_precision: str | None = None,
+    stack: Stack | None = None,
+    strict: bool = True,
 ) -> System:
-    """Size a system that holds the weights and ``seqs`` sequences of ``context`` tokens, or raise.
+    """Size a system that holds the weights and ``seqs`` sequences of ``context`` tokens.
 
-    HBM: the smallest power-of-two TP width (≤ ``max_tp``) that fits, or the given ``tp`` (checked).
-    SRAM: the number of chips/wafers is derived from SRAM capacity (``tp`` is not accepted).
+    HBM: the smallest power-of-two TP width (≤ ``max_tp``) that holds them, or the given ``tp``. When no
+    width holds ``seqs`` sequences, ``strict`` raises :class:`DoesNotFit`; otherwise the widest width
+    whose weights fit is returned (the server will run as many sequences as fit). Weights that fit at no
+    width always raise. SRAM: the chips/wafers follow from capacity (``tp`` is not accepted).
     """
     prec = check_precision(precision or model.default_precision)
+    kv = check_kv_precision(kv_precision) if kv_precision else None
+
+    def build(width: int) -> System:
+        return System(device, model, prec, width, eff, kv, stack)
+
     if device.kind == "sram":
         if tp is not None:
             raise ValueError(f"tp does not apply to {device.key}: its chip count follows from SRAM capacity")
-        return System(device, model, prec, sram_units(device, model, prec, seqs, context, eff), eff)
+        probe = build(1)
+        return build(sram_units(device, model, prec, seqs, context, eff, probe.kv))
     if tp is not None:
         if tp < 1 or tp > device.max_tp:
             raise ValueError(f"tp {tp} out of range for {device.key} (1..{device.max_tp})")
-        system = System(device, model, prec, tp, eff)
-        if max_sequences(system, context) < seqs:
-            raise DoesNotFit(_no_fit(system, seqs, context))
-        return system
-    for width in tp_options(device):
-        system = System(device, model, prec, width, eff)
-        if max_sequences(system, context) >= seqs:
-            return system
-    raise DoesNotFit(_no_fit(System(device, model, prec, device.max_tp, eff), seqs, context))
+        widths = [tp]
+    else:
+        widths = tp_options(device)
+    for spill_ok in (False, True):  # prefer a width that holds the weights in HBM to one that spills
+        for width in widths:
+            system = build(width)
+            if max_sequences(system, context) >= seqs and (spill_ok or weight_split(system)[1] == 0):
+                return system
+    widest = build(widths[-1])
+    if strict or max_sequences(widest, context) < 1:
+        raise DoesNotFit(_no_fit(widest, seqs if strict else 1, context))
+    return widest
 
 
 def _no_fit(system: System, seqs: int, context: int) -> str:
     dev, m = system.device, system.model
-    need = weight_bytes(m, system.precision) + seqs * context * kv_bytes_per_token(m, system.precision)
+    need = weight_bytes(m, system.precision) + seqs * context * kv_bytes_per_token(m, system.kv)
     have = system.chips * dev.capacity_bytes * system.eff.usable_memory
-    hint = "" if system.precision in ("int4",) else "; try a smaller --precision"
+    hint = "" if system.precision in ("int4", "fp4") else "; try a smaller --precision"
     return (
-        f"does not fit: {m.key} at {system.precision} needs {need / 1e9:.0f} GB for weights + "
-        f"{seqs} x {context}-token KV, {system.chips} x {dev.key} hold {have / 1e9:.0f} GB usable{hint}"
+        f"does not fit: {m.key} at {system.precision} needs {need / 1e9:.0f} GB (weights + {seqs} x {context}-token KV) "
+        f"but {system.chips} x {dev.key} hold {have / 1e9:.0f} GB usable{hint}"
     )
 
 
 # ---------------------------------------------------------------- time
+
+
+@dataclass(frozen=True)
+class StepParts:
+    """One step's raw costs in seconds at efficiency 1; :func:`combine` applies the efficiencies."""
+
+    kv_s: FArray  # KV bytes per chip / BW
+    dense_s: FArray  # dense weight bytes per chip / BW
+    expert_s: FArray  # routed-expert weight bytes per chip / BW
+    spill_s: FArray  # weights streamed from the offload tier (at its full bandwidth)
+    flops_s: FArray  # FLOPs per chip / peak
+    comm_s: FArray  # all-reduces (latency + bandwidth), set constants
+    fixed_s: FArray  # stack per-step and per-layer costs (SRAM: per-layer time, sweep)
+    weight_only: bool | NDArray[np.bool_]
+    sram: bool | NDArray[np.bool_]
 
 
 @dataclass(frozen=True)
@@ -247,6 +344,114 @@ class StepTime:
         )
 
 
+def allreduce_latency_s(device: Device, tp: int, eff: Efficiency = DEFAULT_EFFICIENCY) -> float:
+    """Small-message all-reduce latency of a ``tp``-wide group: α_2 · (1 + g · log2(tp / 2)); 0 at tp 1."""
+    if tp <= 1:
+        return 0.0
+    return float(device.allreduce_us or 0.0) * 1e-6 * (1.0 + eff.ar_growth * math.log2(tp / 2.0))
+
+
+def allreduces_per_step(model: ModelSpec, tp: int) -> int:
+    """Tensor parallelism all-reduces twice per layer (attention out, MLP out); none at tp 1."""
+    return 2 * model.layers if tp > 1 else 0
+
+
+def step_parts(
+    system: System,
+    decode_seqs: ArrayLike,
+    kv_tokens: ArrayLike,
+    *,
+    tokens_per_seq: ArrayLike = 1,
+    prefill_tokens: ArrayLike = 0,
+    prefill_cached: ArrayLike = 0,
+    prefill_seqs: ArrayLike = 1,
+) -> StepParts:
+    """Raw costs of one engine step (see the module docstring for the formulas).
+
+    ``prefill_tokens`` may be ``prefill_seqs`` prompts of equal length (a batch arriving at once):
+    attention then costs each prompt its own ``(n/s)²/2``."""
+    dev, m, eff = system.device, system.model, system.eff
+    d = np.asarray(decode_seqs, dtype=float)
+    kv = np.asarray(kv_tokens, dtype=float)
+    q = np.asarray(tokens_per_seq, dtype=float)
+    n = np.asarray(prefill_tokens, dtype=float)
+    c = np.asarray(prefill_cached, dtype=float)
+    ps = np.maximum(np.asarray(prefill_seqs, dtype=float), 1.0)
+    tokens = d * q + n
+    zero = 0.0 * (tokens + kv + c)
+    bpp = bytes_per_param(system.precision)
+    kvb = kv_bytes_per_token(m, system.kv)
+    dense_p, expert_p = _read_split(m, tokens)
+    attn_dim = m.heads * m.head_dim
+    linear = 2.0 * matmul_params(m) * tokens
+    attention = 4.0 * m.layers * attn_dim * (q * kv + n * (c + n / (2.0 * ps)))
+    kv_bytes = (kv + np.where(n > 0, c, 0.0) + tokens) * kvb
+    stk = system.serving
+    # tensor parallelism splits every step's work over the chips; a pipeline (llama.cpp's layer split)
+    # runs the chips in turn, so a step costs one chip's time for all the work plus the hops between
+    pipeline = dev.kind == "hbm" and stk.multi_chip == "pipeline" and system.chips > 1
+    par = 1 if pipeline else system.chips
+    # weights' matmuls run at the precision's rate; attention (scores, values) in 16-bit math
+    flops_s = (linear / dev.peak_flops(system.precision) + attention / dev.peak_flops("bf16")) / par + zero
+    if dev.kind == "hbm":
+        bw = float(dev.mem_bw_tbs or 0) * 1e12
+        tp = system.chips
+        link = float(dev.link_gbs or 0) * 1e9 * eff.link_eff
+        in_hbm, spilled = weight_split(system)
+        hbm_share = in_hbm / (in_hbm + spilled)
+        comm = zero
+        if pipeline:  # one activation hand-off per chip boundary
+            comm = (tp - 1) * (float(dev.allreduce_us or 0.0) * 1e-6 + tokens * m.hidden * 2.0 / link) + zero
+        elif tp > 1:
+            ring = 2.0 * (tp - 1) / tp * tokens * m.hidden * 2.0 / link
+            comm = allreduces_per_step(m, tp) * (allreduce_latency_s(dev, tp, eff) + ring) + zero
+        offload_bw = float(dev.offload_bw_tbs or 1.0) * 1e12
+        weights_s = (dense_p + expert_p) * bpp / par
+        return StepParts(
+            kv_s=kv_bytes / (1 if pipeline else kv_shards(m, tp)) / bw + zero,
+            dense_s=dense_p * bpp / par * hbm_share / bw + zero,
+            expert_s=expert_p * bpp / par * hbm_share / bw + zero,
+            spill_s=weights_s * (1.0 - hbm_share) / offload_bw + zero,
+            flops_s=flops_s,
+            comm_s=comm,
+            fixed_s=zero
+            + m.layers * (stk.layer_overhead_us + np.where(n > 0, stk.prefill_layer_overhead_us, 0.0)) * 1e-6
+            + m.routed_layers * eff.moe_route_s
+            + stk.step_overhead_us * 1e-6,
+            weight_only=dev.weight_only(system.precision),
+            sram=False,
+        )
+    layer_bw = float(dev.layer_bw_tbs or 0) * 1e12
+    sweep = (dense_p + expert_p) * bpp / layer_bw if layer_bw > 0 else zero
+    return StepParts(
+        kv_s=kv_bytes / (system.chips * float(dev.sram_bw_tbs or 0) * 1e12) + zero,
+        dense_s=zero,
+        expert_s=zero,
+        spill_s=zero,
+        flops_s=flops_s,
+        comm_s=zero + (system.chips - 1) * float(dev.hop_us or 0) * 1e-6,
+        fixed_s=zero + m.layers * float(dev.layer_us or 0) * 1e-6 + sweep,
+        weight_only=False,
+        sram=True,
+    )
+
+
+def combine(
+    parts: StepParts, eta_mem: ArrayLike, mfu: ArrayLike, eta_wq: ArrayLike, eta_moe: ArrayLike
+) -> tuple[FArray, FArray, FArray]:
+    """(memory, compute, total) seconds from raw parts and efficiencies (arrays broadcast: the fit
+    passes a column of candidate constants against a row of points)."""
+    w = np.where(parts.weight_only, np.asarray(eta_wq, dtype=float), 1.0)
+    eta = np.asarray(eta_mem, dtype=float)
+    memory = (
+        parts.kv_s + parts.dense_s / w + parts.expert_s / (w * np.asarray(eta_moe))
+    ) / eta + parts.spill_s
+    compute = parts.flops_s / (np.asarray(mfu, dtype=float) * w)
+    # HBM: the roofline's max; SRAM: the token walks layers, so its parts add up
+    busy = np.where(parts.sram, memory + compute, np.maximum(memory, compute))
+    return memory, compute, busy + parts.comm_s + parts.fixed_s
+
+
 def step_time(
     system: System,
     decode_seqs: ArrayLike,
@@ -257,41 +462,17 @@ def step_time(
     prefill_cached: ArrayLike = 0,
 ) -> StepTime:
     """Time of one engine step (see the module docstring for the formulas)."""
-    dev, m, eff = system.device, system.model, system.eff
-    d = np.asarray(decode_seqs, dtype=float)
-    kv = np.asarray(kv_tokens, dtype=float)
-    q = np.asarray(tokens_per_seq, dtype=float)
-    n = np.asarray(prefill_tokens, dtype=float)
-    c = np.asarray(prefill_cached, dtype=float)
-    tokens = d * q + n
-    bpp = bytes_per_param(system.precision)
-    kvb = kv_bytes_per_token(m, system.precision)
-    w_read = weight_read_params(m, tokens) * bpp
-    attn_dim = m.heads * m.head_dim
-    flops = 2.0 * matmul_params(m) * tokens + 4.0 * m.layers * attn_dim * (q * kv + n * (c + n / 2.0))
-    peak = dev.peak_flops(system.precision) * eff.mfu * system.chips
-    compute = flops / peak
-    kv_bytes = (kv + np.where(n > 0, c, 0.0) + tokens) * kvb
-    zero = np.zeros_like(compute)
-    if dev.kind == "hbm":
-        bw = eff.eta_mem * float(dev.mem_bw_tbs or 0) * 1e12
-        memory = (w_read / system.chips + kv_bytes / kv_shards(m, system.chips)) / bw
-        tp = system.chips
-        if tp > 1:
-            ring = 2.0 * (tp - 1) / tp * tokens * m.hidden * 2.0 / (float(dev.link_gbs or 0) * 1e9)
-            comm = 2.0 * m.layers * (eff.allreduce_latency_s + ring)
-        else:
-            comm = zero
-        overhead = zero + m.layers * eff.layer_overhead_s + eff.step_overhead_s
-        total = np.maximum(memory, compute) + comm + overhead
-    else:
-        layer_bw = float(dev.layer_bw_tbs or 0) * 1e12
-        sweep = w_read / layer_bw if layer_bw > 0 else zero
-        memory = kv_bytes / (system.chips * float(dev.sram_bw_tbs or 0) * 1e12 * eff.eta_mem)
-        overhead = zero + m.layers * float(dev.layer_us or 0) * 1e-6 + sweep
-        comm = zero + (system.chips - 1) * float(dev.hop_us or 0) * 1e-6
-        total = overhead + comm + compute + memory
-    return StepTime(memory + zero, compute, comm + zero, overhead, total)
+    parts = step_parts(
+        system,
+        decode_seqs,
+        kv_tokens,
+        tokens_per_seq=tokens_per_seq,
+        prefill_tokens=prefill_tokens,
+        prefill_cached=prefill_cached,
+    )
+    e = system.eff
+    memory, compute, total = combine(parts, e.eta_mem, e.mfu, e.eta_wq, e.eta_moe)
+    return StepTime(memory, compute, parts.comm_s, parts.fixed_s, total)
 
 
 def mixed_step_s(
@@ -330,10 +511,17 @@ def tokens_per_step(spec: Speculative | None) -> float:
 
 
 def prefill_s(system: System, prompt_tokens: ArrayLike, cached_tokens: ArrayLike = 0) -> FArray:
-    """TTFT on an idle device: one forward pass over the uncached prompt (≥ 1 token) emits token 0."""
+    """TTFT on an idle device: the stack's per-request cost plus one forward pass over the uncached
+    prompt (≥ 1 token; it streams every weight even for a short prompt) that emits token 0."""
     p = np.asarray(prompt_tokens, dtype=float)
     c = np.minimum(np.asarray(cached_tokens, dtype=float), np.maximum(p - 1.0, 0.0))
-    return mixed_step_s(system, 0, 0, prefill_tokens=np.maximum(p - c, 1.0), prefill_cached=c)
+    step = mixed_step_s(system, 0, 0, prefill_tokens=np.maximum(p - c, 1.0), prefill_cached=c)
+    return step + request_overhead_s(system)
+
+
+def request_overhead_s(system: System) -> float:
+    """Per-request fixed cost on TTFT (HBM devices: the serving stack's; SRAM: in the fitted layer time)."""
+    return 0.0 if system.device.kind == "sram" else system.serving.request_overhead_ms * 1e-3
 
 
 def decode_step_s(
@@ -362,8 +550,11 @@ class Prediction:
     hardware: str
     model: str
     precision: str
+    kv_precision: str
+    stack: str
     chips: int
     batch: int
+    effective_batch: int
     prompt_tokens: int
     output_tokens: int
     fits: bool
@@ -380,6 +571,7 @@ class Prediction:
     compute_ms: float
     comm_ms: float
     overhead_ms: float
+    note: str
 
     def as_dict(self) -> dict[str, object]:
         return dict(self.__dict__)
@@ -396,39 +588,62 @@ def predict(
     tp: int | None = None,
     spec: Speculative | None = None,
     eff: Efficiency = DEFAULT_EFFICIENCY,
+    kv_precision: str | None = None,
+    stack: Stack | None = None,
 ) -> Prediction:
-    """Idle-device timing of one request among ``batch`` identical ones (raises DoesNotFit)."""
+    """Idle-device timing of one request among ``batch`` identical ones.
+
+    The chip count is the smallest TP width holding the weights and one sequence (or ``tp``), whatever
+    the batch, so ``predict`` and ``sweep`` agree. A batch whose KV does not fit runs as many sequences
+    as fit and queues the rest: ``fits`` is False, ``effective_batch`` is what runs, and the timings are
+    for it. Raises DoesNotFit only when the weights (plus one sequence) fit at no width.
+    """
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch}")
     ctx_max = prompt_tokens + output_tokens
-    system = make_system(device, model, precision, tp=tp, seqs=batch, context=ctx_max, eff=eff)
+    system = make_system(
+        device, model, precision, tp=tp, seqs=batch if device.kind == "sram" else 1, context=ctx_max,
+        eff=eff, kv_precision=kv_precision, stack=stack,
+    )  # fmt: skip
+    room = max_sequences(system, ctx_max)
+    run = batch if device.kind == "sram" else min(batch, room)
+    note = ""
+    if run < batch:
+        note = (
+            f"KV for {batch} x {ctx_max} tokens exceeds memory: the server runs {run} at a time and "
+            f"queues the rest"
+        )
     ctx = mean_context(prompt_tokens, output_tokens)
-    st = step_time(system, batch, batch * ctx)
-    step = float(decode_step_s(system, batch, ctx, spec))
+    st = step_time(system, run, run * ctx)
+    step = float(decode_step_s(system, run, ctx, spec))
     per_user = tokens_per_step(spec) / step
     cap = system.chips * device.capacity_bytes
     return Prediction(
         hardware=device.key,
         model=model.key,
         precision=system.precision,
+        kv_precision=system.kv,
+        stack=system.serving.key if device.kind == "hbm" else "vendor (SRAM, fitted)",
         chips=system.chips,
         batch=batch,
+        effective_batch=run,
         prompt_tokens=prompt_tokens,
         output_tokens=output_tokens,
-        fits=True,
+        fits=run == batch,
         step_ms=step * 1e3,
         tokens_per_second=per_user,
-        aggregate_tokens_per_second=per_user * batch,
+        aggregate_tokens_per_second=per_user * run,
         ttft_ms=float(prefill_s(system, prompt_tokens)) * 1e3,
         bound=str(st.bound()),
         weights_gb=weight_bytes(model, system.precision) / 1e9,
-        kv_gb=batch * ctx_max * kv_bytes_per_token(model, system.precision) / 1e9,
+        kv_gb=batch * ctx_max * kv_bytes_per_token(model, system.kv) / 1e9,
         capacity_gb=cap / 1e9,
-        max_batch_fits=max_sequences(system, ctx_max),
+        max_batch_fits=room,
         memory_ms=float(st.memory_s) * 1e3,
         compute_ms=float(st.compute_s) * 1e3,
         comm_ms=float(st.comm_s) * 1e3,
         overhead_ms=float(st.overhead_s) * 1e3,
+        note=note,
     )
 
 

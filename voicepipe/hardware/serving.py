@@ -34,7 +34,14 @@ from dataclasses import dataclass, field
 
 from voicepipe.backends.base import LLMRequest
 from voicepipe.clock import now_ns
-from voicepipe.hardware.model import Speculative, System, mean_context, mixed_step_s, tokens_per_step
+from voicepipe.hardware.model import (
+    Speculative,
+    System,
+    mean_context,
+    mixed_step_s,
+    request_overhead_s,
+    tokens_per_step,
+)
 from voicepipe.messages import Span
 
 INF = math.inf
@@ -430,7 +437,9 @@ class DeviceServer:
     # ------------------------------------------------------------ live streams
 
     def open(self, req: LLMRequest, t0_ns: int) -> DeviceStream:
-        return DeviceStream(self, self.submit(req, t0_ns), int(t0_ns))
+        """Start ``req``: it reaches the engine after the stack's per-request cost (tokenise, admit)."""
+        arrive = t0_ns + round(request_overhead_s(self.system) * 1e9)
+        return DeviceStream(self, self.submit(req, arrive), int(t0_ns), arrive)
 
     async def wait_change_or(self, deadline_ns: int) -> None:
         """Sleep until ``deadline_ns`` or until the schedule changes, whichever is first."""
@@ -462,10 +471,11 @@ class DeviceStream:
     decode rate keep following it (like ``ScheduledStream``), others resolve at once.
     """
 
-    def __init__(self, server: DeviceServer, job: Job, t0_ns: int) -> None:
+    def __init__(self, server: DeviceServer, job: Job, t0_ns: int, ready_ns: int | None = None) -> None:
         self.server = server
         self.job = job
         self.t0_ns = t0_ns
+        self.ready_ns = t0_ns if ready_ns is None else ready_ns  # after the stack's per-request cost
         self._got: dict[int, int] = {}
 
     def at_ns(self, i: int) -> int:
@@ -497,8 +507,10 @@ class DeviceStream:
         began = self.server.start_ns(self.job)
         start = first if began == INF else min(max(round(began), self.t0_ns), first)
         out: list[Span] = []
-        if start > self.t0_ns:
+        if start > self.ready_ns:  # waited for a slot (the per-request cost alone is part of TTFT)
             out.append(Span(stage=stage, what="queue", start_ns=self.t0_ns, dur_ns=start - self.t0_ns))
+        else:
+            start = self.t0_ns
         out.append(Span(stage=stage, what="ttft", start_ns=start, dur_ns=first - start))
         end = self.at_ns(upto_token)
         if end > first:

@@ -1,0 +1,312 @@
+"""Hardware model v2: physics limits, catalog coverage, bring-your-own model/device, validation table."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from voicepipe.backends import build_backend
+from voicepipe.cli_hardware import app
+from voicepipe.hardware import catalog as cat
+from voicepipe.hardware import model as hm
+from voicepipe.hardware import validate as val
+
+ROOT = Path(__file__).resolve().parents[1]
+HF = ROOT / "tests" / "data" / "hf"
+runner = CliRunner()
+
+
+def system(d: str, m: str, **kw) -> hm.System:
+    return hm.make_system(cat.device(d), cat.model(m), **kw)
+
+
+# ---------------------------------------------------------------- physics: monotonicity and limits
+
+
+def test_quantised_never_faster_than_its_bandwidth_bound():
+    for d in ("a100-80gb", "h100-sxm", "l40s", "rtx-4090", "mi300x"):
+        for prec in ("int8", "int4", "fp8", "fp4"):
+            s = system(d, "llama-3.1-8b", precision=prec, tp=1)
+            bound = hm.weight_bytes(s.model, prec) * 0.9 / (s.device.mem_bw_tbs * 1e12)  # type: ignore[operator]
+            assert float(hm.decode_step_s(s, 1, 1024)) > bound, (d, prec)
+
+
+def test_weight_only_pays_its_efficiency_and_native_does_not():
+    a100 = cat.device("a100-80gb")
+    assert a100.weight_only("fp8") and a100.weight_only("int4") and not a100.weight_only("int8")
+    assert not cat.device("h100-sxm").weight_only("fp8") and cat.device("b200").peak_tflops["fp4"] > 0
+    s = system("a100-80gb", "llama-3.1-8b", precision="int4", tp=1)
+    parts = hm.step_parts(s, 1, 1024)
+    slow = hm.combine(parts, 0.8, 0.6, 0.5, 1.0)[2]
+    fast = hm.combine(parts, 0.8, 0.6, 1.0, 1.0)[2]
+    assert float(slow) > float(fast)
+
+
+def test_kv_precision_halves_kv_bytes():
+    m = cat.model("llama-3.1-8b")
+    assert hm.kv_bytes_per_token(m, "fp8") == hm.kv_bytes_per_token(m, "bf16") / 2
+    s16 = system("h100-sxm", "llama-3.1-8b", tp=1)
+    s8 = system("h100-sxm", "llama-3.1-8b", tp=1, kv_precision="fp8")
+    assert s16.kv == "bf16" and s8.kv == "fp8"
+    assert hm.max_sequences(s8, 4096) > 1.9 * hm.max_sequences(s16, 4096)
+    assert float(hm.step_parts(s8, 32, 32 * 2048).kv_s) == pytest.approx(
+        float(hm.step_parts(s16, 32, 32 * 2048).kv_s) / 2, rel=0.01
+    )
+
+
+def test_more_tp_never_fewer_allreduces_and_latency_grows_with_group():
+    m, dev = cat.model("llama-3.1-70b"), cat.device("h100-sxm")
+    counts = [hm.allreduces_per_step(m, tp) for tp in (1, 2, 4, 8)]
+    assert counts == sorted(counts) and counts[0] == 0 and counts[1] == 2 * m.layers
+    lat = [hm.allreduce_latency_s(dev, tp) for tp in (2, 4, 8)]
+    assert lat == sorted(lat) and 5e-6 < lat[0] < 1e-4
+    # PCIe pays more than NVLink for the same group
+    assert hm.allreduce_latency_s(cat.device("l40s"), 4) > hm.allreduce_latency_s(dev, 4)
+
+
+def test_moe_expert_bytes_grow_with_batch_and_efficiency_slows_them():
+    s = system("h100-sxm", "mixtral-8x7b", tp=2)
+    e1, e64 = (float(hm.step_parts(s, b, b * 1024).expert_s) for b in (1, 64))
+    assert e64 > 3 * e1
+    parts = hm.step_parts(s, 1, 1024)
+    assert float(hm.combine(parts, 0.8, 0.6, 1.0, 0.5)[2]) > float(hm.combine(parts, 0.8, 0.6, 1.0, 1.0)[2])
+
+
+def test_short_prompt_ttft_streams_all_weights_and_pays_the_stack():
+    s = system("h100-sxm", "llama-3.1-70b", tp=4, stack=cat.stack("vllm"))
+    ttft = float(hm.prefill_s(s, 16))
+    weights = hm.weight_bytes(s.model, "bf16") / 4 / (3.35e12)
+    assert ttft > weights + cat.stack("vllm").request_overhead_ms * 1e-3
+    bare = system("h100-sxm", "llama-3.1-70b", tp=4, stack=cat.stack("none"))
+    assert float(hm.prefill_s(bare, 16)) < ttft
+
+
+def test_over_memory_batch_runs_what_fits():
+    p = hm.predict(cat.device("h100-sxm"), cat.model("llama-3.1-8b"), batch=5000, prompt_tokens=2048)
+    assert not p.fits and 1 <= p.effective_batch == p.max_batch_fits < 5000
+    assert p.aggregate_tokens_per_second == pytest.approx(p.tokens_per_second * p.effective_batch)
+    assert "queues" in p.note
+    ok = hm.predict(cat.device("h100-sxm"), cat.model("llama-3.1-8b"), batch=8)
+    assert ok.fits and ok.effective_batch == 8 and ok.chips == p.chips  # same chips whatever the batch
+    with pytest.raises(hm.DoesNotFit, match="does not fit"):  # weights beyond any width stay an error
+        hm.predict(cat.device("rtx-4090"), cat.model("llama-3.1-405b"))
+    r = runner.invoke(
+        app, ["predict", "-H", "h100-sxm", "-m", "llama-3.1-8b", "-b", "5000", "--format", "json"]
+    )
+    out = json.loads(r.output)
+    assert r.exit_code == 0 and out["fits"] is False and out["effective_batch"] < 5000
+
+
+def test_offload_tier_holds_weights_beyond_hbm():
+    gh = cat.device("gh200")
+    p = hm.predict(gh, cat.model("llama-3.1-70b"), prompt_tokens=128, output_tokens=128)
+    assert p.chips == 1 and p.fits
+    hbm_only = hm.weight_bytes(cat.model("llama-3.1-70b"), "bf16") / (4.0e12)
+    assert p.step_ms / 1e3 > 3 * hbm_only  # most weights stream over C2C, far slower than HBM
+
+
+# ---------------------------------------------------------------- catalog coverage
+
+
+ISSUE_DEVICES = ["l40s", "rtx-4090", "rtx-6000-ada", "mi300x", "mi250x", "mi250x-gcd", "mi325x", "gaudi3",
+                 "tpu-v5p", "sambanova-sn40l", "b200", "gb200"]  # fmt: skip
+ISSUE_MODELS = ["llama-2-13b", "gpt-j-6b", "falcon-180b", "deepseek-v3", "deepseek-r1", "llama-4-scout",
+                "llama-4-maverick", "qwen3-30b-a3b", "mistral-7b", "gemma-3-27b", "phi-4"]  # fmt: skip
+
+
+def test_issue_catalog_entries_and_fp4():
+    assert set(ISSUE_DEVICES) <= set(cat.devices())
+    assert set(ISSUE_MODELS) <= set(cat.models())
+    assert "fp4" in cat.PRECISIONS and cat.device("b200").peak_tflops["fp4"] == 2 * 4500
+    m = cat.model("deepseek-v3")
+    assert m.kv_dim == 576 and m.params_total_b == 671 and m.params_active_b == 37
+
+
+def test_every_catalog_pair_answers_or_says_why():
+    reasons = 0
+    for d in cat.devices().values():
+        for m in cat.models().values():
+            try:
+                p = hm.predict(d, m)
+            except hm.DoesNotFit as exc:
+                assert str(exc).startswith("does not fit:") and m.key in str(exc) and d.key in str(exc)
+                reasons += 1
+                continue
+            assert p.tokens_per_second > 0 and p.ttft_ms > 0 and p.chips >= 1
+    # every issue device answers a 8B model, every issue model answers on a big-memory node
+    for d in ISSUE_DEVICES:
+        assert hm.predict(cat.device(d), cat.model("llama-3.1-8b"), precision="fp8").tokens_per_second > 0
+    for m in ISSUE_MODELS:
+        assert hm.predict(cat.device("b200"), cat.model(m), precision="fp8").tokens_per_second > 0
+    assert reasons < len(cat.devices()) * len(cat.models()) / 3
+
+
+# ---------------------------------------------------------------- bring your own
+
+
+@pytest.mark.parametrize("name", ["llama-2-7b", "llama-3.1-8b", "mixtral-8x7b", "deepseek-v3"])
+def test_hf_config_import_matches_the_catalog(name):
+    ref = cat.models()[name]
+    m = cat.model(str(HF / name / "config.json"))
+    assert m.params_total_b == pytest.approx(ref.params_total_b, rel=0.01)
+    assert m.active_params == pytest.approx(ref.active_params, rel=0.02)
+    assert m.kv_elems_per_token == ref.kv_elems_per_token
+    assert (m.experts, m.experts_active, m.kv_dim) == (ref.experts, ref.experts_active, ref.kv_dim)
+    assert m.default_precision == ref.default_precision
+    a = hm.predict(cat.device("h200-sxm"), m, tp=8)
+    b = hm.predict(cat.device("h200-sxm"), ref, tp=8)
+    assert a.step_ms == pytest.approx(b.step_ms, rel=0.02)
+
+
+def test_hf_config_errors_name_file_and_field(tmp_path):
+    bad = tmp_path / "config.json"
+    bad.write_text(json.dumps({"hidden_size": 4096, "num_attention_heads": 32, "vocab_size": 32000}))
+    with pytest.raises(ValueError, match=r"config\.json: num_hidden_layers: missing"):
+        cat.model(str(bad))
+    bad.write_text(
+        json.dumps({"num_hidden_layers": "x", "hidden_size": 1, "num_attention_heads": 1, "vocab_size": 1})
+    )
+    with pytest.raises(ValueError, match="num_hidden_layers: must be an integer"):
+        cat.model(str(bad))
+    r = runner.invoke(app, ["predict", "-H", "h100-sxm", "-m", str(tmp_path / "nope.json")])
+    assert r.exit_code == 2 and "nope.json" in r.output and "Traceback" not in r.output
+
+
+DEVICE_YAML = """
+name: My accelerator
+kind: hbm
+memory_gb: 64
+mem_bw_tbs: 2.0
+peak_tflops: {bf16: 400}
+link_gbs: 100
+max_tp: 4
+allreduce_us: 20
+price_per_chip_hour: 1.0
+sources:
+  memory_gb: spec sheet
+  mem_bw_tbs: spec sheet
+  peak_tflops: spec sheet
+  link_gbs: spec sheet
+  max_tp: spec sheet
+  allreduce_us: assumed
+  price_per_chip_hour: assumed
+"""
+
+
+def test_device_yaml_works_in_predict_sweep_and_backends(tmp_path):
+    dev = tmp_path / "dev.yaml"
+    dev.write_text(DEVICE_YAML)
+    cfg = str(HF / "llama-3.1-8b" / "config.json")
+    p = hm.predict(cat.device(str(dev)), cat.model(cfg))
+    assert p.chips == 1 and p.tokens_per_second < 2.0e12 / 16e9  # below its bandwidth roofline
+    for cmd in (["predict"], ["sweep", "--batches", "1,8"]):
+        r = runner.invoke(app, [*cmd, "-H", str(dev), "-m", cfg, "--format", "json"])
+        assert r.exit_code == 0, r.output
+    b = build_backend({"hardware": str(dev), "model": cfg, "kv_precision": "fp8", "stack": "sglang"})
+    d = b.describe()
+    assert d["kv_precision"] == "fp8" and d["stack"] == "sglang" and d["modelled"] is True
+
+
+def test_device_yaml_errors_name_file_and_field(tmp_path):
+    dev = tmp_path / "dev.yaml"
+    dev.write_text(DEVICE_YAML.replace("mem_bw_tbs: 2.0\n", ""))
+    with pytest.raises(ValueError, match=r"dev\.yaml: .*mem_bw_tbs"):
+        cat.device(str(dev))
+    dev.write_text(DEVICE_YAML.replace("  allreduce_us: assumed\n", ""))
+    with pytest.raises(ValueError, match=r"dev\.yaml: .*no source for allreduce_us"):
+        cat.device(str(dev))
+    dev.write_text(DEVICE_YAML + "warp: 9\n")
+    r = runner.invoke(app, ["predict", "-H", str(dev), "-m", "llama-3.1-8b"])
+    assert r.exit_code == 2 and "warp" in r.output and "Traceback" not in r.output
+
+
+# ---------------------------------------------------------------- validation
+
+
+def test_validate_reproduces_the_documented_table():
+    doc = (ROOT / "docs" / "hardware-model.md").read_text()
+    m = re.search(r"<!-- validation:begin -->\n(.*?)\n<!-- validation:end -->", doc, re.S)
+    assert m, "docs/hardware-model.md lacks the validation table markers"
+    assert m.group(1).strip() == val.markdown(val.run()).strip(), (
+        "regenerate: python -c 'import voicepipe.hardware.validate as v; v.update_doc()'"
+    )
+
+
+def test_validation_points_are_sourced_and_loso_holds_out_the_source():
+    pts = val.points()
+    assert len(pts) >= 60 and all(p.source.startswith("http") for p in pts)
+    rep = val.run()
+    assert rep.sources >= 5
+    held = [r for r in rep.rows if r.predicted is not None]
+    assert len(held) >= 60 and np.isfinite([r.predicted for r in held]).all()
+
+
+def test_hardware_validate_cli_prints_the_summary():
+    r = runner.invoke(app, ["validate"])
+    assert r.exit_code == 0, r.output
+    assert "tier 1: median" in r.output and "worst" in r.output
+
+
+def test_predict_and_sweep_agree_on_chips_at_batch_one():
+    for m in ("llama-3.1-70b", "llama-3.1-8b", "mixtral-8x7b"):
+        p = json.loads(runner.invoke(app, ["predict", "-H", "h100-sxm", "-m", m, "--format", "json"]).output)
+        s = json.loads(runner.invoke(app, ["sweep", "-H", "h100-sxm", "-m", m, "--format", "json"]).output)
+        row = next(r for r in s["rows"] if r["batch"] == 1)
+        assert row["chips"] == p["chips"] and row["step_ms"] == pytest.approx(p["step_ms"])
+
+
+def test_json_file_output(tmp_path):
+    out = tmp_path / "p.json"
+    r = runner.invoke(app, ["predict", "-H", "h100-sxm", "-m", "llama-3.1-8b", "--json", str(out)])
+    assert r.exit_code == 0 and "MODELLED" in r.output
+    assert json.loads(out.read_text())["modelled"] is True
+
+
+def test_shipped_defaults_are_the_full_data_fit():
+    rep = val.run()
+    for name, value in rep.theta_all.items():
+        assert getattr(hm.DEFAULT_EFFICIENCY, name) == pytest.approx(value, abs=0.01), name
+
+
+def test_pipeline_config_takes_own_device_and_model_for_agent_and_council(tmp_path):
+    from voicepipe.config import load_config
+    from voicepipe.errors import UserError
+
+    dev = tmp_path / "dev.yaml"
+    dev.write_text(DEVICE_YAML)
+    model_cfg = HF / "mixtral-8x7b" / "config.json"
+    cfg_file = tmp_path / "pipe.yaml"
+    spec = f"{{hardware: {dev}, model: {model_cfg}, precision: int4}}"
+    cfg_file.write_text(f"agent:\n  backend: {spec}\ncouncil:\n  members: [{spec}, h100-sxm/llama-3.1-8b]\n")
+    cfg = load_config(cfg_file)
+    assert isinstance(cfg.agent.backend, dict) and cfg.agent.backend["hardware"] == str(dev)
+    assert build_backend(cfg.agent.backend).describe()["chips"] >= 1
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(f"agent:\n  backend: {{hardware: {dev}, model: {tmp_path / 'missing.json'}}}\n")
+    with pytest.raises(UserError, match=r"missing\.json"):
+        load_config(bad)
+
+
+def test_pipeline_stack_runs_chips_in_turn():
+    one = system("rtx-4090", "llama-3.1-8b", tp=1, stack=cat.stack("llama.cpp"), precision="int4")
+    two = system("rtx-4090", "llama-3.1-8b", tp=2, stack=cat.stack("llama.cpp"), precision="int4")
+    tensor = system("rtx-4090", "llama-3.1-8b", tp=2, stack=cat.stack("vllm"), precision="int4")
+    t1, t2 = (float(hm.decode_step_s(s, 1, 512)) for s in (one, two))
+    assert t1 < t2 < 1.1 * t1  # no speed-up from a layer split, only a hop more
+    assert float(hm.step_parts(tensor, 1, 512).dense_s) == pytest.approx(
+        float(hm.step_parts(one, 1, 512).dense_s) / 2
+    )
+    assert hm.max_sequences(two, 4096) > 2 * hm.max_sequences(one, 4096)  # but twice the memory
+
+
+def test_offload_tier_only_when_no_width_holds_the_weights_in_hbm():
+    sn = cat.device("sambanova-sn40l")
+    s70 = hm.make_system(sn, cat.model("llama-3.1-70b"))
+    assert s70.chips == 4 and hm.weight_split(s70)[1] == 0
+    gh = hm.make_system(cat.device("gh200"), cat.model("llama-3.1-70b"))
+    assert gh.chips == 1 and hm.weight_split(gh)[1] > 0

@@ -1,0 +1,190 @@
+"""Bring your own model or device: a Hugging Face ``config.json`` or a device YAML file, read offline.
+
+:func:`load_hf_config` maps the fields of a ``config.json`` to a :class:`~voicepipe.hardware.catalog.
+ModelSpec`: dense and GQA (``num_key_value_heads``), MoE (``num_local_experts`` / ``num_experts`` /
+``n_routed_experts`` with ``num_experts_per_tok``, shared experts, ``first_k_dense_replace``,
+``moe_intermediate_size``) and MLA (``kv_lora_rank`` + ``qk_rope_head_dim`` cached per token per layer).
+Parameter counts are computed from the shapes (attention, gated MLP or experts, norms, embeddings);
+multimodal configs are read from their ``text_config``. :func:`load_device` reads a YAML mapping with
+the fields of a catalog device (``voicepipe hardware show h100-sxm``) and checks it the same way.
+
+Errors are one line naming the file and the field (``ValueError``; the CLI exits 2 on them).
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from voicepipe.errors import read_yaml_mapping
+from voicepipe.hardware.catalog import Device, ModelSpec
+
+_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "bf16", "fp8": "fp8"}
+
+
+def _first(cfg: dict[str, Any], *names: str) -> Any:
+    for n in names:
+        if n in cfg and cfg[n] is not None:
+            return cfg[n]
+    return None
+
+
+class _Reader:
+    """Typed access to a config dict; every error names the file and the field."""
+
+    def __init__(self, path: str, cfg: dict[str, Any]) -> None:
+        self.path, self.cfg = path, cfg
+
+    def fail(self, field: str, msg: str) -> ValueError:
+        return ValueError(f"{self.path}: {field}: {msg}")
+
+    def int_(self, *names: str, default: int | None = None, lo: int = 1) -> int:
+        value = _first(self.cfg, *names)
+        if value is None:
+            if default is not None:
+                return default
+            raise self.fail(names[0], "missing")
+        if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+            raise self.fail(names[0], f"must be an integer >= {lo}, got {value!r}")
+        return value
+
+
+def _gated(cfg: dict[str, Any]) -> bool:
+    """Whether the MLP has gate + up projections (SwiGLU/GeGLU); GPT-2/J/NeoX/Falcon/Phi-2 do not."""
+    act = str(_first(cfg, "hidden_act", "activation_function", "hidden_activation") or "silu")
+    return any(a in act for a in ("silu", "swish", "gelu_pytorch_tanh")) and cfg.get("model_type") not in (
+        "gptj",
+        "gpt_neox",
+        "falcon",
+        "gpt2",
+    )
+
+
+@cache
+def load_hf_config(path: str) -> ModelSpec:
+    """A ModelSpec from a Hugging Face ``config.json`` (raises ValueError naming the file and field)."""
+    source = str(path)
+    try:
+        raw = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ValueError(f"{source}: cannot read ({exc.strerror or exc})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{source}: not a JSON config ({exc})") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{source}: top level must be a JSON object")
+    cfg = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
+    r = _Reader(source, cfg)
+    layers = r.int_("num_hidden_layers", "n_layer", "num_layers")
+    hidden = r.int_("hidden_size", "n_embd", "d_model")
+    heads = r.int_("num_attention_heads", "n_head", "num_heads")
+    kv_heads = r.int_("num_key_value_heads", "num_kv_heads", default=heads)
+    if cfg.get("multi_query") is True and "num_kv_heads" not in cfg:
+        kv_heads = 1
+    head_dim = r.int_("head_dim", default=hidden // heads)
+    vocab = r.int_("vocab_size")
+    inter = r.int_("intermediate_size", "n_inner", "ffn_dim", default=4 * hidden)
+    tied = bool(cfg.get("tie_word_embeddings", raw.get("tie_word_embeddings", False)))
+    experts = r.int_("num_local_experts", "num_experts", "n_routed_experts", default=1)
+    top_k = r.int_("num_experts_per_tok", "num_experts_per_token", "moe_topk", default=1)
+    if experts > 1 and top_k > experts:
+        raise r.fail("num_experts_per_tok", f"{top_k} > number of experts {experts}")
+    kv_lora = _first(cfg, "kv_lora_rank")
+    kv_dim: int | None = None
+    if kv_lora is not None:  # multi-head latent attention (DeepSeek-V2/V3, Kimi K2)
+        rope = r.int_("qk_rope_head_dim")
+        nope = r.int_("qk_nope_head_dim")
+        v_dim = r.int_("v_head_dim")
+        q_lora = _first(cfg, "q_lora_rank")
+        kv_lora = r.int_("kv_lora_rank")
+        kv_dim = kv_lora + rope
+        q_in = hidden * q_lora + q_lora * heads * (nope + rope) if q_lora else hidden * heads * (nope + rope)
+        attn = q_in + hidden * (kv_lora + rope) + kv_lora * heads * (nope + v_dim) + heads * v_dim * hidden
+        head_dim = nope + rope
+    else:
+        attn = hidden * (heads + 2 * kv_heads) * head_dim + heads * head_dim * hidden
+    mlp_mats = 3 if _gated(cfg) else 2
+    dense_mlp = mlp_mats * hidden * inter
+    total = active = 0.0
+    moe_layers = 0
+    if experts > 1:
+        expert_inter = r.int_("moe_intermediate_size", "expert_intermediate_size", default=inter)
+        shared = r.int_("n_shared_experts", "num_shared_experts", default=0, lo=0)
+        shared_inter = r.int_("shared_expert_intermediate_size", default=expert_inter * max(shared, 1))
+        first_dense = r.int_("first_k_dense_replace", default=0, lo=0)
+        step = r.int_("interleave_moe_layer_step", "decoder_sparse_step", default=1)
+        moe_layers = len([i for i in range(first_dense, layers) if (i + 1) % step == 0 or step == 1])
+        dense_layers = layers - moe_layers
+        one_expert = mlp_mats * hidden * expert_inter
+        shared_p = (
+            mlp_mats * hidden * shared_inter if shared or "shared_expert_intermediate_size" in cfg else 0
+        )
+        router = hidden * experts
+        total = (
+            layers * attn + dense_layers * dense_mlp + moe_layers * (experts * one_expert + shared_p + router)
+        )
+        active = (
+            layers * attn + dense_layers * dense_mlp + moe_layers * (top_k * one_expert + shared_p + router)
+        )
+    else:
+        total = active = layers * (attn + dense_mlp)
+    embed = vocab * hidden * (1 if tied else 2)
+    total, active = total + embed, active + embed
+    dtype = str(cfg.get("torch_dtype") or raw.get("torch_dtype") or "bfloat16")
+    quant = raw.get("quantization_config") if isinstance(raw.get("quantization_config"), dict) else {}
+    qmethod = str(quant.get("quant_method", ""))
+    precision = "fp8" if qmethod == "fp8" else "int4" if qmethod in ("awq", "gptq", "mxfp4") else None
+    fields: dict[str, Any] = {
+        "key": source,
+        "layers": layers,
+        "hidden": hidden,
+        "heads": heads,
+        "kv_heads": kv_heads,
+        "head_dim": head_dim,
+        "vocab": vocab,
+        "params_total_b": total / 1e9,
+        "params_active_b": active / 1e9 if experts > 1 else None,
+        "experts": experts,
+        "experts_active": top_k if experts > 1 else 1,
+        "moe_layers": moe_layers if experts > 1 else None,
+        "kv_dim": kv_dim,
+        "tied_embeddings": tied,
+        "default_precision": precision or _DTYPES.get(dtype, "bf16"),
+        "sources": {
+            "config": f"{source} (read offline)",
+            "params": f"computed from the shapes in {source}",
+            "quality": "none: a user-supplied config.json carries no benchmark score",
+        },
+    }
+    try:
+        return ModelSpec(**fields)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(x) for x in err["loc"]) or "config"
+        raise ValueError(f"{source}: {loc}: {err['msg'].removeprefix('Value error, ')}") from None
+
+
+@cache
+def load_device(path: str) -> Device:
+    """A Device from a YAML file with the fields of a catalog device (one-line errors name the field)."""
+    source = str(path)
+    try:
+        data = read_yaml_mapping(Path(path), "a device mapping")
+    except Exception as exc:  # UserError: already names the file
+        raise ValueError(str(exc)) from None
+    data.setdefault("name", Path(path).stem)
+    data.setdefault("sources", {})
+    try:
+        return Device(key=source, **data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(x) for x in err["loc"])
+        msg = (
+            "unknown field" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
+        )
+        raise ValueError(f"{source}: {loc + ': ' if loc else ''}{msg}") from None
+    except TypeError as exc:
+        raise ValueError(f"{source}: {exc}") from None

@@ -1,0 +1,354 @@
+"""Validation against published measurements: fit the few global constants, leave-one-source-out error.
+
+``data/validation.yaml`` lists published points (device, chips, model, precision, KV precision, batch,
+prompt/output tokens, stack, metric, value, source, tier). Each answerable point is reduced once to the
+raw parts of the engine steps its metric needs (:func:`voicepipe.hardware.model.step_parts`); a metric
+is then a closed-form function of those parts and the constants θ = (η_mem, MFU, η_wq, η_moe)::
+
+    decode   t_d = step(B sequences at context P + O/2)
+    prefill  t_p = step(B prompts of P tokens at once) + stack request cost
+    tpot_ms, itl_ms = t_d             tok_s_user = 1/t_d        ttft_ms = t_p
+    tok_s_total = B·O / (t_p + O·t_d)          e2e_latency_s, e2el_ms = t_p + (O − 1)·t_d
+
+(B is the batch that fits when the published one does not.) The fit minimises the mean absolute log
+error over the training points by a coarse-to-fine grid over θ inside published ranges, with a weak pull
+towards published mid-range values so constants no training point constrains stay there. All candidate θ are
+evaluated in one numpy broadcast, so a fit takes milliseconds and leave-one-source-out (refit without
+every point of one source, predict that source) takes well under a second.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from functools import cache
+from importlib import resources
+from typing import Literal
+
+import numpy as np
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from voicepipe.hardware import catalog
+from voicepipe.hardware.model import (
+    DEFAULT_EFFICIENCY,
+    FITTED,
+    DoesNotFit,
+    FArray,
+    StepParts,
+    System,
+    combine,
+    make_system,
+    max_sequences,
+    request_overhead_s,
+    step_parts,
+)
+
+Metric = Literal["tpot_ms", "ttft_ms", "itl_ms", "tok_s_user", "tok_s_total", "e2e_latency_s", "e2el_ms"]
+
+# search box for each fitted constant: the published range (docs/hardware-model.md §2)
+BOUNDS: dict[str, tuple[float, float]] = {
+    "eta_mem": (0.55, 0.95),
+    "mfu": (0.25, 0.80),
+    "eta_wq": (0.35, 1.0),
+    "eta_moe": (0.35, 1.0),
+}
+DEFAULT_PROMPT, DEFAULT_OUTPUT = 1024, 256  # where a source publishes no lengths (as `hardware predict`)
+SATURATED = 512  # cap on "as many as fit" for a saturated server (trtllm-bench/vLLM throughput runs)
+PRIOR_WEIGHT = 0.002
+PRIOR = {
+    "eta_mem": 0.80,
+    "mfu": 0.60,
+    "eta_wq": 0.70,
+    "eta_moe": 0.70,
+}  # published mid-ranges  # weak pull to the defaults: only decides constants the data leaves free
+
+
+class Point(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str
+    device: str
+    chips: int | None = Field(default=None, ge=1)  # None: not published; the model sizes the system
+    model: str
+    precision: str
+    kv_precision: str | None = None
+    batch: int | None = Field(default=None, ge=1)  # None: a saturated server (as many as fit, ≤ SATURATED)
+    prompt_tokens: int | None = Field(
+        default=None, ge=0
+    )  # 0: pure decode (llama-bench tg); None: unpublished
+    output_tokens: int | None = Field(default=None, ge=1)
+    stack: str
+    metric: Metric
+    value: float = Field(gt=0)
+    date: str
+    source: str
+    tier: Literal[1, 2]
+    notes: str = ""
+
+
+@cache
+def points() -> tuple[Point, ...]:
+    """The shipped validation points (raises ValueError naming the point and field)."""
+    text = resources.files("voicepipe.hardware").joinpath("data", "validation.yaml").read_text()
+    raw = (yaml.safe_load(text) or {}).get("points") or []
+    out = []
+    for i, item in enumerate(raw):
+        try:
+            out.append(Point(**item))
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = item.get("id", f"#{i}") if isinstance(item, dict) else f"#{i}"
+            raise ValueError(
+                f"validation.yaml: points[{where}].{'.'.join(map(str, err['loc']))}: {err['msg']}"
+            ) from None
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A point reduced to the raw parts its metric needs (or the reason it cannot be answered)."""
+
+    point: Point
+    reason: str = ""
+    decode: StepParts | None = None
+    prefill: StepParts | None = None
+    request_s: float = 0.0
+    batch: int = 0  # the batch that runs (≤ the published one)
+    out: int = 0  # output tokens (DEFAULT_OUTPUT where unpublished)
+
+
+def _stack_key(name: str) -> str:
+    return {"tensorrt-llm": "trtllm", "turbomind": "lmdeploy", "mlc-llm": "mlc", "llamacpp": "llama.cpp"}.get(
+        name.lower(), name.lower()
+    )
+
+
+def prepare(p: Point) -> Prepared:
+    """Reduce one point to step parts at its published configuration."""
+    try:
+        dev = catalog.device(p.device)
+    except ValueError:
+        return Prepared(p, reason=f"device {p.device!r} is not in the catalog")
+    try:
+        mdl = catalog.model(p.model)
+    except ValueError:
+        return Prepared(p, reason=f"model {p.model!r} is not in the catalog")
+    try:
+        stk = catalog.stack(_stack_key(p.stack))
+    except ValueError:
+        return Prepared(p, reason=f"stack {p.stack!r} has no profile in data/stacks.yaml")
+    prompt = DEFAULT_PROMPT if p.prompt_tokens is None else p.prompt_tokens
+    out = DEFAULT_OUTPUT if p.output_tokens is None else p.output_tokens
+    if p.precision not in catalog.PRECISIONS:
+        return Prepared(p, reason=f"precision {p.precision!r} is not modelled")
+    if p.kv_precision is not None and p.kv_precision not in catalog.KV_PRECISIONS:
+        return Prepared(p, reason=f"kv precision {p.kv_precision!r} is not modelled")
+    ctx_max = prompt + out
+    asked = SATURATED if p.batch is None else p.batch
+    if dev.kind == "sram" or p.chips is None:
+        try:
+            system = make_system(
+                dev, mdl, p.precision, seqs=1 if dev.kind == "hbm" else asked, context=ctx_max,
+                kv_precision=p.kv_precision, stack=stk,
+            )  # fmt: skip
+        except DoesNotFit as exc:
+            return Prepared(p, reason=str(exc))
+        batch = asked if dev.kind == "sram" else min(asked, max_sequences(system, ctx_max))
+    else:
+        if p.chips > dev.max_tp:
+            return Prepared(
+                p, reason=f"{p.chips} chips exceed {dev.key}'s tensor-parallel group ({dev.max_tp})"
+            )
+        system = System(dev, mdl, p.precision, p.chips, DEFAULT_EFFICIENCY, p.kv_precision, stk)
+        batch = min(asked, max_sequences(system, ctx_max))
+        if batch < 1:
+            return Prepared(p, reason=f"weights do not fit {p.chips} x {dev.key} at {p.precision}")
+    ctx = prompt + out / 2.0
+    decode = step_parts(system, batch, batch * ctx)
+    # all B prompts in one prefill pass: B·P tokens through the weights, attention per prompt (P²/2 each)
+    prefill = step_parts(system, 0, 0, prefill_tokens=batch * max(prompt, 1), prefill_seqs=batch)
+    return Prepared(
+        p, decode=decode, prefill=prefill, request_s=request_overhead_s(system), batch=batch, out=out
+    )
+
+
+def _stack_parts(parts: list[StepParts]) -> StepParts:
+    arrays = {f.name: np.array([float(getattr(x, f.name)) for x in parts]) for f in fields(StepParts)}
+    arrays["weight_only"] = arrays["weight_only"].astype(bool)
+    arrays["sram"] = arrays["sram"].astype(bool)
+    return StepParts(**arrays)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Answerable points as arrays (one column per point)."""
+
+    items: tuple[Prepared, ...]
+    decode: StepParts
+    prefill: StepParts
+    request_s: FArray
+    batch: FArray
+    out: FArray
+    value: FArray
+    metric: np.ndarray  # of metric names
+
+
+def batch_of(items: list[Prepared]) -> Batch:
+    return Batch(
+        items=tuple(items),
+        decode=_stack_parts([x.decode for x in items if x.decode is not None]),
+        prefill=_stack_parts([x.prefill for x in items if x.prefill is not None]),
+        request_s=np.array([x.request_s for x in items]),
+        batch=np.array([float(x.batch) for x in items]),
+        out=np.array([float(x.out) for x in items]),
+        value=np.array([x.point.value for x in items]),
+        metric=np.array([x.point.metric for x in items]),
+    )
+
+
+def predicted(b: Batch, theta: FArray) -> FArray:
+    """Metric values for every point (last axis) under every constant set (rows of ``theta``: G × 4)."""
+    th = np.atleast_2d(theta)
+    cols = [th[:, i : i + 1] for i in range(len(FITTED))]
+    t_d = combine(b.decode, *cols)[2]
+    t_p = combine(b.prefill, *cols)[2] + b.request_s
+    e2e = t_p + (b.out - 1.0) * t_d
+    m = b.metric
+    return np.select(
+        [
+            (m == "tpot_ms") | (m == "itl_ms"),
+            m == "ttft_ms",
+            m == "tok_s_user",
+            m == "tok_s_total",
+            m == "e2e_latency_s",
+            m == "e2el_ms",
+        ],
+        [t_d * 1e3, t_p * 1e3, 1.0 / t_d, b.batch * b.out / (t_p + b.out * t_d), e2e, e2e * 1e3],
+    )
+
+
+def _loss(b: Batch, theta: FArray) -> FArray:
+    err = np.abs(np.log(predicted(b, theta) / b.value)).mean(axis=-1)
+    default = np.array([PRIOR[k] for k in FITTED])
+    prior = (np.log(np.atleast_2d(theta) / default) ** 2).sum(axis=-1)
+    return err + PRIOR_WEIGHT * prior
+
+
+def fit(b: Batch, rounds: int = 6, steps: int = 5) -> FArray:
+    """θ minimising the loss: a ``steps``⁴ grid over BOUNDS, then finer grids around the best."""
+    lo = np.array([BOUNDS[k][0] for k in FITTED])
+    hi = np.array([BOUNDS[k][1] for k in FITTED])
+    best = (lo + hi) / 2.0
+    span = hi - lo
+    for _ in range(rounds):
+        axes = [
+            np.clip(np.linspace(c - s / 2, c + s / 2, steps), a, z)
+            for c, s, a, z in zip(best, span, lo, hi, strict=True)
+        ]
+        grid = np.stack(np.meshgrid(*axes, indexing="ij"), axis=-1).reshape(-1, len(FITTED))
+        best = grid[int(np.argmin(_loss(b, grid)))]
+        span = span * 2.0 / (steps - 1)
+    return best
+
+
+@dataclass(frozen=True)
+class Row:
+    point: Point
+    predicted: float | None  # leave-one-source-out prediction
+    reason: str = ""
+
+    @property
+    def error(self) -> float | None:
+        return None if self.predicted is None else (self.predicted - self.point.value) / self.point.value
+
+
+@dataclass(frozen=True)
+class Report:
+    rows: tuple[Row, ...]
+    theta_all: dict[str, float]  # fitted on every answerable point
+    sources: int
+
+    def errors(self, tier: int | None = None) -> FArray:
+        return np.array(
+            [
+                abs(r.error)
+                for r in self.rows
+                if r.error is not None and (tier is None or r.point.tier == tier)
+            ]
+        )
+
+
+@cache
+def run() -> Report:
+    """Fit on all points (the shipped defaults' basis) and leave-one-source-out predictions."""
+    prepared = [prepare(p) for p in points()]
+    ok = [x for x in prepared if not x.reason]
+    full = batch_of(ok)
+    theta_all = fit(full)
+    sources = sorted({x.point.source for x in ok})
+    loso: dict[str, float] = {}
+    for src in sources:
+        train = [x for x in ok if x.point.source != src]
+        test = [x for x in ok if x.point.source == src]
+        theta = fit(batch_of(train)) if train else theta_all
+        for x, v in zip(test, predicted(batch_of(test), theta)[0], strict=True):
+            loso[x.point.id] = float(v)
+    rows = tuple(Row(x.point, loso.get(x.point.id), x.reason) for x in prepared)
+    return Report(rows, dict(zip(FITTED, (round(float(v), 3) for v in theta_all), strict=True)), len(sources))
+
+
+def _short(url: str) -> str:
+    return url.removeprefix("https://").removeprefix("http://").removeprefix("www.")
+
+
+def summary_lines(rep: Report) -> list[str]:
+    def stat(errs: FArray) -> str:
+        if len(errs) == 0:
+            return "no points"
+        return f"median {np.median(errs) * 100:.1f} %, worst {errs.max() * 100:.1f} % over {len(errs)} points"
+
+    unanswered = sum(1 for r in rep.rows if r.predicted is None)
+    theta = ", ".join(f"{k} {v:g}" for k, v in rep.theta_all.items())
+    return [
+        f"leave-one-source-out absolute error, tier 1: {stat(rep.errors(1))}",
+        f"leave-one-source-out absolute error, all tiers: {stat(rep.errors())}",
+        f"{len(rep.rows)} points from {rep.sources} sources; {unanswered} cannot be answered (reason in the table)",
+        f"constants fitted on every answerable point: {theta}",
+    ]
+
+
+def markdown(rep: Report) -> str:
+    """The residual table and summary for docs/hardware-model.md."""
+    lines = [
+        "| id | tier | metric | published | predicted (held out) | error |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rep.rows:
+        pred = f"{r.predicted:.4g}" if r.predicted is not None else f"cannot answer: {r.reason}"
+        err = f"{r.error * 100:+.1f} %" if r.error is not None else "—"
+        lines.append(
+            f"| {r.point.id} | {r.point.tier} | {r.point.metric} | {r.point.value:g} | {pred} | {err} |"
+        )
+    lines.append("")
+    lines.extend(f"* {s}" for s in summary_lines(rep))
+    return "\n".join(lines)
+
+
+BEGIN, END = "<!-- validation:begin -->", "<!-- validation:end -->"
+
+
+def update_doc(path: str = "docs/hardware-model.md") -> None:
+    """Rewrite the validation table between the markers in ``path``."""
+    from pathlib import Path
+
+    doc = Path(path)
+    text = doc.read_text()
+    head, _, rest = text.partition(BEGIN)
+    _, _, tail = rest.partition(END)
+    doc.write_text(f"{head}{BEGIN}\n{markdown(run())}\n{END}{tail}")
+
+
+def largest_misses(rep: Report, n: int = 5) -> list[Row]:
+    scored = [r for r in rep.rows if r.error is not None]
+    return sorted(scored, key=lambda r: -abs(math.log1p(r.error or 0.0)))[:n]
