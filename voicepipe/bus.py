@@ -80,10 +80,10 @@ class BrokerAddress:
         if not u.hostname:
             raise UserError("broker.url", f"{shown!r}: no host")
         tls = u.scheme in TLS
-        if not tls and (ca_file or cert_file or key_file or insecure):
-            raise UserError(
-                "broker.url", f"{shown!r}: TLS options (CA, certificate, --insecure) need mqtts://"
-            )
+        given = {"ca_file": ca_file, "cert_file": cert_file, "key_file": key_file, "insecure": insecure}
+        if not tls and any(given.values()):
+            opt = next(k for k, v in given.items() if v)
+            raise UserError(f"broker.{opt}", f"TLS options need an mqtts:// broker URL (got {shown!r})")
         addr = cls(
             host=u.hostname,
             port=port or (8883 if tls else 1883),

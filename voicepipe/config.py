@@ -16,6 +16,7 @@ from urllib.parse import unquote
 import numpy as np
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     SecretStr,
@@ -202,6 +203,12 @@ class RouterConfig(Strict):
     preemptive: PreemptiveConfig = PreemptiveConfig()
 
 
+def _cache_entry(v: Any) -> dict[str, Any]:
+    from voicepipe.scenario import CacheEntry
+
+    return CacheEntry.model_validate(v).model_dump()
+
+
 class CacheConfig(Strict):
     """Speculative response cache. GPTCache defaults: similarity threshold 0.8, LRU 1,000 entries."""
 
@@ -212,14 +219,9 @@ class CacheConfig(Strict):
     learn: bool = True  # answers generated earlier become entries
     lookup_ms: Ms = 2.0  # modelled embedding + lookup time
     # {questions: [...], answer: ...}, checked like a scenario's cache entries
-    entries: list[dict[str, Any]] = Field(default_factory=list, max_length=MAX_CACHE_ENTRIES)
-
-    @field_validator("entries")
-    @classmethod
-    def _entries(cls, v: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        from voicepipe.scenario import CacheEntry
-
-        return [CacheEntry.model_validate(e).model_dump() for e in v]
+    entries: list[Annotated[dict[str, Any], BeforeValidator(_cache_entry)]] = Field(
+        default_factory=list, max_length=MAX_CACHE_ENTRIES
+    )
 
 
 class CouncilConfig(Strict):
@@ -419,7 +421,7 @@ def _resolve_broker(cfg: PipelineConfig, source: str) -> None:
             ["insecure"] if b.insecure else []
         )
         if tls:
-            raise UserError(source, f"broker.{tls[0]}: TLS options need a broker URL (mqtts://host:port)")
+            raise UserError(source, f"broker.{tls[0]}: TLS options need an mqtts:// broker URL (none given)")
         return
     from voicepipe.bus import BrokerAddress
 
