@@ -131,6 +131,10 @@ class BrokerAddress:
                 raise UserError("broker.key_file", "a client key needs its certificate (cert_file)")
             try:
                 ctx.load_cert_chain(self.cert_file, self.key_file, password=_no_key_password)
+            except _EncryptedKey:
+                raise UserError(
+                    "broker.key_file", "the key is encrypted; give an unencrypted key file"
+                ) from None
             except (OSError, ssl.SSLError) as exc:
                 raise UserError(
                     "broker.cert_file",
@@ -157,9 +161,13 @@ PLAIN = ("mqtt", "tcp")
 TLS = ("mqtts", "ssl")
 
 
+class _EncryptedKey(Exception):
+    pass
+
+
 def _no_key_password() -> str:
     # without a callback OpenSSL would prompt on the terminal for an encrypted key's passphrase
-    raise ssl.SSLError("the key is encrypted; give an unencrypted key file")
+    raise _EncryptedKey
 
 
 def _why(exc: BaseException) -> str:
