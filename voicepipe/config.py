@@ -41,8 +41,9 @@ from voicepipe.limits import (
     MAX_TURN_TIMEOUT_S,
     MAX_URL,
     MAX_WORDS,
-    MAX_WPM,
-    MIN_WPM,
+    Ms,
+    Name,
+    Wpm,
 )
 from voicepipe.safeyaml import YamlRejected, load
 
@@ -60,11 +61,6 @@ class Strict(BaseModel):
     """
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True, allow_inf_nan=False)
-
-
-Ms = Annotated[float, Field(ge=0, le=MAX_MS)]  # a modelled duration
-Wpm = Annotated[float, Field(ge=MIN_WPM, le=MAX_WPM)]  # a speaking rate
-Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME)]
 
 
 class Dist(Strict):
@@ -100,9 +96,8 @@ class BrokerConfig(Strict):
     # mqtt://host:port or mqtts://host:port (TLS); None -> embedded amqtt broker
     url: str | None = Field(None, max_length=MAX_URL)
     username: str | None = Field(None, max_length=MAX_NAME)  # default: $VOICEPIPE_BROKER_USERNAME
-    password: SecretStr | None = Field(
-        None, max_length=MAX_SECRET_BYTES
-    )  # default: $VOICEPIPE_BROKER_PASSWORD
+    # default: $VOICEPIPE_BROKER_PASSWORD
+    password: SecretStr | None = Field(None, max_length=MAX_SECRET_BYTES)
     password_file: str | None = None  # a file whose first line is the password (read at load time)
     ca_file: str | None = None  # PEM CA bundle that signed the broker's certificate (default: system CAs)
     cert_file: str | None = None  # client certificate (PEM), for brokers that require one

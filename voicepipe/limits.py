@@ -9,6 +9,10 @@ time with one line naming the file and the field.
 
 from __future__ import annotations
 
+from typing import Annotated
+
+from pydantic import Field
+
 # --- files (checked before parsing) -------------------------------------------------------------------
 # The shipped scenarios are 1-3 KB. 256 KiB holds ~2,000 turns; libyaml parses it in ~0.1 s on a loaded
 # 2-core box (pure-Python PyYAML ~1 s), so a rejection or a parse stays well inside a second.
@@ -56,3 +60,9 @@ MAX_TEXT = 10_000
 MAX_NAME = 200  # scenario, agent and intent names; they end up in MQTT topics and table columns
 MAX_URL = 2_048
 MAX_SEED = 2**63 - 1
+
+# --- bounded field types for the config and scenario models ------------------------------------------
+Ms = Annotated[float, Field(ge=0, le=MAX_MS)]  # one modelled or scripted duration
+Wpm = Annotated[float, Field(ge=MIN_WPM, le=MAX_WPM)]  # a speaking rate
+Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME)]
+Text = Annotated[str, Field(max_length=MAX_TEXT)]

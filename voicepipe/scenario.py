@@ -4,37 +4,22 @@ from __future__ import annotations
 
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from voicepipe.errors import UserError, from_validation, read_yaml_mapping
-from voicepipe.limits import (
-    MAX_CACHE_ENTRIES,
-    MAX_LIST,
-    MAX_MS,
-    MAX_NAME,
-    MAX_TEXT,
-    MAX_TURNS,
-    MAX_WPM,
-    MIN_WPM,
-)
-from voicepipe.text import PAUSE, plain
+from voicepipe.limits import MAX_CACHE_ENTRIES, MAX_LIST, MAX_MS, MAX_TURNS, Ms, Name, Text, Wpm
+from voicepipe.text import PAUSE, pause_ms, plain
 
 # Strict: no coercion of text or booleans into numbers; no NaN/inf; every number and text bounded
 # (voicepipe/limits.py says why each bound is where it is).
 FILE_MODEL = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
-Text = Annotated[str, Field(max_length=MAX_TEXT)]
-Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME)]
 
 
 def longest_pause_ms(utterance: str) -> float:
     """The longest silence marker (``[900]``, ``[pause 900ms]``, ``[1.2s]``) in an utterance, in ms."""
-    pauses = [
-        float(m.group(1)) * (1000.0 if (m.group(2) or "").lower() == "s" else 1.0)
-        for m in PAUSE.finditer(utterance)
-    ]
-    return max(pauses, default=0.0)
+    return max((pause_ms(m) for m in PAUSE.finditer(utterance)), default=0.0)
 
 
 class Turn(BaseModel):
@@ -42,14 +27,14 @@ class Turn(BaseModel):
 
     user: Text  # what the user says; "[900]" / "[pause 900ms]" / "[1.2s]" mark silences inside it
     reply: Text  # the reference reply the simulated assistant speaks
-    words_per_minute: float | None = Field(None, ge=MIN_WPM, le=MAX_WPM)
-    gap_ms: float = Field(400.0, ge=0, le=MAX_MS)  # silence after the reply ends before the user speaks
+    words_per_minute: Wpm | None = None
+    gap_ms: Ms = 400.0  # silence after the reply ends before the user speaks
     intent: Name | None = None
     complexity: Literal["low", "medium", "high"] | None = None
     # smart-turn annotation: is the utterance complete at each pause? (list per pause; default: no)
     complete_at_pauses: list[bool] = Field(default_factory=list, max_length=MAX_LIST)
     # user talks over the reply this long after it starts
-    barge_in_after_ms: float | None = Field(None, ge=0, le=MAX_MS)
+    barge_in_after_ms: Ms | None = None
     barge_in: Text = "wait, sorry"  # what the user says when barging in
 
     @field_validator("user", "reply")
