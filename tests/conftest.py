@@ -75,3 +75,15 @@ def fast_config(*sets: str, broker: str | None = None):
     """A config that keeps integration tests short: fast backend, move on at first audio."""
     base = ["client.playout=first_audio", "agent.backend=cerebras-llama-3.1-8b", "client.turn_timeout_s=10"]
     return load_config(None, [*base, *sets], broker)
+
+
+@pytest.fixture(scope="session")
+def pki(tmp_path_factory):
+    """A test CA with server/client certificates (openssl binary; required under CI like mosquitto)."""
+    from tests.pki import make_pki, openssl
+
+    if openssl() is None:
+        if UNDER_CI or os.environ.get("VOICEPIPE_REQUIRE_MOSQUITTO"):
+            pytest.fail("TLS tests need the openssl binary")
+        pytest.skip("openssl binary not found")
+    return make_pki(tmp_path_factory.mktemp("pki"))

@@ -97,3 +97,80 @@ def test_bad_scenario_names_file_and_field(tmp_path, content, needle):
     with pytest.raises(UserError) as ei:
         load_scenario(str(f))
     assert str(f) in str(ei.value) and needle in str(ei.value)
+
+
+def test_credentials_leave_the_url_and_the_dump_is_redacted():
+    from voicepipe.config import config_dict
+
+    cfg = load_config(None, [], "mqtt://bob:s%40cret@10.0.0.9:1884")
+    b = cfg.broker
+    assert b.url == "mqtt://10.0.0.9:1884" and b.username == "bob"
+    assert b.password is not None and b.password.get_secret_value() == "s@cret"
+    assert "s@cret" not in repr(cfg) and "s@cret" not in str(cfg.model_dump())
+    d = config_dict(cfg)
+    assert d["broker"]["password"] == "***" and d["broker"]["url"] == "mqtt://10.0.0.9:1884"
+    assert "cret" not in str(d)
+
+
+def test_password_and_username_from_env_file_and_flag(tmp_path, monkeypatch):
+    from voicepipe.config import BrokerOverrides
+
+    monkeypatch.setenv("VOICEPIPE_BROKER_USERNAME", "envuser")
+    monkeypatch.setenv("VOICEPIPE_BROKER_PASSWORD", "envpw")
+    cfg = load_config(None, [], "mqtt://h:1")
+    assert (cfg.broker.username, cfg.broker.password.get_secret_value()) == ("envuser", "envpw")
+    # an explicit password (URL, config, file) wins over the environment
+    assert load_config(None, [], "mqtt://u:urlpw@h:1").broker.password.get_secret_value() == "urlpw"
+    pw = tmp_path / "pw"
+    pw.write_text("filepw\nignored second line\n")
+    c = tmp_path / "c.yaml"
+    c.write_text(f"broker:\n  url: mqtt://h:1\n  password_file: {pw}\n")
+    assert load_config(c).broker.password.get_secret_value() == "filepw"
+    flag = tmp_path / "flagpw"
+    flag.write_text("flagpw")
+    cfg = load_config(c, [], BrokerOverrides(password_file=str(flag)))
+    assert cfg.broker.password.get_secret_value() == "flagpw"
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "needle"),
+    [
+        (
+            "broker:\n  url: mqtt://u:pw@h:1\n  password_file: {pw}\n",
+            "broker.password_file: a password is also given",
+        ),
+        ("broker:\n  url: mqtt://h:1\n  password_file: {missing}\n", "broker.password_file: "),
+        ("broker:\n  url: mqtt://h:1\n  password_file: {empty}\n", "is empty"),
+        ("broker:\n  url: mqtt://h:1\n  ca_file: {pw}\n", "broker.ca_file: TLS options need an mqtts://"),
+        (
+            "broker:\n  cert_file: {pw}\n",
+            "broker.cert_file: TLS options need an mqtts:// broker URL (none given)",
+        ),
+        ("broker:\n  url: mqtts://h:1\n  ca_file: {pw}\n", "broker.ca_file: "),
+        (
+            "broker:\n  url: mqtts://h:1\n  key_file: {pw}\n",
+            "broker.key_file: a client key needs its certificate",
+        ),
+    ],
+)
+def test_bad_broker_settings_name_the_field_and_never_the_password(tmp_path, yaml_text, needle):
+    pw = tmp_path / "pw"
+    pw.write_text("hunter2\n")
+    (tmp_path / "empty").write_text("\n")
+    c = tmp_path / "c.yaml"
+    c.write_text(yaml_text.format(pw=pw, missing=tmp_path / "nope", empty=tmp_path / "empty"))
+    with pytest.raises(UserError) as ei:
+        load_config(c)
+    msg = str(ei.value)
+    assert msg.startswith(str(c)) and needle in msg and "hunter2" not in msg, msg
+
+
+def test_broker_address_hides_the_password():
+    from voicepipe.bus import BrokerAddress
+
+    a = BrokerAddress.parse("mqtt://u:hunter2@h:1")
+    assert a.password == "hunter2" and "hunter2" not in repr(a)
+    with pytest.raises(UserError) as ei:
+        BrokerAddress.parse("mqtt://u:hunter2@h:notaport")
+    assert "hunter2" not in str(ei.value) and "u:***@h" in str(ei.value)
+    assert BrokerAddress.parse("mqtts://h").port == 8883 and BrokerAddress.parse("mqtts://h").tls

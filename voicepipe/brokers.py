@@ -6,6 +6,8 @@
 * :class:`Mosquitto` — a ``mosquitto`` process on a free port with a config file we write:
   ``set_tcp_nodelay true`` (without it small QoS 1 round trips stall 40+ ms on delayed ACKs) and an
   explicit ``max_queued_messages`` (mosquitto silently drops QoS 1 messages past it, default 1000).
+  Optionally a TLS listener (:class:`ServerTLS`: ``mqtts://``), a password file (``users``) and an ACL
+  file (``acl_file``, e.g. docs/mosquitto-acl.conf) — what the security tests run against.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -71,6 +74,17 @@ class MosquittoMissing(RuntimeError):
     pass
 
 
+@dataclass(frozen=True)
+class ServerTLS:
+    """A TLS listener's PEM files: the CA that client certificates must chain to (and that signed the
+    server's), the server's certificate and its key. ``require_certificate``: clients must present one."""
+
+    ca_file: str
+    cert_file: str
+    key_file: str
+    require_certificate: bool = False
+
+
 class Mosquitto:
     """A private mosquitto on a free loopback port; ``nodelay=False`` reproduces Debian's default stall."""
 
@@ -81,11 +95,15 @@ class Mosquitto:
         nodelay: bool = True,
         max_queued_messages: int = 100_000,
         users: dict[str, str] | None = None,
+        tls: ServerTLS | None = None,
+        acl_file: str | Path | None = None,
     ) -> None:
         self.port = port or free_port()
         self.nodelay = nodelay
         self.max_queued = max_queued_messages
         self.users = users or {}
+        self.tls = tls
+        self.acl_file = acl_file
         self.proc: subprocess.Popen[bytes] | None = None
         self._dir: tempfile.TemporaryDirectory[str] | None = None
 
@@ -100,11 +118,18 @@ class Mosquitto:
 
     @property
     def url(self) -> str:
-        return f"mqtt://127.0.0.1:{self.port}"
+        return f"{'mqtts' if self.tls else 'mqtt'}://127.0.0.1:{self.port}"
 
     def config_text(self, workdir: Path) -> str:
-        lines = [
-            f"listener {self.port} 127.0.0.1",
+        lines = [f"listener {self.port} 127.0.0.1"]
+        if self.tls:
+            lines += [
+                f"cafile {self.tls.ca_file}",
+                f"certfile {self.tls.cert_file}",
+                f"keyfile {self.tls.key_file}",
+                f"require_certificate {'true' if self.tls.require_certificate else 'false'}",
+            ]
+        lines += [
             f"set_tcp_nodelay {'true' if self.nodelay else 'false'}",
             f"max_queued_messages {self.max_queued}",
             "max_inflight_messages 0",
@@ -123,6 +148,8 @@ class Mosquitto:
             lines += ["allow_anonymous false", f"password_file {pw}"]
         else:
             lines.append("allow_anonymous true")
+        if self.acl_file:
+            lines.append(f"acl_file {Path(self.acl_file).resolve()}")
         return "\n".join(lines) + "\n"
 
     def start(self, timeout_s: float = 10.0) -> None:

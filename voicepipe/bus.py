@@ -18,19 +18,23 @@ import asyncio
 import contextlib
 import logging
 import socket
+import ssl
 import statistics
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlparse
 
 import aiomqtt
 import structlog
 
 from voicepipe.clock import now_ns
-from voicepipe.errors import UserError
+from voicepipe.errors import UserError, redact_url
 from voicepipe.messages import BadMessage, Envelope, channel_of, deadletter_topic, parse, split_topic, topic
+
+if TYPE_CHECKING:
+    from voicepipe.config import BrokerConfig
 
 log = structlog.get_logger("voicepipe.bus")
 
@@ -43,28 +47,109 @@ MQTT_LOG.setLevel(logging.ERROR)
 
 @dataclass(frozen=True)
 class BrokerAddress:
+    """Where a stage connects and how: ``mqtt://`` (plain TCP, port 1883) or ``mqtts://`` (TLS, port 8883).
+
+    TLS verifies the broker's certificate against ``ca_file`` (or the system CAs) and its host name;
+    ``insecure`` turns both checks off and is never implied. ``cert_file``/``key_file`` present a client
+    certificate. The password never appears in a repr or an error message.
+    """
+
     host: str
     port: int
     username: str | None = None
-    password: str | None = None
+    password: str | None = field(default=None, repr=False)
+    tls: bool = False
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    insecure: bool = False
 
     @classmethod
-    def parse(cls, url: str, username: str | None = None, password: str | None = None) -> BrokerAddress:
-        u = urlparse(url if "://" in url else f"mqtt://{url}")
-        if u.scheme not in ("mqtt", "tcp"):
-            raise UserError("broker.url", f"{url!r}: scheme must be mqtt:// (got {u.scheme}://)")
-        if not u.hostname:
-            raise UserError("broker.url", f"{url!r}: no host")
+    def parse(
+        cls,
+        url: str,
+        username: str | None = None,
+        password: str | None = None,
+        *,
+        ca_file: str | None = None,
+        cert_file: str | None = None,
+        key_file: str | None = None,
+        insecure: bool = False,
+    ) -> BrokerAddress:
+        shown = redact_url(url)
         try:
-            port = u.port or 1883
+            u = urlparse(url if "://" in url else f"mqtt://{url}")
+            port = u.port
         except ValueError:
-            raise UserError("broker.url", f"{url!r}: bad port") from None
-        return cls(
+            raise UserError("broker.url", f"{shown!r}: bad port") from None
+        if u.scheme not in (*PLAIN, *TLS):
+            raise UserError(
+                "broker.url", f"{shown!r}: scheme must be mqtt:// or mqtts:// (got {u.scheme}://)"
+            )
+        if not u.hostname:
+            raise UserError("broker.url", f"{shown!r}: no host")
+        tls = u.scheme in TLS
+        given = {"ca_file": ca_file, "cert_file": cert_file, "key_file": key_file, "insecure": insecure}
+        if not tls and any(given.values()):
+            opt = next(k for k, v in given.items() if v)
+            raise UserError(f"broker.{opt}", f"TLS options need an mqtts:// broker URL (got {shown!r})")
+        addr = cls(
             host=u.hostname,
-            port=port,
+            port=port or (8883 if tls else 1883),
             username=username or (unquote(u.username) if u.username else None),
             password=password or (unquote(u.password) if u.password else None),
+            tls=tls,
+            ca_file=ca_file,
+            cert_file=cert_file,
+            key_file=key_file,
+            insecure=insecure,
         )
+        addr.ssl_context()  # bad CA or certificate files: one line now, not at connect time
+        return addr
+
+    @classmethod
+    def from_config(cls, broker: BrokerConfig) -> BrokerAddress:
+        """The address of a validated ``broker`` config section (``url`` must be set)."""
+        if not broker.url:
+            raise UserError("broker.url", "no broker URL")
+        return cls.parse(
+            broker.url,
+            broker.username,
+            broker.password.get_secret_value() if broker.password is not None else None,
+            ca_file=broker.ca_file,
+            cert_file=broker.cert_file,
+            key_file=broker.key_file,
+            insecure=broker.insecure,
+        )
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The TLS context for ``mqtts://`` (None for plain ``mqtt://``); bad files raise UserError."""
+        if not self.tls:
+            return None
+        try:
+            ctx = ssl.create_default_context(cafile=self.ca_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise UserError(
+                "broker.ca_file", f"{self.ca_file}: not a readable PEM CA file ({_why(exc)})"
+            ) from None
+        if self.insecure:
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        if self.cert_file or self.key_file:
+            if not self.cert_file:
+                raise UserError("broker.key_file", "a client key needs its certificate (cert_file)")
+            try:
+                ctx.load_cert_chain(self.cert_file, self.key_file, password=_no_key_password)
+            except _EncryptedKey:
+                raise UserError(
+                    "broker.key_file", "the key is encrypted; give an unencrypted key file"
+                ) from None
+            except (OSError, ssl.SSLError) as exc:
+                raise UserError(
+                    "broker.cert_file",
+                    f"{self.cert_file}: not a usable PEM certificate and unencrypted key ({_why(exc)})",
+                ) from None
+        return ctx
 
     def client(self, identifier: str | None = None, **kw: Any) -> aiomqtt.Client:
         return aiomqtt.Client(
@@ -76,8 +161,26 @@ class BrokerAddress:
             socket_options=NODELAY,
             keepalive=30,
             logger=MQTT_LOG,
+            tls_context=self.ssl_context(),
             **kw,
         )
+
+
+PLAIN = ("mqtt", "tcp")
+TLS = ("mqtts", "ssl")
+
+
+class _EncryptedKey(Exception):
+    pass
+
+
+def _no_key_password() -> str:
+    # without a callback OpenSSL would prompt on the terminal for an encrypted key's passphrase
+    raise _EncryptedKey
+
+
+def _why(exc: BaseException) -> str:
+    return str(getattr(exc, "strerror", None) or getattr(exc, "reason", None) or exc).splitlines()[0]
 
 
 class Bus(abc.ABC):

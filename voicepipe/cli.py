@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from voicepipe.config import PipelineConfig, config_dict, load_config
+from voicepipe.config import BrokerOverrides, PipelineConfig, config_dict, load_config
 from voicepipe.errors import UserError
 from voicepipe.records import TurnRecord
 from voicepipe.scenario import Scenario, load_scenario, shipped
@@ -42,7 +42,9 @@ except ImportError:  # pragma: no cover - ships with the package
 
 
 def fail(msg: str) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {msg}", highlight=False, soft_wrap=True)
+    from rich.markup import escape
+
+    err.print(f"[bold red]error:[/] {escape(msg)}", highlight=False, soft_wrap=True)
     return typer.Exit(2)
 
 
@@ -64,9 +66,48 @@ BrokerOpt = Annotated[
     typer.Option(
         "--broker",
         "-b",
-        help="mqtt://[user:pass@]host:port (default: env VOICEPIPE_BROKER, config, embedded)",
+        help="mqtt://host:port or mqtts://host:port (default: env VOICEPIPE_BROKER, config, embedded); "
+        "user name from env VOICEPIPE_BROKER_USERNAME, password from --password-file or env "
+        "VOICEPIPE_BROKER_PASSWORD",
     ),
 ]
+CaFileOpt = Annotated[
+    Path | None,
+    typer.Option("--ca-file", help="PEM CA file that signed the broker's certificate (mqtts://)."),
+]
+CertFileOpt = Annotated[
+    Path | None, typer.Option("--cert-file", help="Client certificate (PEM) for mqtts://.")
+]
+KeyFileOpt = Annotated[
+    Path | None, typer.Option("--key-file", help="Unencrypted private key of --cert-file.")
+]
+PasswordFileOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--password-file",
+        help="File whose first line is the broker password (or env VOICEPIPE_BROKER_PASSWORD).",
+    ),
+]
+InsecureOpt = Annotated[
+    bool,
+    typer.Option("--insecure", help="mqtts:// without verifying the broker's certificate (testing only)."),
+]
+
+
+def broker_options(
+    url: str | None,
+    ca_file: Path | None = None,
+    cert_file: Path | None = None,
+    key_file: Path | None = None,
+    password_file: Path | None = None,
+    insecure: bool = False,
+) -> BrokerOverrides:
+    def s(p: Path | None) -> str | None:
+        return str(p) if p is not None else None
+
+    return BrokerOverrides(url, s(ca_file), s(cert_file), s(key_file), s(password_file), insecure)
+
+
 ScenariosArg = Annotated[list[str], typer.Argument(help="Scenario files or shipped names (see `scenarios`).")]
 
 
@@ -175,6 +216,11 @@ def run(
     config: ConfigOpt = None,
     set_: SetOpt = None,
     broker: BrokerOpt = None,
+    ca_file: CaFileOpt = None,
+    cert_file: CertFileOpt = None,
+    key_file: KeyFileOpt = None,
+    password_file: PasswordFileOpt = None,
+    insecure: InsecureOpt = False,
     json_out: Annotated[
         Path | None, typer.Option("--json", help="Write one JSON turn record per line.")
     ] = None,
@@ -195,7 +241,8 @@ def run(
     from voicepipe.report.table import print_paths, print_summary, print_turns
 
     with user_errors():
-        cfg = load_config(config, set_ or [], broker)
+        opts = broker_options(broker, ca_file, cert_file, key_file, password_file, insecure)
+        cfg = load_config(config, set_ or [], opts)
         scs = load_scenarios(scenario)
         ext = stage_names(external, "--external")
         if ext and not cfg.broker.url:
@@ -271,10 +318,9 @@ def _run_error(cfg: PipelineConfig, exc: BaseException) -> typer.Exit | None:
 
 def _safe_url(url: str) -> str:
     """The broker URL without its password."""
-    from urllib.parse import urlparse
+    from voicepipe.errors import redact_url
 
-    u = urlparse(url if "://" in url else f"mqtt://{url}")
-    return url if not u.password else url.replace(f":{u.password}@", ":***@", 1)
+    return redact_url(url)
 
 
 def compare_table(
@@ -377,6 +423,11 @@ def compare(
     vary: VaryOpt = None,
     set_: SetOpt = None,
     broker: BrokerOpt = None,
+    ca_file: CaFileOpt = None,
+    cert_file: CertFileOpt = None,
+    key_file: KeyFileOpt = None,
+    password_file: PasswordFileOpt = None,
+    insecure: InsecureOpt = False,
     sessions: Annotated[int, typer.Option("--sessions", "-n", min=1, help="Concurrent copies of each.")] = 1,
     json_out: Annotated[
         Path | None,
@@ -399,7 +450,8 @@ def compare(
     from voicepipe.compare import compare_rows, display_names, join_parts, plan_variants, verdict
 
     with user_errors():
-        variants = plan_variants(config or [], vary or [], set_ or [], broker)
+        opts = broker_options(broker, ca_file, cert_file, key_file, password_file, insecure)
+        variants = plan_variants(config or [], vary or [], set_ or [], opts)
         scs = load_scenarios(scenario)
 
     if predict:
@@ -515,6 +567,11 @@ def stage(
     config: ConfigOpt = None,
     set_: SetOpt = None,
     broker: BrokerOpt = None,
+    ca_file: CaFileOpt = None,
+    cert_file: CertFileOpt = None,
+    key_file: KeyFileOpt = None,
+    password_file: PasswordFileOpt = None,
+    insecure: InsecureOpt = False,
 ) -> None:
     """Serve some stages of a run in this process (the rest, and the client, run elsewhere).
 
@@ -524,11 +581,12 @@ def stage(
     from voicepipe.runner import serve_stages
 
     with user_errors():
-        cfg = load_config(config, set_ or [], broker)
+        opts = broker_options(broker, ca_file, cert_file, key_file, password_file, insecure)
+        cfg = load_config(config, set_ or [], opts)
         chosen = stage_names(names, "stage")
         if not cfg.broker.url:
             raise UserError("--broker", "stages in separate processes need a broker URL")
-    err.print(f"serving {', '.join(chosen)} for run {run_id} on {cfg.broker.url}", highlight=False)
+    err.print(f"serving {', '.join(chosen)} for run {run_id} on {_safe_url(cfg.broker.url)}", highlight=False)
     try:
         asyncio.run(serve_stages(cfg, chosen, run_id))
     except KeyboardInterrupt:

@@ -8,32 +8,71 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+from urllib.parse import unquote
 
 import numpy as np
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
-from voicepipe.errors import UserError, from_validation, read_yaml_mapping
+from voicepipe.errors import UserError, from_validation, read_text, read_yaml_mapping, redact_url
+from voicepipe.limits import (
+    MAX_CACHE_CAPACITY,
+    MAX_CACHE_ENTRIES,
+    MAX_CHUNK_TOKENS,
+    MAX_LIST,
+    MAX_MS,
+    MAX_NAME,
+    MAX_PROMPT_TOKENS,
+    MAX_SECRET_BYTES,
+    MAX_SEED,
+    MAX_SPREAD_MS,
+    MAX_TRIES,
+    MAX_TURN_TIMEOUT_S,
+    MAX_URL,
+    MAX_WORDS,
+    Ms,
+    Name,
+    Wpm,
+)
+from voicepipe.safeyaml import YamlRejected, load
 
 Z90 = 1.2815515655446004
 
 
+# Environment variables for broker credentials (never printed, logged or written anywhere).
+USERNAME_ENV = "VOICEPIPE_BROKER_USERNAME"
+PASSWORD_ENV = "VOICEPIPE_BROKER_PASSWORD"
+
+
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    """Config models: unknown fields are errors; no coercion of text or booleans into numbers; no NaN/inf.
+    Every duration, rate, count and text is bounded (voicepipe/limits.py says why each bound is where it is).
+    """
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True, allow_inf_nan=False)
 
 
 class Dist(Strict):
     """Lognormal duration by median and p90 (ms). Sampled with a per-(session, turn, stage) generator."""
 
-    median: float = Field(ge=0)
-    p90: float = Field(ge=0)
+    median: Ms
+    p90: Ms
 
     @model_validator(mode="before")
     @classmethod
     def _scalar(cls, v: Any) -> Any:
-        return {"median": v, "p90": v} if isinstance(v, int | float) else v
+        return {"median": v, "p90": v} if isinstance(v, int | float) and not isinstance(v, bool) else v
 
     @model_validator(mode="after")
     def _order(self) -> Dist:
@@ -49,12 +88,44 @@ class Dist(Strict):
 
 
 class BrokerConfig(Strict):
-    url: str | None = None  # mqtt://[user:pass@]host:port ; None -> embedded amqtt broker
-    username: str | None = None
-    password: str | None = None
+    """Where the bus is and how to log in. Credentials in a URL (``mqtt://user:pass@host``) move into
+    ``username``/``password`` at validation, so ``url`` never holds a secret. The password is a SecretStr:
+    dumps, reprs and the report show ``***``. Prefer ``password_file`` or ``$VOICEPIPE_BROKER_PASSWORD``
+    to a password on the command line or in a config file."""
+
+    # mqtt://host:port or mqtts://host:port (TLS); None -> embedded amqtt broker
+    url: str | None = Field(None, max_length=MAX_URL)
+    username: str | None = Field(None, max_length=MAX_NAME)  # default: $VOICEPIPE_BROKER_USERNAME
+    # default: $VOICEPIPE_BROKER_PASSWORD
+    password: SecretStr | None = Field(None, max_length=MAX_SECRET_BYTES)
+    password_file: str | None = None  # a file whose first line is the password (read at load time)
+    ca_file: str | None = None  # PEM CA bundle that signed the broker's certificate (default: system CAs)
+    cert_file: str | None = None  # client certificate (PEM), for brokers that require one
+    key_file: str | None = None  # its unencrypted private key (PEM), unless inside cert_file
+    insecure: bool = False  # TLS without verifying the broker's certificate (--insecure); never a default
     qos: Literal[0, 1] = 1  # design.md §3: QoS 1 for turn-critical messages
     probe: bool = True  # round-trip probe at start that detects Nagle stalls
-    probe_warn_ms: float = 15.0
+    probe_warn_ms: Ms = 15.0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _credentials_out_of_url(cls, v: Any) -> Any:
+        """Move ``user:pass@`` out of the URL; a username/password given as fields wins over the URL's."""
+        if not isinstance(v, dict) or not isinstance(v.get("url"), str) or "@" not in v["url"]:
+            return v
+        url: str = v["url"]
+        scheme, sep, rest = url.partition("://")
+        netloc, slash, path = (rest if sep else url).partition("/")
+        userinfo, at, hostport = netloc.rpartition("@")
+        if not at:
+            return v
+        user, colon, password = userinfo.partition(":")
+        out = dict(v, url=f"{scheme}{sep}{hostport}{slash}{path}" if sep else f"{hostport}{slash}{path}")
+        if user and not v.get("username"):
+            out["username"] = unquote(user)
+        if colon and v.get("password") is None:
+            out["password"] = unquote(password)
+        return out
 
 
 class TransportConfig(Strict):
@@ -62,22 +133,22 @@ class TransportConfig(Strict):
     (2025), voice-to-voice budget table: mic 40, Opus encode 21, network 10, packet 2, jitter buffer 40,
     decode 1 (uplink 114); return path 74 + speaker 15 (downlink 89)."""
 
-    uplink_ms: float = Field(114.0, ge=0)
-    downlink_ms: float = Field(89.0, ge=0)
+    uplink_ms: Ms = 114.0
+    downlink_ms: Ms = 89.0
     # a stop (barge-in) reaches the speaker over network 10 + packet handling 2 + speaker output 15; the
     # client drops its jitter buffer at once (same Daily primer figures)
-    stop_ms: float = Field(27.0, ge=0)
+    stop_ms: Ms = 27.0
 
 
 class ASRConfig(Strict):
     endpointing: Literal["silence", "smart"] = "silence"
     # Pipecat VAD stop_secs 0.2 s (2026 default); LiveKit/OpenAI use 0.5 s. reference-figures.md
-    silence_ms: float = Field(200.0, ge=0)
+    silence_ms: Ms = 200.0
     # smart endpointing (issue 4): short wait when the utterance looks complete, long when not.
     # Smart Turn v3: 12 ms CPU inference, 3 s fallback (Pipecat docs, reference-figures.md).
-    smart_complete_ms: float = Field(120.0, ge=0)
-    smart_incomplete_ms: float = Field(1500.0, ge=0)
-    smart_inference_ms: float = Field(12.0, ge=0)
+    smart_complete_ms: Ms = 120.0
+    smart_incomplete_ms: Ms = 1500.0
+    smart_inference_ms: Ms = 12.0
     smart_source: Literal["annotation", "heuristic"] = "annotation"
     # Transcript finalisation after the endpoint. Daily primer budgets 300 ms for transcription +
     # endpointing; with a 200 ms VAD wait that leaves ~100 ms (Deepgram nova-3 p50 247 ms incl. VAD wait,
@@ -88,16 +159,18 @@ class ASRConfig(Strict):
 class RuleWhen(Strict):
     """All given conditions must hold (absent ones match anything)."""
 
-    intent: list[str] | None = None
+    intent: list[Name] | None = Field(None, max_length=MAX_LIST)
     complexity: list[Literal["low", "medium", "high"]] | None = None
-    keywords: list[str] | None = None  # any of these words in the final transcript
-    max_words: int | None = None
-    min_words: int | None = None
+    keywords: list[Name] | None = Field(
+        None, max_length=MAX_LIST
+    )  # any of these words in the final transcript
+    max_words: int | None = Field(None, ge=0, le=MAX_WORDS)
+    min_words: int | None = Field(None, ge=0, le=MAX_WORDS)
 
 
 class Rule(Strict):
     when: RuleWhen = RuleWhen()
-    to: str  # "cache", "council", "agent" (the main one) or "agent:NAME"
+    to: Name  # "cache", "council", "agent" (the main one) or "agent:NAME"
 
 
 class PreemptiveConfig(Strict):
@@ -108,21 +181,27 @@ class PreemptiveConfig(Strict):
     transcript matches ignoring case and punctuation (reference-figures.md)."""
 
     enabled: bool = False
-    stable_ms: float = Field(150.0, ge=0)
-    max_tries: int = Field(3, ge=1)
+    stable_ms: Ms = 150.0
+    max_tries: int = Field(3, ge=1, le=MAX_TRIES)
 
 
 class RouterConfig(Strict):
     policy: Literal["single", "rules", "classifier"] = "single"
-    agent: str | None = None  # the agent `single` and preemptive routes go to (None: agent.name)
-    rules: list[Rule] = Field(default_factory=list)  # policy `rules`: first match wins
-    default: str = "agent"  # where `rules` sends a turn no rule matched
+    agent: Name | None = None  # the agent `single` and preemptive routes go to (None: agent.name)
+    rules: list[Rule] = Field(default_factory=list, max_length=MAX_LIST)  # policy `rules`: first match wins
+    default: Name = "agent"  # where `rules` sends a turn no rule matched
     # policy `classifier`: a small built-in complexity classifier (modelled, e.g. a BERT-size model on
     # CPU: ~5-15 ms; RouteLLM-style one routing step). Routes low -> `classifier_low`, else `default`.
-    classifier_ms: float = Field(10.0, ge=0)
-    classifier_low: str = "cache"
+    classifier_ms: Ms = 10.0
+    classifier_low: Name = "cache"
     cache_first: bool = False  # try the cache before any agent route (a miss falls through)
     preemptive: PreemptiveConfig = PreemptiveConfig()
+
+
+def _cache_entry(v: Any) -> dict[str, Any]:
+    from voicepipe.scenario import CacheEntry
+
+    return CacheEntry.model_validate(v).model_dump()
 
 
 class CacheConfig(Strict):
@@ -131,19 +210,22 @@ class CacheConfig(Strict):
     enabled: bool = False
     threshold: float = Field(0.8, ge=0, le=1)
     partial_threshold: float = Field(0.9, ge=0, le=1)  # confidence needed to pre-render on a partial
-    capacity: int = Field(1000, ge=0)  # learned entries (LRU)
+    capacity: int = Field(1000, ge=0, le=MAX_CACHE_CAPACITY)  # learned entries (LRU)
     learn: bool = True  # answers generated earlier become entries
-    lookup_ms: float = Field(2.0, ge=0)  # modelled embedding + lookup time
-    entries: list[dict[str, Any]] = Field(default_factory=list)  # {questions: [...], answer: ...}
+    lookup_ms: Ms = 2.0  # modelled embedding + lookup time
+    # {questions: [...], answer: ...}, checked like a scenario's cache entries
+    entries: list[Annotated[dict[str, Any], BeforeValidator(_cache_entry)]] = Field(
+        default_factory=list, max_length=MAX_CACHE_ENTRIES
+    )
 
 
 class CouncilConfig(Strict):
-    members: list[str | dict[str, Any]] = Field(default_factory=list)
+    members: list[str | dict[str, Any]] = Field(default_factory=list, max_length=MAX_LIST)
     aggregation: Literal["first", "vote", "judge", "draft-refine"] = "first"
-    k: int = Field(2, ge=1)  # vote: the first k complete answers vote
+    k: int = Field(2, ge=1, le=MAX_LIST)  # vote: the first k complete answers vote
     judge: str | dict[str, Any] | None = None  # judge / refine backend (default: first member)
     judge_gain: float = Field(0.02, ge=0, le=1)  # modelled accuracy a judge adds over its best member
-    deadline_ms: float = Field(3000.0, gt=0)  # members not done by then are dropped
+    deadline_ms: float = Field(3000.0, gt=0, le=MAX_MS)  # members not done by then are dropped
 
     @field_validator("members", "judge")
     @classmethod
@@ -159,13 +241,15 @@ class CouncilConfig(Strict):
 
 
 class AgentConfig(Strict):
-    name: str = "main"
+    name: Name = "main"
     backend: str | dict[str, Any] = "sonnet-gpu"
     # further named agents a router can send turns to: {fast: cerebras-llama-3.1-8b, ...}
-    extra: dict[str, str | dict[str, Any]] = Field(default_factory=dict)
+    extra: dict[Name, str | dict[str, Any]] = Field(default_factory=dict, max_length=MAX_LIST)
     # system prompt + tools + history before the first turn; history grows each turn
-    prompt_tokens: int = Field(1000, ge=0)
-    chunk_tokens: int = Field(12, ge=1)  # text streams in chunks: at clause ends or this many tokens
+    prompt_tokens: int = Field(1000, ge=0, le=MAX_PROMPT_TOKENS)
+    chunk_tokens: int = Field(
+        12, ge=1, le=MAX_CHUNK_TOKENS
+    )  # text streams in chunks: at clause ends or this many tokens
 
     @field_validator("backend")
     @classmethod
@@ -193,23 +277,23 @@ class TTSConfig(Strict):
     # Cartesia Sonic-3 p50 188 ms time to first audio (Coval independent benchmark, May 2026); p90 assumed.
     ttfb_ms: Dist = Dist(median=188.0, p90=260.0)
     aggregate: Literal["clause", "sentence"] = "clause"
-    min_clause_words: int = Field(3, ge=1)  # don't synthesise a lone "Sure," — too choppy
-    words_per_minute: float = Field(165.0, gt=0)  # speaking rate of the reply audio
+    min_clause_words: int = Field(3, ge=1, le=MAX_LIST)  # don't synthesise a lone "Sure," — too choppy
+    words_per_minute: Wpm = 165.0  # speaking rate of the reply audio
     # barge-in: VAD onset before TTS stops (Silero VAD frames are 32 ms; a start needs ~2 — modelled)
-    barge_in_detect_ms: float = Field(64.0, ge=0)
+    barge_in_detect_ms: Ms = 64.0
 
 
 class ClientConfig(Strict):
     playout: Literal["full", "first_audio"] = "full"  # listen to whole replies, or move on at first audio
-    turn_timeout_s: float = Field(20.0, gt=0)
-    words_per_minute: float = Field(150.0, gt=0)  # default user speaking rate when a turn gives none
+    turn_timeout_s: float = Field(20.0, gt=0, le=MAX_TURN_TIMEOUT_S)
+    words_per_minute: Wpm = 150.0  # default user speaking rate when a turn gives none
     # concurrent sessions start evenly spread over this window (0: all at once, the worst-case burst)
-    start_spread_ms: float = Field(0.0, ge=0)
+    start_spread_ms: float = Field(0.0, ge=0, le=MAX_SPREAD_MS)
 
 
 class PipelineConfig(Strict):
-    budget_ms: float = Field(800.0, gt=0)  # Daily: 800 ms voice-to-voice median target (2024)
-    seed: int = 0
+    budget_ms: float = Field(800.0, gt=0, le=MAX_MS)  # Daily: 800 ms voice-to-voice median target (2024)
+    seed: int = Field(0, ge=-MAX_SEED, le=MAX_SEED)
     broker: BrokerConfig = BrokerConfig()
     transport: TransportConfig = TransportConfig()
     asr: ASRConfig = ASRConfig()
@@ -253,9 +337,10 @@ class PipelineConfig(Strict):
 
 
 def _parse_value(raw: str) -> Any:
+    """A --set value as YAML (the same restricted reader as files); anything it refuses stays text."""
     try:
-        return yaml.safe_load(raw)
-    except yaml.YAMLError:
+        return load(raw)
+    except YamlRejected:
         return raw
 
 
@@ -285,36 +370,102 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+@dataclass(frozen=True)
+class BrokerOverrides:
+    """Broker options given on the command line; they win over the config file and the environment."""
+
+    url: str | None = None
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    password_file: str | None = None
+    insecure: bool = False
+
+    def fields(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None and v is not False}
+
+
+def read_secret(path: str) -> str:
+    """The first line of a password file (size-limited like every file we read)."""
+    text = read_text(Path(path), limit=MAX_SECRET_BYTES)
+    secret = text.splitlines()[0] if text else ""
+    if not secret:
+        raise UserError(path, "the first line (the password) is empty")
+    return secret
+
+
+def _resolve_broker(cfg: PipelineConfig, source: str) -> None:
+    """Fill the password from ``password_file`` or the environment, the username from the environment,
+    and check the URL and TLS files now (one line at load time rather than an error mid-run)."""
+    b = cfg.broker
+    if b.password_file:
+        if b.password is not None:
+            raise UserError(
+                source, "broker.password_file: a password is also given (password or URL); give one"
+            )
+        try:
+            b.password = SecretStr(read_secret(b.password_file))
+        except UserError as exc:
+            raise UserError(source, f"broker.password_file: {exc}") from None
+    elif b.password is None and os.environ.get(PASSWORD_ENV):
+        b.password = SecretStr(os.environ[PASSWORD_ENV])
+    if b.username is None and os.environ.get(USERNAME_ENV):
+        b.username = os.environ[USERNAME_ENV]
+    if not b.url:
+        tls = [k for k in ("ca_file", "cert_file", "key_file") if getattr(b, k)] + (
+            ["insecure"] if b.insecure else []
+        )
+        if tls:
+            raise UserError(source, f"broker.{tls[0]}: TLS options need an mqtts:// broker URL (none given)")
+        return
+    from voicepipe.bus import BrokerAddress
+
+    try:
+        BrokerAddress.from_config(b)
+    except UserError as exc:
+        raise UserError(source, str(exc)) from None
+
+
 def load_config(
-    path: str | Path | None = None, sets: list[str] | tuple[str, ...] = (), broker: str | None = None
+    path: str | Path | None = None,
+    sets: list[str] | tuple[str, ...] = (),
+    broker: str | BrokerOverrides | None = None,
 ) -> PipelineConfig:
+    """The config from ``path`` (None or an empty file: all defaults), then ``--set`` overrides, then the
+    command line's broker options. Every problem is one :class:`UserError` naming the file and the field."""
+    overrides = broker if isinstance(broker, BrokerOverrides) else BrokerOverrides(url=broker)
     data: dict[str, Any] = {}
     source = "config"
     if path is not None:
         source = str(path)
-        p = Path(path)
-        if not p.is_file():
-            raise UserError(source, "no such file")
-        data = read_yaml_mapping(p)
+        data = read_yaml_mapping(Path(path))
     data = _merge(PipelineConfig().model_dump(mode="python"), data)
     env_broker = os.environ.get("VOICEPIPE_BROKER")
-    if env_broker and not broker:
+    if env_broker and not overrides.url:
         data.setdefault("broker", {})
         if isinstance(data["broker"], dict) and not data["broker"].get("url"):
             data["broker"]["url"] = env_broker
     for s in sets:
         apply_set(data, s)
-    if broker:
-        apply_set(data, f"broker.url={broker}")
+    if overrides.fields() and isinstance(data.get("broker"), dict):
+        data["broker"].update(overrides.fields())
+        if overrides.password_file:
+            data["broker"]["password"] = None  # the command line's password file wins over the config's
+    where = source if not sets else f"{source} (with --set)"
     try:
-        return PipelineConfig.model_validate(data)
+        cfg = PipelineConfig.model_validate(data)
     except ValidationError as exc:
-        where = source if not sets else f"{source} (with --set)"
         raise from_validation(where, exc) from None
+    _resolve_broker(cfg, where)
+    return cfg
 
 
 def config_dict(cfg: PipelineConfig) -> dict[str, Any]:
+    """The redacted view of a config, for anything written out (the report's config section): the
+    password is ``***`` and no URL carries one. The only way a config is serialised."""
     d = cfg.model_dump(mode="json")
-    if d["broker"].get("password"):
+    if cfg.broker.password is not None:
         d["broker"]["password"] = "***"
+    if d["broker"].get("url"):
+        d["broker"]["url"] = redact_url(d["broker"]["url"])
     return d

@@ -1,19 +1,29 @@
-"""User-facing errors: one line naming the file and the field; the CLI exits 2 on them."""
+"""User-facing errors: one line naming the file and the field; the CLI exits 2 on them.
+
+Every user file is read by :func:`read_text` (size-limited before anything parses it, regular files only,
+strict UTF-8) and YAML files by :func:`read_yaml_mapping` (the restricted loader in
+:mod:`voicepipe.safeyaml`), so every way a file can be bad ends as one :class:`UserError`.
+"""
 
 from __future__ import annotations
 
+import stat
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
-import yaml
 from pydantic import ValidationError
+
+from voicepipe.limits import MAX_FILE_BYTES
+from voicepipe.safeyaml import YamlRejected, load
 
 
 class UserError(Exception):
-    """Bad input. ``str(err)`` is the one line the CLI prints."""
+    """Bad input. ``str(err)`` is the one line the CLI prints (line breaks in names are escaped)."""
 
     def __init__(self, where: str, msg: str) -> None:
-        super().__init__(f"{where}: {msg}" if where else msg)
+        line = f"{where}: {msg}" if where else msg
+        super().__init__(line.replace("\r", "\\r").replace("\n", "\\n"))
 
 
 def from_validation(source: str, exc: ValidationError, prefix: str = "") -> UserError:
@@ -26,23 +36,57 @@ def from_validation(source: str, exc: ValidationError, prefix: str = "") -> User
     return UserError(source, f"{field}: {msg}" if field else msg)
 
 
-def read_yaml_mapping(path: Path, what: str = "a mapping") -> dict[str, Any]:
-    """A YAML file's top-level mapping (empty file = {}); errors name the file and the line."""
+def read_text(path: Path, limit: int = MAX_FILE_BYTES) -> str:
+    """A user file's text: a regular file, at most ``limit`` bytes (checked before reading it all), UTF-8."""
     source = str(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise UserError(source, "not UTF-8 text") from None
+        st = path.stat()
+    except FileNotFoundError:
+        raise UserError(source, "no such file") from None
+    except (OSError, ValueError) as exc:
+        raise UserError(source, f"cannot read ({getattr(exc, 'strerror', None) or exc})") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise UserError(source, "is a directory, not a file")
+    if not stat.S_ISREG(st.st_mode):
+        raise UserError(source, "not a regular file")
+    too_big = f"larger than {limit:,} bytes (the limit for a file voicepipe reads)"
+    if st.st_size > limit:
+        raise UserError(source, f"{st.st_size:,} bytes: {too_big}")
+    try:
+        with path.open("rb") as fh:
+            raw = fh.read(limit + 1)  # it may have grown since stat
     except OSError as exc:
         raise UserError(source, f"cannot read ({exc.strerror or exc})") from None
+    if len(raw) > limit:
+        raise UserError(source, too_big)
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}: " if mark else ""
-        raise UserError(source, f"{where}invalid YAML ({getattr(exc, 'problem', exc)})") from None
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(source, f"not UTF-8 text (byte {exc.start})") from None
+
+
+def read_yaml_mapping(path: Path, what: str = "a mapping") -> dict[str, Any]:
+    """A YAML file's top-level mapping (empty or comments-only file = {}); errors name the file and line."""
+    source = str(path)
+    try:
+        data = load(read_text(path))
+    except YamlRejected as exc:
+        raise UserError(source, str(exc)) from None
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise UserError(source, f"top level must be {what}")
     return data
+
+
+def redact_url(url: str) -> str:
+    """``url`` with any password in it replaced by ``***`` (for messages and reports)."""
+    try:
+        parts = urlsplit(url if "://" in url else f"mqtt://{url}")
+    except ValueError:
+        return "<unparseable URL>"
+    userinfo, at, hostport = parts.netloc.rpartition("@")
+    if not at or ":" not in userinfo:
+        return url
+    user = userinfo.partition(":")[0]
+    return url.replace(parts.netloc, f"{user}:***@{hostport}", 1)

@@ -166,7 +166,7 @@ async def serve_stages(cfg: PipelineConfig, names: list[str], run: str) -> None:
     quiet_amqtt()
     if not cfg.broker.url:
         raise ValueError("broker.url: stages in separate processes need a broker (--broker URL)")
-    addr = BrokerAddress.parse(cfg.broker.url, cfg.broker.username, cfg.broker.password)
+    addr = BrokerAddress.from_config(cfg.broker)
     ctx = RunContext(run=run, cfg=cfg)
     async with contextlib.AsyncExitStack() as stack:
         stages = build_stages(mqtt_connector(addr, ctx), ctx, names)
@@ -199,7 +199,7 @@ async def run_pipeline(
     run = run_id or secrets.token_hex(4)
     async with contextlib.AsyncExitStack() as stack:
         if cfg.broker.url:
-            addr = BrokerAddress.parse(cfg.broker.url, cfg.broker.username, cfg.broker.password)
+            addr = BrokerAddress.from_config(cfg.broker)
             shown = f"{addr.host}:{addr.port}"
         else:
             emb = await stack.enter_async_context(EmbeddedBroker())

@@ -9,22 +9,33 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from voicepipe.errors import UserError, from_validation, read_yaml_mapping
-from voicepipe.text import plain
+from voicepipe.limits import MAX_CACHE_ENTRIES, MAX_LIST, MAX_MS, MAX_TURNS, Ms, Name, Text, Wpm
+from voicepipe.text import PAUSE, pause_ms, plain
+
+# Strict: no coercion of text or booleans into numbers; no NaN/inf; every number and text bounded
+# (voicepipe/limits.py says why each bound is where it is).
+FILE_MODEL = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
+def longest_pause_ms(utterance: str) -> float:
+    """The longest silence marker (``[900]``, ``[pause 900ms]``, ``[1.2s]``) in an utterance, in ms."""
+    return max((pause_ms(m) for m in PAUSE.finditer(utterance)), default=0.0)
 
 
 class Turn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = FILE_MODEL
 
-    user: str  # what the user says; "[900]" / "[pause 900ms]" / "[1.2s]" mark silences inside it
-    reply: str  # the reference reply the simulated assistant speaks
-    words_per_minute: float | None = Field(None, gt=0)
-    gap_ms: float = Field(400.0, ge=0)  # silence after the reply ends before the user speaks
-    intent: str | None = None
+    user: Text  # what the user says; "[900]" / "[pause 900ms]" / "[1.2s]" mark silences inside it
+    reply: Text  # the reference reply the simulated assistant speaks
+    words_per_minute: Wpm | None = None
+    gap_ms: Ms = 400.0  # silence after the reply ends before the user speaks
+    intent: Name | None = None
     complexity: Literal["low", "medium", "high"] | None = None
     # smart-turn annotation: is the utterance complete at each pause? (list per pause; default: no)
-    complete_at_pauses: list[bool] = Field(default_factory=list)
-    barge_in_after_ms: float | None = Field(None, ge=0)  # user talks over the reply this long after it starts
-    barge_in: str = "wait, sorry"  # what the user says when barging in
+    complete_at_pauses: list[bool] = Field(default_factory=list, max_length=MAX_LIST)
+    # user talks over the reply this long after it starts
+    barge_in_after_ms: Ms | None = None
+    barge_in: Text = "wait, sorry"  # what the user says when barging in
 
     @field_validator("user", "reply")
     @classmethod
@@ -33,21 +44,29 @@ class Turn(BaseModel):
             raise ValueError("must not be empty")
         return v
 
+    @field_validator("user", "barge_in")
+    @classmethod
+    def _pauses_bounded(cls, v: str) -> str:
+        if longest_pause_ms(v) > MAX_MS:
+            raise ValueError(f"a pause marker is longer than {MAX_MS:,.0f} ms")
+        return v
+
 
 class CacheEntry(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = FILE_MODEL
 
-    questions: list[str] = Field(min_length=1)
-    answer: str
+    questions: list[Text] = Field(min_length=1, max_length=MAX_LIST)
+    answer: Text
 
 
 class Scenario(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = FILE_MODEL
 
-    name: str
-    description: str = ""
-    turns: list[Turn] = Field(min_length=1)
-    cache: list[CacheEntry] = Field(default_factory=list)  # answers predicted in advance (issue 4)
+    name: Name
+    description: Text = ""
+    turns: list[Turn] = Field(min_length=1, max_length=MAX_TURNS)
+    # answers predicted in advance (issue 4)
+    cache: list[CacheEntry] = Field(default_factory=list, max_length=MAX_CACHE_ENTRIES)
     source: str = Field("", exclude=True)
 
 
@@ -64,12 +83,19 @@ def shipped() -> list[Path]:
 
 
 def resolve(name_or_path: str) -> Path:
+    """A scenario path: the file given, else a shipped scenario of that name. Something that exists but is
+    not a file (a directory, a FIFO) is returned as is, so the reader says what is wrong with it."""
     p = Path(name_or_path)
-    if p.is_file():
-        return p
-    for cand in (shipped_dir() / name_or_path, shipped_dir() / f"{name_or_path}.yaml"):
-        if cand.is_file():
-            return cand
+    try:
+        if p.is_file():
+            return p
+        for cand in (shipped_dir() / name_or_path, shipped_dir() / f"{name_or_path}.yaml"):
+            if cand.is_file():
+                return cand
+        if p.exists():
+            return p
+    except (OSError, ValueError) as exc:
+        raise UserError(name_or_path, f"cannot read ({getattr(exc, 'strerror', None) or exc})") from None
     raise UserError(name_or_path, "no such scenario file (see `voicepipe scenarios`)")
 
 

@@ -36,10 +36,15 @@ def speak(utterance: str, words_per_minute: float) -> list[Word]:
             out.append(Word(w, t, t + dur))
             t += dur
         if m:
-            val = float(m.group(1))
-            t += val * 1000.0 if (m.group(2) or "").lower() == "s" else val
+            t += pause_ms(m)
             pos = m.end()
     return out
+
+
+def pause_ms(m: re.Match[str]) -> float:
+    """The silence a :data:`PAUSE` marker stands for, in ms."""
+    val = float(m.group(1))
+    return val * 1000.0 if (m.group(2) or "").lower() == "s" else val
 
 
 def plain(utterance: str) -> str:
