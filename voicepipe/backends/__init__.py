@@ -1,8 +1,10 @@
 """Backend registry: resolve a config's backend spec to a :class:`Backend`.
 
 A spec is an empirical profile name (``sonnet-gpu``), a hardware shorthand ``DEVICE/MODEL``
-(``cerebras-wse3/llama-3.1-8b``), or a mapping ``{hardware: ..., model: ..., precision, tp, max_batch,
-speculative, fast}``. Hardware backends share one simulated device per distinct configuration within a
+(``cerebras-wse3/llama-3.1-8b``), a mapping ``{hardware: ..., model: ..., precision, tp, max_batch,
+speculative, fast}``, a user profile (a path ``./my.yaml`` or an inline mapping with ``ttft_ms``, see
+:mod:`~voicepipe.backends.profile`), or a real OpenAI-compatible endpoint (``openai:URL#model`` or a
+mapping with ``endpoint:``, see :mod:`~voicepipe.backends.openai`). Hardware backends share one simulated device per distinct configuration within a
 :class:`BackendPool`, so every session and agent pointing at it batches together.
 """
 
@@ -50,9 +52,44 @@ def validate_spec(spec: str | dict[str, Any]) -> None:
     build_backend(spec)
 
 
+def _endpoint(spec: str | dict[str, Any]) -> Backend:
+    from voicepipe.backends.openai import EndpointBackend, config_from_spec, parse_shorthand
+
+    try:
+        mapping = parse_shorthand(spec) if isinstance(spec, str) else spec
+        cfg = config_from_spec(mapping)
+    except ValueError as exc:
+        raise UnknownBackend(str(exc)) from None
+    profile = None
+    if mapping.get("profile") is not None:
+        try:
+            profile = _profile(mapping["profile"])
+        except UnknownBackend as exc:
+            raise UnknownBackend(f"profile: {exc}") from None
+    return EndpointBackend(cfg, profile)
+
+
+def _profile(spec: str | dict[str, Any]) -> Backend:
+    from voicepipe.backends.profile import load_profile
+    from voicepipe.errors import UserError
+
+    try:
+        return load_profile(spec, _quality_of)
+    except UserError as exc:
+        raise UnknownBackend(str(exc)) from None
+
+
 def build_backend(spec: str | dict[str, Any]) -> Backend:
+    from voicepipe.backends.profile import looks_like_profile
+
     if isinstance(spec, str) and spec in profiles():
         return make_empirical(spec, _quality_of)
+    if (isinstance(spec, str) and spec.startswith("openai:")) or (
+        isinstance(spec, dict) and "endpoint" in spec
+    ):
+        return _endpoint(spec)
+    if looks_like_profile(spec):
+        return _profile(spec)
     if isinstance(spec, dict) or "/" in str(spec):
         try:
             from voicepipe.hardware.backend import make_hardware_backend
@@ -64,5 +101,5 @@ def build_backend(spec: str | dict[str, Any]) -> Backend:
             raise UnknownBackend(str(exc).strip("'\"")) from None
     raise UnknownBackend(
         f"unknown backend {spec!r}; empirical: {', '.join(empirical_names())}; "
-        "or DEVICE/MODEL (see `voicepipe hardware list`)"
+        "DEVICE/MODEL (see `voicepipe hardware list`); a profile file ./NAME.yaml; or openai:URL#model"
     )
