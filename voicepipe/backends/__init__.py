@@ -34,6 +34,37 @@ def _quality_of(model: str | None) -> float | None:
     return quality_of(model)
 
 
+def resolve_named(data: Any) -> Any:
+    """Replace backend names from a pipeline config's ``backends:`` section by their specs (agent.backend,
+    agent.extra, council.members, council.judge); an endpoint or inline profile keeps its name as label."""
+    if not isinstance(data, dict) or not isinstance(data.get("backends"), dict) or not data["backends"]:
+        return data
+    named: dict[str, Any] = data["backends"]
+
+    def sub(spec: Any) -> Any:
+        if not isinstance(spec, str) or spec not in named:
+            return spec
+        v = named[spec]
+        if isinstance(v, dict) and ("endpoint" in v or "ttft_ms" in v) and "name" not in v:
+            return {"name": spec, **v}
+        return v
+
+    out = dict(data)
+    if isinstance(agent := out.get("agent"), dict):
+        agent = out["agent"] = dict(agent)
+        if "backend" in agent:
+            agent["backend"] = sub(agent["backend"])
+        if isinstance(agent.get("extra"), dict):
+            agent["extra"] = {k: sub(v) for k, v in agent["extra"].items()}
+    if isinstance(council := out.get("council"), dict):
+        council = out["council"] = dict(council)
+        if isinstance(council.get("members"), list):
+            council["members"] = [sub(m) for m in council["members"]]
+        if "judge" in council:
+            council["judge"] = sub(council["judge"])
+    return out
+
+
 class BackendPool:
     """Builds backends for one run; hardware backends with equal specs share one device instance."""
 

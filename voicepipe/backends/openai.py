@@ -27,8 +27,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
+import ssl
 import weakref
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -138,11 +140,24 @@ class RequestStats:
     error: str = ""
 
 
+@functools.cache
+def _tls() -> ssl.SSLContext:
+    """One TLS context for all clients, made when the backend is built, not inside the first turn
+    (loading the CA bundle takes ~0.1 s, and httpcore imports its asyncio backend on first use)."""
+    import anyio._backends._asyncio
+    import anyio.to_thread  # noqa: F401
+    import h11  # noqa: F401
+    import httpcore  # noqa: F401
+
+    return httpx.create_ssl_context()
+
+
 class _Pool:
     """One httpx client per event loop (a client's connections belong to the loop that opened them)."""
 
     def __init__(self, cfg: EndpointConfig) -> None:
         self.cfg = cfg
+        self.tls = _tls()
         self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = (
             weakref.WeakKeyDictionary()
         )
@@ -155,6 +170,7 @@ class _Pool:
             c = httpx.AsyncClient(
                 timeout=httpx.Timeout(t, connect=min(t, 10.0)),
                 limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
+                verify=self.tls,
             )
             self._clients[loop] = c
         return c
