@@ -151,7 +151,7 @@ def test_spec_errors_are_one_line_naming_the_field(monkeypatch):
         "./no-such.yaml": "no such profile file",
     }
     for spec, msg in cases.items():
-        with pytest.raises(UserError, match="agent.backend") as ei:
+        with pytest.raises(UserError, match=r"agent\.backend") as ei:
             load_config(None, [f"agent.backend={spec}"])
         assert msg in str(ei.value) and "\n" not in str(ei.value)
 

@@ -400,7 +400,7 @@ class EndpointBackend:
         self.log: list[RequestStats] = []
 
     def body(self, req: LLMRequest) -> dict[str, Any]:
-        messages = [{"role": "system", "content": self.cfg.system}]
+        messages = [{"role": "system", "content": self.cfg.system}] if self.cfg.system else []
         messages += [{"role": r, "content": c} for r, c in req.messages] or [
             {"role": "user", "content": "Hello."}
         ]
