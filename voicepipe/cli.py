@@ -40,6 +40,10 @@ try:
 except ImportError:  # pragma: no cover - ships with the package
     pass
 
+from voicepipe.cli_calibrate import register as _register_calibrate  # noqa: E402
+
+_register_calibrate(app)  # `calibrate URL --model M --out my.yaml`, `profile import results.json`
+
 
 def fail(msg: str) -> typer.Exit:
     from rich.markup import escape

@@ -303,6 +303,15 @@ class PipelineConfig(Strict):
     cache: CacheConfig = CacheConfig()
     council: CouncilConfig = CouncilConfig()
     client: ClientConfig = ClientConfig()
+    # reusable backend specs by name (`agent.backend: my-vllm`): endpoints, profile files, hardware
+    backends: dict[str, str | dict[str, Any]] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _named_backends(cls, data: Any) -> Any:
+        from voicepipe.backends import resolve_named
+
+        return resolve_named(data)
 
     @model_validator(mode="after")
     def _routes_exist(self) -> PipelineConfig:
@@ -331,6 +340,10 @@ class PipelineConfig(Strict):
 
     def backend_label(self) -> str:
         b = self.agent.backend
+        if isinstance(b, dict) and "hardware" not in b:  # an endpoint or an inline profile
+            from voicepipe.backends import build_backend
+
+            return build_backend(b).name
         if isinstance(b, dict):
             return f"{b.get('hardware')}/{b.get('model')}"
         return b

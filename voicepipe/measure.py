@@ -29,7 +29,8 @@ class Measurement:
 
 
 def measure(spans: Iterable[Span], t0_ns: int, t1_ns: int) -> Measurement:
-    """Breakdown of [t0, t1] by the spans; predicted = time covered by modelled spans."""
+    """Breakdown of [t0, t1] by the spans; predicted = time covered by modelled spans, plus, for measured
+    spans that carry a calibrated ``predicted_ns``, that prediction pro rata for the part they cover."""
     if t1_ns < t0_ns:
         raise ValueError("first audio before end of speech")
     clipped = [
@@ -49,6 +50,8 @@ def measure(spans: Iterable[Span], t0_ns: int, t1_ns: int) -> Measurement:
             modelled[key] = s.modelled
             if s.modelled:
                 predicted += b - a
+            elif s.predicted_ns is not None:  # measured, with a calibrated prediction: pro rata
+                predicted += (b - a) * s.predicted_ns / s.dur_ns
         else:
             key = BUS
             modelled[key] = False
@@ -57,4 +60,4 @@ def measure(spans: Iterable[Span], t0_ns: int, t1_ns: int) -> Measurement:
         BreakdownPart(stage=st, what=wh, ms=ns / 1e6, modelled=modelled[(st, wh)])
         for (st, wh), ns in totals.items()
     ]
-    return Measurement(measured_ns=t1_ns - t0_ns, predicted_ns=predicted, parts=parts)
+    return Measurement(measured_ns=t1_ns - t0_ns, predicted_ns=round(predicted), parts=parts)

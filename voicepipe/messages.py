@@ -41,6 +41,7 @@ class CancelReason(StrEnum):
     PREEMPTIVE_MISMATCH = "preemptive mismatch"  # the final transcript differs from the eager partial
     HEARD = "heard"  # the user heard the reply start: stop the audio only (playout=first_audio)
     BARGE_IN = "barge-in"  # the user talked over the reply: stop speaking and drop the turn's work
+    FAILED = "failed"  # the reply's LLM request failed (a real endpoint): the turn fails with ``error``
 
 
 class Target(StrEnum):
@@ -189,6 +190,7 @@ class Cancel(Payload):
     reason: CancelReason
     segment: Count | None = None
     attempt: Count | None = None
+    error: str | None = Field(None, max_length=2000)  # with reason "failed": why
 
 
 class SessionEnd(Payload):

@@ -19,6 +19,9 @@ class Span(BaseModel):
     start_ns: int
     dur_ns: int
     modelled: bool = True
+    # a measured span's duration as a calibrated model predicted it (real endpoints with a profile):
+    # counts towards the turn's predicted time instead of the measured duration
+    predicted_ns: int | None = None
 
     @property
     def end_ns(self) -> int:

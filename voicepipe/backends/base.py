@@ -13,8 +13,9 @@ Both use the same ``rng`` draws so a lone request's live timing equals its predi
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -28,6 +29,9 @@ class LLMRequest:
     prompt_tokens: int
     output_tokens: int
     cached_prompt_tokens: int = 0  # prefix-cache hits skip prefill for these
+    # the conversation as (role, content) pairs, for backends that run a real model (endpoints); the
+    # modelled backends only need the token counts above
+    messages: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,29 @@ class TokenStream(Protocol):
     def cancel(self) -> None:
         """Stop generating (frees the batch slot on a shared device)."""
         ...
+
+
+class EndpointError(RuntimeError):
+    """A real model's request failed (timeout, HTTP error, rate limit, malformed stream, dropped
+    connection); the message is the one-line reason the turn's record carries."""
+
+
+@runtime_checkable
+class TextStream(TokenStream, Protocol):
+    """A stream whose model writes its own reply (a real endpoint), not the scenario's reference reply.
+
+    ``pieces`` grows as text arrives (one entry per streamed delta, ~ one token each). ``chunks(cut)``
+    yields the index of each chunk's last piece once it is final: ``cut(pieces)`` returns chunk ends for a
+    list of pieces, and an end is final once the piece after it exists (or the stream is over). It raises
+    :class:`EndpointError` if the request fails. ``usage()`` returns (prompt, completion) tokens as the
+    server reported them, else the counts seen so far.
+    """
+
+    pieces: list[str]
+
+    def chunks(self, cut: Callable[[list[str]], list[int]]) -> AsyncIterator[tuple[int, bool]]: ...
+
+    def usage(self) -> tuple[int, int]: ...
 
 
 def tokens_by(stream: TokenStream, n: int, t_ns: int) -> int:

@@ -12,11 +12,11 @@ a cancelled one counts its generated tokens (and prompt) as wasted work.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from voicepipe.backends.base import Backend, LLMRequest, TokenStream, tokens_by
+from voicepipe.backends.base import Backend, EndpointError, LLMRequest, TextStream, TokenStream, tokens_by
 from voicepipe.clock import now_ns, rng_for
 from voicepipe.messages import (
     Cancel,
@@ -71,6 +71,30 @@ class Generation:
     commit: asyncio.Event = field(default_factory=asyncio.Event)
     commit_env: Envelope | None = None
 
+    def billed(self) -> tuple[int, int, int]:
+        """(prompt, cached prompt, output) tokens: a real model's usage as its server reported it, else
+        the modelled prompt and the scripted reply's length."""
+        if isinstance(self.stream, TextStream):
+            return (*self.stream.usage()[:1], 0, self.stream.usage()[1])
+        return self.prompt, self.cached, len(self.tokens)
+
+
+async def reply_chunks(gen: Generation, chunk_tokens: int) -> AsyncIterator[tuple[int, bool]]:
+    """(last token, final) of each chunk once it exists: the script's chunks on the stream's timing, or
+    chunks of the text a real model writes, cut by the same rule as it arrives."""
+    if isinstance(gen.stream, TextStream):
+        async for end, final in gen.stream.chunks(lambda toks: chunk_ends(toks, chunk_tokens)):
+            yield end, final
+        return
+    for end in chunk_ends(gen.tokens, chunk_tokens):
+        await gen.stream.token_time(end)
+        yield end, end == len(gen.tokens) - 1
+
+
+def request_messages(user_text: str) -> tuple[tuple[str, str], ...]:
+    """What a real model is asked: the user's words (history is modelled by token counts only)."""
+    return (("user", user_text),)
+
 
 async def stream_reply(
     stage: Stage,
@@ -87,15 +111,15 @@ async def stream_reply(
     """
     start = 0
     meta: TurnMeta | None = None
-    for seq, end in enumerate(chunk_ends(gen.tokens, chunk_tokens)):
-        await gen.stream.token_time(end)
+    seq = -1
+    async for end, final in reply_chunks(gen, chunk_tokens):
+        seq += 1
         gen.produced = end + 1
         if not gen.commit.is_set():
             await gen.commit.wait()
         head = gen.commit_env if gen.commit_env is not None else env
-        if meta is None:
+        if meta is None or (final and isinstance(gen.stream, TextStream)):  # usage is known at the end
             meta = meta_of(head)
-        final = end == len(gen.tokens) - 1
         route: Route = head.payload  # type: ignore[assignment]
         text = ReplyText(
             text="".join(gen.tokens[start : end + 1]), seq=seq, final=final, words=route.words,
@@ -104,6 +128,14 @@ async def stream_reply(
         spans = [*chain, *(head.spans if head is not env else []), *gen.stream.spans(end)]
         await stage.bus.publish(stage.reply(head, text, spans))
         start = end + 1
+
+
+async def fail_turn(stage: Stage, env: Envelope, reason: str) -> None:
+    """Tell everyone (the client records it) that this turn's reply failed, and why."""
+    route: Route = env.payload  # type: ignore[assignment]
+    await stage.bus.publish(
+        stage.reply(env, Cancel(segment=route.segment, reason=CancelReason.FAILED, error=reason), [])
+    )
 
 
 class Agent(Stage):
@@ -193,27 +225,32 @@ class Agent(Stage):
         p: Route = env.payload  # type: ignore[assignment]
         tokens = tokens_of(script.reply)
         prompt, cached = prompt_tokens(self.cfg.agent.prompt_tokens, self.history.get(env.session, 0), p.text)
-        req = LLMRequest(env.session, env.turn, prompt, len(tokens), cached)
+        req = LLMRequest(env.session, env.turn, prompt, len(tokens), cached, request_messages(p.text))
         # a preemptive attempt is the same request made earlier: same draw as the segment's own
         rng = rng_for(self.cfg.seed, env.session, env.turn, p.segment, "agent", agent)
-        return Generation(backend.start(req, now_ns(), rng), tokens, prompt, cached, backend)
+        stream = backend.start(req, now_ns(), rng)
+        tokens = stream.pieces if isinstance(stream, TextStream) else tokens  # a real model's own words
+        return Generation(stream, tokens, prompt, cached, backend)
 
     async def _run(self, env: Envelope, gen: Generation, key: Any) -> None:
         def meta_of(head: Envelope) -> TurnMeta:
             wasted_tokens, wasted_usd = self.wasted.get((env.session, env.turn), (0, 0.0))
+            prompt, cached, output = gen.billed()
             return TurnMeta(
                 backend=gen.backend.name,
                 path=head.payload.path,
                 route=env.payload.route,
-                input_tokens=gen.prompt,
-                output_tokens=len(gen.tokens),
-                cost_usd=request_cost(gen.backend, gen.prompt, gen.cached, len(gen.tokens)) + wasted_usd,
+                input_tokens=prompt,
+                output_tokens=output,
+                cost_usd=request_cost(gen.backend, prompt, cached, output) + wasted_usd,
                 wasted_tokens=wasted_tokens,
                 quality=gen.backend.quality,
             )
 
         try:
             await stream_reply(self, env, gen, meta_of, self.cfg.agent.chunk_tokens, list(env.spans))
+        except EndpointError as exc:  # a real model failed: the turn fails with the reason, the run goes on
+            await fail_turn(self, env, str(exc))
         finally:
             if self.running.get((env.session, key)) is gen:
                 del self.running[(env.session, key)]

@@ -37,6 +37,10 @@ from voicepipe.text import plain, speak
 LEAD_NS = 20_000_000  # the script goes out this long before the first word
 
 
+class TurnFailed(Exception):
+    """The reply could not be produced (e.g. its endpoint request failed); carries the reason."""
+
+
 @dataclass
 class Listening:
     turn: int
@@ -49,6 +53,7 @@ class Listening:
     barge_in_ns: int = 0  # when the user started talking over the reply
     stopped_ns: int = 0  # when the reply audio stopped because of it
     reply: list[str] = field(default_factory=list)
+    error: str = ""  # the reply failed (e.g. its endpoint dropped the stream)
 
 
 class Client(Stage):
@@ -68,7 +73,12 @@ class Client(Stage):
         if not lis or env.turn != lis.turn:
             return
         reason = env.payload.reason
-        if reason == CancelReason.USER_RESUMED:
+        if reason == CancelReason.FAILED:  # the reply's LLM request failed (real endpoint)
+            lis.error = env.payload.error or "failed"
+            if not lis.first.done():
+                lis.first.set_exception(TurnFailed(lis.error))
+            lis.done.set()
+        elif reason == CancelReason.USER_RESUMED:
             lis.premature = True
         elif reason == CancelReason.BARGE_IN and lis.barge_in_ns and not lis.stopped_ns:
             # the stop crosses the return path to the speaker; the jitter buffer is dropped at once
@@ -154,6 +164,8 @@ class Client(Stage):
             await sleep_until_ns(lis.play_until_ns)
         else:
             await self.bus.publish(Envelope.of(Cancel(reason=CancelReason.HEARD), run, session, k))
+        if lis.error and record.status == "ok":  # heard a part, then the reply's request failed
+            record.status, record.error = "failed", lis.error
         if self.on_record:
             self.on_record(record)
         await self.bus.publish(Envelope.of(record, run, session, k))
@@ -193,6 +205,8 @@ class Client(Stage):
             got, env = await asyncio.wait_for(lis.first, cfg.client.turn_timeout_s + 10)
         except TimeoutError:
             return TurnRecord(**base, status="timeout", premature_endpoint=lis.premature)
+        except TurnFailed as exc:
+            return TurnRecord(**base, status="failed", error=str(exc), premature_endpoint=lis.premature)
         downlink = round(cfg.transport.downlink_ms * 1e6)
         await sleep_until_ns(got + downlink)
         heard = now_ns()

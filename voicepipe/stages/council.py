@@ -16,10 +16,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from voicepipe.backends.base import LLMRequest, tokens_by
+from voicepipe.backends.base import EndpointError, LLMRequest, TextStream, tokens_by
 from voicepipe.clock import now_ns, rng_for
 from voicepipe.messages import Cancel, CancelReason, Envelope, Path, Route, Span, Target, TurnMeta, TurnScript
-from voicepipe.stages.agent import Generation, prompt_tokens, request_cost, stream_reply
+from voicepipe.stages.agent import (
+    Generation,
+    fail_turn,
+    prompt_tokens,
+    request_cost,
+    request_messages,
+    stream_reply,
+)
 from voicepipe.stages.base import Stage
 from voicepipe.strategy import council_quality
 from voicepipe.text import count_tokens, first_clause_end, tokens_of
@@ -76,9 +83,11 @@ class Council(Stage):
         p: Route = env.payload  # type: ignore[assignment]
         prompt, cached = prompt_tokens(self.cfg.agent.prompt_tokens, self.history.get(env.session, 0), p.text)
         prompt += extra_prompt
-        req = LLMRequest(env.session, env.turn, prompt, len(tokens), cached)
+        req = LLMRequest(env.session, env.turn, prompt, len(tokens), cached, request_messages(p.text))
         rng = rng_for(self.cfg.seed, env.session, env.turn, p.segment, "council", i)
-        return Generation(backend.start(req, t0, rng), tokens, prompt, cached, backend)
+        stream = backend.start(req, t0, rng)
+        tokens = stream.pieces if isinstance(stream, TextStream) else tokens  # a real model's own words
+        return Generation(stream, tokens, prompt, cached, backend)
 
     async def _convene(self, env: Envelope, script: TurnScript) -> None:
         c = self.cfg.council
@@ -121,9 +130,9 @@ class Council(Stage):
             decided = gens[order[-1]].stream.spans(race)[-1].end_ns
             for g in gens:
                 if id(g) in counted:
-                    cost += request_cost(g.backend, g.prompt, g.cached, n)
+                    cost += request_cost(g.backend, *g.billed())
                     continue
-                made = tokens_by(g.stream, n, decided)
+                made = tokens_by(g.stream, len(g.tokens), decided)
                 g.stream.cancel()
                 wasted += made
                 cost += request_cost(g.backend, g.prompt, g.cached, made)
@@ -149,7 +158,11 @@ class Council(Stage):
                 end = chosen.stream.spans(len(tokens) - 1)[-1].end_ns
                 chain.append(Span(stage="council", what="vote wait", start_ns=t0, dur_ns=end - t0))
             spoken.commit.set()
-            await stream_reply(self, env, spoken, lambda _h: meta, self.cfg.agent.chunk_tokens, chain)
+            try:
+                await stream_reply(self, env, spoken, lambda _h: meta, self.cfg.agent.chunk_tokens, chain)
+            except EndpointError as exc:  # the spoken answer's real model failed: the turn fails
+                await fail_turn(self, env, str(exc))
+                return
             if c.aggregation == "draft-refine":
                 # the draft has been spoken; the refine call (draft in its prompt) runs on the judge's
                 # backend, sharing its device with everyone else; its answer is the one the history
@@ -182,7 +195,7 @@ class Council(Stage):
         woke = 0
         try:
             for fut in asyncio.as_completed(tasks, timeout=deadline_s):
-                with contextlib.suppress(TimeoutError):
+                with contextlib.suppress(TimeoutError, EndpointError):  # a failed member never finishes
                     await fut
                     woke += 1
                 if woke >= k:
