@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic.json_schema import SkipJsonSchema
 
 from voicepipe.errors import UserError, from_validation, read_yaml_mapping
 from voicepipe.text import plain
@@ -15,16 +16,32 @@ from voicepipe.text import plain
 class Turn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    user: str  # what the user says; "[900]" / "[pause 900ms]" / "[1.2s]" mark silences inside it
-    reply: str  # the reference reply the simulated assistant speaks
-    words_per_minute: float | None = Field(None, gt=0)
-    gap_ms: float = Field(400.0, ge=0)  # silence after the reply ends before the user speaks
-    intent: str | None = None
-    complexity: Literal["low", "medium", "high"] | None = None
+    user: str = Field(
+        description='What the user says. "[700]", "[pause 700ms]" or "[1.2s]" insert a silence (ms unless "s").'
+    )  # what the user says; "[900]" / "[pause 900ms]" / "[1.2s]" mark silences inside it
+    reply: str = Field(description="The reference reply the simulated assistant speaks.")
+    words_per_minute: float | None = Field(
+        None, gt=0, description="User speaking rate for this turn (default: client.words_per_minute, 150)."
+    )
+    gap_ms: float = Field(
+        400.0, ge=0, description="Silence (ms) after the reply ends before the user speaks again."
+    )  # silence after the reply ends before the user speaks
+    intent: str | None = Field(
+        None, description="Free label the router's rules can match (router.rules.when.intent)."
+    )
+    complexity: Literal["low", "medium", "high"] | None = Field(
+        None, description="Hint the router's rules can match (router.rules.when.complexity)."
+    )
     # smart-turn annotation: is the utterance complete at each pause? (list per pause; default: no)
-    complete_at_pauses: list[bool] = Field(default_factory=list)
-    barge_in_after_ms: float | None = Field(None, ge=0)  # user talks over the reply this long after it starts
-    barge_in: str = "wait, sorry"  # what the user says when barging in
+    complete_at_pauses: list[bool] = Field(
+        default_factory=list,
+        description="One per pause in `user`: is the utterance complete there? Read by smart endpointing "
+        "(asr.smart_source=annotation); missing entries mean not complete.",
+    )
+    barge_in_after_ms: float | None = Field(
+        None, ge=0, description="The user talks over the reply this many ms after its first audio."
+    )  # user talks over the reply this long after it starts
+    barge_in: str = Field("wait, sorry", description="What the user says when barging in.")
 
     @field_validator("user", "reply")
     @classmethod
@@ -37,18 +54,20 @@ class Turn(BaseModel):
 class CacheEntry(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    questions: list[str] = Field(min_length=1)
-    answer: str
+    questions: list[str] = Field(min_length=1, description="Phrasings that should hit this entry.")
+    answer: str = Field(description="The answer the cache speaks (pre-rendered audio).")
 
 
 class Scenario(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: str
-    description: str = ""
-    turns: list[Turn] = Field(min_length=1)
-    cache: list[CacheEntry] = Field(default_factory=list)  # answers predicted in advance (issue 4)
-    source: str = Field("", exclude=True)
+    name: str = Field(description="Unique name; session ids are NAME-0, NAME-1, ...")
+    description: str = Field("", description="One line shown by `voicepipe scenarios`.")
+    turns: list[Turn] = Field(min_length=1, description="The conversation, in order.")
+    cache: list[CacheEntry] = Field(
+        default_factory=list, description="Answers predicted in advance for the speculative cache."
+    )  # answers predicted in advance (issue 4)
+    source: SkipJsonSchema[str] = Field("", exclude=True)
 
 
 def shipped_dir() -> Path:
@@ -83,6 +102,14 @@ def load_scenario(name_or_path: str) -> Scenario:
         raise from_validation(src, exc) from None
     sc.source = src
     return sc
+
+
+def starter(name: str) -> str:
+    """A commented starter scenario named ``name`` (``voicepipe scenarios new``); it loads as it is."""
+    import json
+
+    template = (shipped_dir() / "templates" / "starter.yaml").read_text(encoding="utf-8")
+    return template.replace("NAME_HERE", json.dumps(name))
 
 
 def session_id(scenario: Scenario, index: int) -> str:
