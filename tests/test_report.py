@@ -425,3 +425,101 @@ def test_axis_cut_keeps_outliers_from_squashing() -> None:
     cdf = doc[doc.index('id="cdf"') : doc.index('id="breakdown"')]
     assert "The axis is cut at" in cdf and ">20,000<" not in cdf
     assert "20000 ms ✗" in doc  # the clipped bar still states its true latency
+
+
+# Runs in the page after load: the document's scroll width, and every element (outside a .scroll box,
+# which scrolls on purpose, and inside SVGs only the SVG itself) that sticks out of its section card.
+OVERFLOW_PROBE = """<script>
+window.addEventListener('load', () => {
+  const bad = [];
+  document.querySelectorAll('section').forEach(sec => {
+    const r = sec.getBoundingClientRect();
+    sec.querySelectorAll('*').forEach(el => {
+      if (el.closest('.scroll') && !el.classList.contains('scroll')) return;
+      if (el.closest('svg') && el.tagName.toLowerCase() !== 'svg') return;
+      const e = el.getBoundingClientRect();
+      if (e.width > 0 && (e.right > r.right + 1 || e.left < r.left - 1)) bad.push(sec.id + ' ' + el.tagName);
+    });
+  });
+  document.body.setAttribute('data-probe', JSON.stringify(
+    {scroll: document.documentElement.scrollWidth, client: document.documentElement.clientWidth, bad: bad}));
+});
+</script>"""
+
+
+def layout_probe(html: str, width: int, tmp_path: Path) -> dict:
+    """Load ``html`` in headless Chromium at ``width`` px and return OVERFLOW_PROBE's findings."""
+    import json
+
+    page = tmp_path / f"probe-{width}.html"
+    page.write_text(html.replace("</body>", OVERFLOW_PROBE + "</body>"), encoding="utf-8")
+    cmd = [
+        str(_chromium()), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync",
+        f"--user-data-dir={tmp_path / 'profile'}", f"--window-size={width},1600", "--virtual-time-budget=3000",
+        "--dump-dom", page.as_uri(),
+    ]  # fmt: skip
+    dom = subprocess.run(cmd, capture_output=True, timeout=90, check=False, text=True).stdout
+    m = re.search(r'data-probe="([^"]*)"', dom)
+    assert m, "the probe did not run"
+    return json.loads(m.group(1).replace("&quot;", '"').replace("&amp;", "&"))
+
+
+LONG = "support-call-with-a-very-long-configuration-name"
+
+
+@pytest.mark.skipif(_chromium() is None, reason="no chromium binary")
+@pytest.mark.parametrize("width", [700, 1280])
+def test_report_has_no_horizontal_overflow(tmp_path: Path, width: int) -> None:
+    """At 700 px (a half-screen window) and 1280 px nothing sticks out of the page or of its card: tables
+    scroll inside their card, charts scale. Long labels and sessions are the hard case."""
+    runs = make_runs()
+    runs = {
+        f"{LONG}-{k}": [r.model_copy(update={"session": f"{LONG}-{r.session}"}) for r in v]
+        for k, v in runs.items()
+    }
+    html = render_html(runs, {k: {} for k in runs}, budget_ms=BUDGET)
+    got = layout_probe(html, width, tmp_path)
+    assert got["scroll"] <= got["client"], got
+    assert got["bad"] == [], got["bad"][:10]
+
+
+def _x_axes(svg_html: str) -> list[list[tuple[str, str]]]:
+    """Per chart: the (x position, label) of every x-axis tick."""
+    axes = re.findall(r'<g class="axis x-axis">(.*?)</g>', svg_html)
+    return [re.findall(r'<text x="([\d.]+)"[^>]*>([^<]*)</text>', a)[:-1] for a in axes]
+
+
+def test_waterfalls_share_one_x_scale() -> None:
+    """The council run is twice as slow; both waterfalls still put every tick at the same pixel."""
+    runs = make_runs()
+    runs["a-much-longer-configuration-label-than-the-other"] = runs.pop("baseline")
+    html = render_html(runs, {}, budget_ms=BUDGET)
+    section = html[html.index('<section id="waterfall"') : html.index('<section id="cdf"')]
+    axes = _x_axes(section)
+    assert len(axes) == 2 and axes[0] == axes[1] and len(axes[0]) >= 3
+    assert "one x scale" in section
+
+
+def test_summary_legend_matches_bars_and_single_run_is_named_by_label() -> None:
+    runs = make_runs()
+    html = render_html(runs, {}, budget_ms=BUDGET)
+    summary = html[html.index('<section id="summary"') : html.index("</section>", html.index('id="summary"'))]
+    legend_fills = set(
+        re.findall(r'<rect x="[\d.]+" y="[\d.]+" width="14" height="11" fill="(#[0-9a-f]{6})"', summary)
+    )
+    bar_fills = set(re.findall(r'<rect class="seg"[^>]*fill="(#[0-9a-f]{6})"', summary))
+    assert bar_fills - {"#bbbbbb", "#bbb"} <= legend_fills
+    one = render_html({"fast-lane": runs["baseline"]}, {}, budget_ms=BUDGET)
+    assert "run-test</b>" not in one and "<b>fast-lane</b>" in one
+
+
+def test_fix_panel_names_the_largest_part_of_the_misses() -> None:
+    runs = make_runs()
+    html = render_html(runs, {}, budget_ms=BUDGET)
+    panel = html[html.index('<section id="fixes"') : html.index('<section id="waterfall"')]
+    from voicepipe.report.advice import largest_part
+
+    for label, recs in runs.items():
+        (st, wh), ms, _ = largest_part([r for r in recs if not r.within_budget])
+        assert f"{st} · {wh}, {ms:,.0f} ms" in panel, label

@@ -267,12 +267,15 @@ def write_outputs(
     otel: Path | None,
     budget_ms: float,
     otlp_endpoint: str | None = None,
+    fixes: Callable[[], dict[str, Any]] | None = None,
 ) -> None:
+    """Write the requested exports; ``fixes`` (only called for a report) gives label → advice."""
     records = [r for rs in runs.values() for r in rs]
     if report:
         from voicepipe.report.html import render_html
 
-        report.write_text(render_html(runs, configs, budget_ms=budget_ms), encoding="utf-8")
+        html = render_html(runs, configs, budget_ms=budget_ms, fixes=fixes() if fixes else None)
+        report.write_text(html, encoding="utf-8")
         err.print(f"report: {report}")
     if csv:
         from voicepipe.report.export import write_csv
@@ -322,7 +325,7 @@ def run(
     ] = None,
 ) -> None:
     """Play scenarios through the pipeline over MQTT and measure every turn against the budget."""
-    from voicepipe.report.advice import next_step
+    from voicepipe.report.advice import advice, base_command
     from voicepipe.report.table import print_paths, print_summary, print_turns
 
     with user_errors():
@@ -365,10 +368,14 @@ def run(
                 if result.probe_ms is not None
                 else f"[dim]run {result.run} on {result.broker}[/]"
             )
-    step = next_step(sink.records, cfg, scenario, config, set_ or [])
-    if step:
-        (err if as_json else out).print(step, highlight=False, markup=False, soft_wrap=True)
-    write_outputs({"": sink.records}, {"": config_dict(cfg)}, report, csv, otel, cfg.budget_ms, otlp_endpoint)
+    fix = advice(sink.records, cfg, scenario, base_command("run", scenario, config, set_ or []))
+    if fix:
+        (err if as_json else out).print(fix.line(), highlight=False, markup=False, soft_wrap=True)
+    name = config.stem if config else "default config"  # the report names a run by its configuration
+    write_outputs(
+        {name: sink.records}, {name: config_dict(cfg)}, report, csv, otel, cfg.budget_ms, otlp_endpoint,
+        lambda: {name: fix},
+    )  # fmt: skip
 
 
 ConfigsOpt = Annotated[
@@ -498,6 +505,7 @@ def compare(
     runs: dict[str, list[TurnRecord]] = {}
     results = {}
     interrupted = False
+    done = [0]
     try:
         with progress_bar(per_run * len(variants), "comparing") as prog:
             task = prog.task_ids[0]
@@ -543,7 +551,12 @@ def compare(
             err.print(f"[yellow]{label}: {res.deadletters} malformed bus message(s) dead-lettered[/]")
     cfgs = dict(variants)
     budget = next(iter(cfgs.values())).budget_ms
-    write_outputs(runs, {k: config_dict(cfgs[k]) for k in runs}, report, csv, otel, budget, otlp_endpoint)
+    from voicepipe.report.advice import advice
+
+    write_outputs(
+        runs, {k: config_dict(cfgs[k]) for k in runs}, report, csv, otel, budget, otlp_endpoint,
+        lambda: {k: advice(runs[k], cfgs[k], scenario) for k in runs},
+    )  # fmt: skip
 
 
 @app.command()

@@ -20,7 +20,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from voicepipe.config import PipelineConfig, load_config
+from pydantic import ValidationError
+
+from voicepipe.config import PipelineConfig, apply_set, load_config
 from voicepipe.errors import UserError
 from voicepipe.records import TurnRecord, summarise
 
@@ -129,16 +131,13 @@ def candidates(stage: str, cfg: PipelineConfig) -> list[Candidate]:
     return out
 
 
-def _command(
-    cmd: str, scenarios: Sequence[str], base: str | None, user_sets: Sequence[str], c: Candidate
-) -> str:
-    parts = ["voicepipe", cmd, *scenarios]
-    conf = c.config if c.config is not None else base
-    if conf:
-        parts += ["-c", _display_path(conf)]
-    for s in [*(user_sets if c.config is None else ()), *c.sets]:
+def _flags(c: Candidate) -> list[str]:
+    parts: list[str] = []
+    if c.config is not None:
+        parts += ["-c", _display_path(c.config)]
+    for s in c.sets:
         parts += ["--set", s]
-    return shlex.join(parts)
+    return parts
 
 
 def _display_path(p: str) -> str:
@@ -148,15 +147,30 @@ def _display_path(p: str) -> str:
         return p
 
 
+def _alternative(cfg: PipelineConfig, c: Candidate) -> PipelineConfig:
+    """``cfg`` with the candidate applied: its config file instead (with cfg's budget and seed), or its
+    ``--set`` overrides on top of cfg."""
+    if c.config is not None:
+        return load_config(c.config, [f"budget_ms={cfg.budget_ms}", f"seed={cfg.seed}", *c.sets])
+    data = cfg.model_dump(mode="python")
+    for s in c.sets:
+        apply_set(data, s)
+    try:
+        return PipelineConfig.model_validate(data)
+    except ValidationError as exc:
+        raise UserError("advice", str(exc)) from None
+
+
 def advice(
     records: Sequence[TurnRecord],
     cfg: PipelineConfig,
     scenarios: Sequence[str],
-    config_path: str | Path | None = None,
-    user_sets: Sequence[str] = (),
-    command: str = "run",
+    base_command: Sequence[str] | None = None,
 ) -> Advice | None:
-    """The largest part of the missed turns and the best predicted change to it; None when none missed."""
+    """The largest part of the missed turns and the best predicted change to it; None when none missed.
+
+    ``base_command`` is how the user ran this configuration (e.g. ``voicepipe run cafe-order -c my.yaml``);
+    the suggested command is it plus the change. Without it, only the change's flags are shown."""
     from voicepipe.predict import predict
     from voicepipe.scenario import load_scenario
 
@@ -176,11 +190,7 @@ def advice(
     best: tuple[Candidate, float, float] | None = None
     for c in candidates(part[0], cfg):
         try:
-            if c.config is not None:
-                alt = load_config(c.config, list(c.sets))
-            else:
-                alt = load_config(config_path, [*user_sets, *c.sets])
-            s = summarise(p.as_record() for p in predict(alt, scs))
+            s = summarise(p.as_record() for p in predict(_alternative(cfg, c), scs))
         except (UserError, ValueError):
             continue
         if s.p50_ms is None or now.p50_ms is None:
@@ -191,11 +201,28 @@ def advice(
     if best is None:
         return base
     c, p50, within = best
+    cmd = list(base_command or [])
+    if c.config is not None:  # the candidate's config replaces the user's file and overrides
+        cmd = cmd[: next((i for i, a in enumerate(cmd) if a.startswith("-")), len(cmd))]
+        default = PipelineConfig()
+        cmd += [f"--set=budget_ms={cfg.budget_ms:g}"] if cfg.budget_ms != default.budget_ms else []
+        cmd += [f"--set=seed={cfg.seed}"] if cfg.seed != default.seed else []
     return Advice(
         base.missed, base.turns, base.budget_ms, part, part_ms, total, c, p50, within,
-        now.p50_ms, now.within_budget,
-        _command(command, scenarios, str(config_path) if config_path else None, user_sets, c),
+        now.p50_ms, now.within_budget, shlex.join([*cmd, *_flags(c)]),
     )  # fmt: skip
+
+
+def base_command(
+    cmd: str, scenarios: Sequence[str], config: str | Path | None, sets: Sequence[str]
+) -> list[str]:
+    """The command line that reproduces a run: ``voicepipe CMD SCENARIOS [-c CONFIG] [--set ...]``."""
+    out = ["voicepipe", cmd, *scenarios]
+    if config is not None:
+        out += ["-c", _display_path(str(config))]
+    for s in sets:
+        out += ["--set", s]
+    return out
 
 
 def next_step(
@@ -207,5 +234,5 @@ def next_step(
     command: str = "run",
 ) -> str | None:
     """The one line ``run``/``predict`` end with when turns missed the budget (None when none did)."""
-    a = advice(records, cfg, scenarios, config_path, user_sets, command)
+    a = advice(records, cfg, scenarios, base_command(command, scenarios, config_path, user_sets))
     return a.line() if a else None
