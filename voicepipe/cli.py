@@ -513,9 +513,12 @@ def compare(
                 prog.update(task, description=f"{i + 1}/{len(variants)} {label}")
                 sink.label = label
                 got = runs.setdefault(label, [])
-                on_record = progress_sink(
-                    prog, per_run * len(variants), lambda r, got=got: (sink(r), got.append(r))
-                )
+
+                def keep(r: TurnRecord, got: list[TurnRecord] = got) -> None:
+                    sink(r)
+                    got.append(r)
+
+                on_record = progress_sink(prog, per_run * len(variants), keep, done)
                 try:
                     results[label] = asyncio.run(run_pipeline(cfg, scs, sessions, on_record=on_record))
                 except Exception as exc:
