@@ -325,7 +325,7 @@ def run(
     ] = None,
 ) -> None:
     """Play scenarios through the pipeline over MQTT and measure every turn against the budget."""
-    from voicepipe.report.advice import advice, base_command
+    from voicepipe.report.advice import advice, base_command, print_advice
     from voicepipe.report.table import print_paths, print_summary, print_turns
 
     with user_errors():
@@ -370,7 +370,7 @@ def run(
             )
     fix = advice(sink.records, cfg, scenario, base_command("run", scenario, config, set_ or []))
     if fix:
-        (err if as_json else out).print(fix.line(), highlight=False, markup=False, soft_wrap=True)
+        print_advice(err if as_json else out, fix)
     name = config.stem if config else "default config"  # the report names a run by its configuration
     write_outputs(
         {name: sink.records}, {name: config_dict(cfg)}, report, csv, otel, cfg.budget_ms, otlp_endpoint,
@@ -447,7 +447,7 @@ def _compare_predicted(
     title = f"compare (predicted): {', '.join(s.name for s in scs)} · {per_run} turns each"
     print_compare(out, rows, names, heading, title, caption=PREDICTED, wide=wide)
     for line in verdict(rows, names):
-        out.print(line, highlight=False, markup=False, soft_wrap=True)
+        out.print(line, highlight=False, markup=False)
 
 
 @app.command()
@@ -543,7 +543,7 @@ def compare(
     if not as_json:
         print_compare(out, rows, names, heading, title, expected=per_run, wide=wide)
         for line in verdict(rows, names):
-            out.print(line, highlight=False, markup=False, soft_wrap=True)
+            out.print(line, highlight=False, markup=False)
     seen: set[str] = set()
     for label, res in results.items():
         for w in res.warnings:
@@ -580,7 +580,7 @@ def predict(
     equals this for the same turn and seed (one session per device; preemptive turns to within hops).
     """
     from voicepipe.predict import predict as predict_turns
-    from voicepipe.report.advice import next_step
+    from voicepipe.report.advice import advice, base_command, print_advice
     from voicepipe.report.table import print_predictions
 
     with user_errors():
@@ -598,9 +598,9 @@ def predict(
         return
     records = [p.as_record() for p in preds]
     print_predictions(out, records, cfg.budget_ms, wide=wide)
-    step = next_step(records, cfg, scenario, config, set_ or [], "predict")
-    if step:
-        out.print(step, highlight=False, markup=False, soft_wrap=True)
+    fix = advice(records, cfg, scenario, base_command("predict", scenario, config, set_ or []))
+    if fix:
+        print_advice(out, fix)
 
 
 def stage_names(raw: str | list[str] | None, where: str) -> list[str]:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import ValidationError
+from rich.console import Console
 
 from voicepipe.config import PipelineConfig, apply_set, load_config
 from voicepipe.errors import UserError
@@ -49,7 +50,8 @@ class Advice:
     now_within: float | None = None
     command: str | None = None
 
-    def line(self) -> str:
+    def text(self) -> str:
+        """The finding and the predicted effect of the fix, as prose (the command is :attr:`command`)."""
         st, wh = self.part
         head = (
             f"next step: {self.missed}/{self.turns} turns missed {self.budget_ms:.0f} ms; the largest part of "
@@ -58,10 +60,22 @@ class Advice:
         if self.fix is None:
             return head + "; no shipped change to it predicts fewer misses."
         return (
-            f"{head}. Try {self.fix.what}: {self.command} — predicted p50 {self.fix_p50_ms:,.0f} ms, "
+            f"{head}. Try {self.fix.what} — predicted p50 {self.fix_p50_ms:,.0f} ms, "
             f"{self.fix_within:.0%} within budget (now predicted {self.now_p50_ms:,.0f} ms, "
-            f"{self.now_within:.0%}; modelled)"
+            f"{self.now_within:.0%}; modelled):"
         )
+
+    def line(self) -> str:
+        """Prose and command on one line (logs, JSON-mode stderr)."""
+        return self.text() + (f" {self.command}" if self.fix is not None and self.command else "")
+
+
+def print_advice(console: Console, a: Advice) -> None:
+    """The prose wrapped at the console width, then the command alone on a line (never wrapped, so it
+    copies whole)."""
+    console.print(a.text(), highlight=False, markup=False)
+    if a.fix is not None and a.command:
+        console.print(f"  {a.command}", highlight=False, markup=False, soft_wrap=True)
 
 
 def shipped_configs() -> Path:
