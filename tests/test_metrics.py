@@ -10,7 +10,7 @@ from voicepipe.config import load_config
 from voicepipe.messages import Span
 from voicepipe.predict import predict
 from voicepipe.records import METRICS, BreakdownPart, TurnRecord, span_metrics
-from voicepipe.report.advice import advice, largest_part
+from voicepipe.report.advice import advice, largest_part, shipped_configs
 from voicepipe.report.export import read_csv, write_csv
 from voicepipe.scenario import load_scenario
 from voicepipe.text import count_tokens
@@ -92,7 +92,7 @@ def test_no_advice_when_nothing_missed_and_no_fake_fix() -> None:
     assert advice(recs, cfg, ["cafe-order"]) is None
     # the bus is the largest part and the config is already the fast lane: nothing shipped predicts better,
     # so the line says so instead of inventing a fix
-    fast = load_config("scenarios/configs/fast-lane.yaml", [])
+    fast = load_config(shipped_configs() / "fast-lane.yaml", [])
     recs = [p.as_record() for p in predict(fast, [load_scenario("cafe-order")])]
     r = recs[0].model_copy(update={"within_budget": False,
                                    "breakdown": [BreakdownPart(stage="bus", what="hops", ms=900.0)]})  # fmt: skip
