@@ -224,11 +224,12 @@ def turn_line(r: TurnRecord, done: int, total: int) -> str:
 
 
 def progress_sink(
-    prog: Progress, total: int, sink: Callable[[TurnRecord], None]
+    prog: Progress, total: int, sink: Callable[[TurnRecord], None], done: list[int] | None = None
 ) -> Callable[[TurnRecord], None]:
-    """``sink`` plus progress: the bar on a terminal, else one line per finished turn on stderr."""
+    """``sink`` plus progress: the bar on a terminal, else one line per finished turn on stderr
+    (``done`` is a shared counter when several runs make one progress)."""
     task = prog.task_ids[0]
-    done = [0]
+    done = done if done is not None else [0]
 
     def on_record(r: TurnRecord) -> None:
         sink(r)

@@ -47,9 +47,9 @@ def print_turns(
         by_label.setdefault(r.label, []).append(r)
     show_path = any(r.path != "agent" for r in records)
     cols = [
-        Col("session", priority=5, justify="left", text=True, min_width=6, max_width=16),
+        Col("session", priority=5, justify="left", text=True, min_width=6, max_width=24),
         Col("#"),
-        Col("user said", priority=6, justify="left", text=True, min_width=10, max_width=36),
+        Col("user said", priority=6, justify="left", text=True, min_width=10, max_width=48),
         Col("meas\nms"),
         Col("pred\nms", priority=2),
         Col("tax\nms", priority=3),
@@ -74,8 +74,20 @@ def print_turns(
             row.append(top_parts(r, 2, 30))
             rows.append(row)
         title = f"Turns{f' — {label}' if label else ''} (budget {budget_ms:.0f} ms)"
-        print_fitted(console, cols, rows, wide=wide, title=title)
+        c, rw, t = _one_session(cols, rows, recs, title)
+        print_fitted(console, c, rw, wide=wide, title=t)
     console.print(Text(CAPTION, style="dim"))
+
+
+def _one_session(
+    cols: list[Col], rows: list[list[Cell]], records: Sequence[TurnRecord], title: str
+) -> tuple[list[Col], list[list[Cell]], str]:
+    """With a single session the session column (the first) says the same thing on every row: name it
+    once in the title instead, and give its width to the numbers and text."""
+    sessions = {r.session for r in records}
+    if len(sessions) != 1:
+        return cols, rows, title
+    return cols[1:], [row[1:] for row in rows], f"{title} · session {sessions.pop()}"
 
 
 def print_summary(
@@ -201,9 +213,9 @@ def print_predictions(
 ) -> None:
     """Predicted turns (records built by TurnPrediction.as_record): latency, path and the largest parts."""
     cols = [
-        Col("session", priority=5, justify="left", text=True, min_width=6, max_width=16),
+        Col("session", priority=5, justify="left", text=True, min_width=6, max_width=24),
         Col("#"),
-        Col("user said", priority=6, justify="left", text=True, min_width=10, max_width=36),
+        Col("user said", priority=6, justify="left", text=True, min_width=10, max_width=48),
         Col("pred\nms"),
         Col("ok", justify="center"),
         Col("path", priority=3, justify="left", text=True, min_width=5),
@@ -225,7 +237,9 @@ def print_predictions(
         ]
         for r in records
     ]
-    print_fitted(console, cols, rows, wide=wide, title=f"Predicted turns (budget {budget_ms:.0f} ms)")
+    title = f"Predicted turns (budget {budget_ms:.0f} ms)"
+    c, rw, t = _one_session(cols, rows, records, title)
+    print_fitted(console, c, rw, wide=wide, title=t)
     s = summarise(records)
     console.print(
         f"p50 {_ms(s.p50_ms)} ms · p90 {_ms(s.p90_ms)} · p99 {_ms(s.p99_ms)} · within {budget_ms:.0f} ms "
