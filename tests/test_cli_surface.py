@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import structlog
 
+from tests.test_otel import Collector
 from voicepipe import __version__
 from voicepipe.compare import compare_rows, plan_variants
 from voicepipe.config import load_config
@@ -140,8 +141,19 @@ def test_run_piped_at_80_columns(tmp_path: Path) -> None:
         encoding="utf-8",
     )
     recs = tmp_path / "r.jsonl"
-    p = vp("run", str(sc), "--set", "client.playout=first_audio", "--json", str(recs), timeout=180)
+    collector = Collector()
+    collector.thread.start()
+    try:
+        p = vp("run", str(sc), "--set", "client.playout=first_audio", "--json", str(recs),
+               "--otlp-endpoint", collector.url, timeout=180)  # fmt: skip
+    finally:
+        collector.server.shutdown()
+        collector.server.server_close()
     assert p.returncode == 0, p.stderr
+    # the trace arrived at the collector as GenAI spans, one chat span per turn
+    chats = [sp for sp in collector.spans() if sp.name == "chat sonnet-gpu"]
+    assert len(chats) == 2 and all(sp.kind == sp.SPAN_KIND_CLIENT for sp in chats)
+    assert f"otlp: {len(collector.spans())} spans pushed" in p.stderr
     fits(p.stdout)
     records = [TurnRecord.model_validate_json(line) for line in recs.read_text().splitlines()]
     assert len(records) == 2
@@ -152,6 +164,22 @@ def test_run_piped_at_80_columns(tmp_path: Path) -> None:
     assert [line.split("]")[0] for line in turn_lines] == ["[1/2", "[2/2"]
     assert "{" not in p.stdout  # no log or JSON on stdout in table mode
     assert "next step:" in p.stdout  # the sonnet baseline misses 800 ms
+
+
+@pytest.mark.broker
+def test_compare_live_piped_json(tmp_path: Path) -> None:
+    """`compare --format json` with pipes: stdout is JSON lines only (one per turn and configuration),
+    stderr counts the turns across configurations."""
+    sc = tmp_path / "one.yaml"
+    sc.write_text(
+        "name: one\nturns:\n  - user: Hello there.\n    reply: Hi! How can I help?\n", encoding="utf-8"
+    )
+    p = vp("compare", str(sc), "--vary", "agent.backend=sonnet-gpu,groq-llama-3.1-8b", "--set",
+           "client.playout=first_audio", "--format", "json", timeout=180)  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    recs = [TurnRecord.model_validate_json(line) for line in p.stdout.splitlines()]
+    assert sorted(r.label for r in recs) == ["agent.backend=groq-llama-3.1-8b", "agent.backend=sonnet-gpu"]
+    assert [line.split("]")[0] for line in p.stderr.splitlines() if line.startswith("[")] == ["[1/2", "[2/2"]
 
 
 def test_logs_go_to_stderr_as_json(capsys: pytest.CaptureFixture[str]) -> None:
