@@ -12,7 +12,7 @@ from voicepipe.compare import Row as CompareRow
 from voicepipe.compare import fmt_usd
 from voicepipe.records import TurnRecord, summarise
 from voicepipe.report.svg import stage_sort_key
-from voicepipe.report.term import Cell, Col, print_fitted
+from voicepipe.report.term import Cell, Col, Parts, print_fitted
 
 CAPTION = "measured on the client's clock over the real MQTT bus; predicted = modelled spans"
 
@@ -27,6 +27,13 @@ def top_parts(r: TurnRecord, n: int = 2, width: int = 1000) -> str:
     parts = [f"{p.stage} {p.what} {_ms(p.ms)}" for p in sorted(r.breakdown, key=lambda p: -p.ms)[:n]]
     one = ", ".join(parts)
     return (one if len(one) <= width else "\n".join(parts)) or "—"
+
+
+def largest_parts(r: TurnRecord, n: int = 2) -> Parts:
+    """The turn's ``n`` largest breakdown parts as a table cell that wraps only between parts."""
+    return Parts(
+        tuple(f"{p.stage} {p.what} {_ms(p.ms)}" for p in sorted(r.breakdown, key=lambda p: -p.ms)[:n])
+    )
 
 
 def _ok(value_ms: float | None, budget_ms: float) -> Text:
@@ -71,7 +78,7 @@ def print_turns(
             if show_path:
                 path = r.path + ("!" if r.premature_endpoint else "") + ("✗" if r.false_hit else "")
                 row += [path, str(r.wasted_tokens), "–" if r.quality is None else f"{r.quality:.2f}"]
-            row.append(top_parts(r, 2, 30))
+            row.append(largest_parts(r, 2))
             rows.append(row)
         title = f"Turns{f' — {label}' if label else ''} (budget {budget_ms:.0f} ms)"
         c, rw, t = _one_session(cols, rows, recs, title)
@@ -233,7 +240,7 @@ def print_predictions(
             r.path + ("!" if r.premature_endpoint else ""),
             "–" if r.quality is None else f"{r.quality:.2f}",
             fmt_usd(r.cost_usd),
-            top_parts(r, 2, 30),
+            largest_parts(r, 2),
         ]
         for r in records
     ]
@@ -297,7 +304,7 @@ def print_compare(
                     "—" if r.quality is None else f"{r.quality * 100:.0f}%",
                     style="bold cyan" if r.best_quality else "",
                 ),
-                ", ".join(f"{st} {v:,.0f}" for st, v in r.top_stages(3)) or "—",
+                Parts(tuple(f"{st} {v:,.0f}" for st, v in r.top_stages(3))),
             ]
         )
     print_fitted(console, cols, out, wide=wide, title=title, caption=caption)

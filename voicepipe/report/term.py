@@ -24,7 +24,29 @@ from rich.console import Console, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-Cell = str | Text
+
+@dataclass(frozen=True)
+class Parts:
+    """A text cell made of items that must not be split (``"agent ttft 1,115"``): joined by ``sep`` on one
+    line when they fit the column, else greedily onto several lines, breaking only between items."""
+
+    items: tuple[str, ...]
+    sep: str = ", "
+
+    def one_line(self) -> str:
+        return self.sep.join(self.items)
+
+    def lines(self, width: int) -> str:
+        out: list[str] = []
+        for it in self.items:
+            if out and len(out[-1]) + len(self.sep) + len(it) <= width:
+                out[-1] += self.sep + it
+            else:
+                out.append(it)
+        return "\n".join(out) or "—"
+
+
+Cell = str | Text | Parts
 SEP = 1  # SIMPLE_HEAD draws a one-space column separator; no outer edge, no padding
 
 
@@ -39,6 +61,8 @@ class Col:
 
 
 def _cell_width(c: Cell) -> int:
+    if isinstance(c, Parts):
+        return len(c.one_line())
     t = c if isinstance(c, Text) else Text(c)
     return max((t.cell_len if "\n" not in t.plain else max(Text(x).cell_len for x in t.plain.split("\n"))), 0)
 
@@ -75,6 +99,34 @@ def choose_columns(cols: Sequence[Col], rows: Sequence[Sequence[Cell]], width: i
     return keep
 
 
+def text_widths(
+    cols: Sequence[Col], rows: Sequence[Sequence[Cell]], keep: Sequence[int], width: int
+) -> dict[int, int]:
+    """The width each kept text column gets: what the numbers leave, shared in proportion to the text's
+    natural width, never below the column's minimum nor above its natural or maximum width."""
+    nat = {i: natural_width(cols[i], [r[i] for r in rows]) for i in keep}
+    text = [i for i in keep if cols[i].text]
+    left = width - sum(nat[i] + SEP for i in keep if not cols[i].text) - SEP * max(0, len(text) - 1)
+    out: dict[int, int] = {}
+    # a Parts column asks for its longest item first, so that no part is split when the room exists
+    item = {i: max([0, *(len(x) for r in rows if isinstance(r[i], Parts) for x in r[i].items)]) for i in text}
+    left -= sum(item.values())
+    for i in sorted(text, key=lambda i: nat[i] - item[i]):  # narrow first: they give back what they don't use
+        left += item[i]
+        share = left * nat[i] // max(1, sum(nat[j] for j in text if j not in out))
+        lo = max(item[i], min(nat[i], max(cols[i].min_width, _header_min(cols[i]))))
+        hi = min(nat[i], cols[i].max_width or nat[i])
+        out[i] = max(lo, min(hi, share))
+        left -= out[i]
+    return out
+
+
+def _render(c: Cell, w: int | None) -> str | Text:
+    if isinstance(c, Parts):
+        return c.one_line() if w is None else c.lines(w)
+    return c
+
+
 def fitted_table(
     cols: Sequence[Col],
     rows: Sequence[Sequence[Cell]],
@@ -86,6 +138,7 @@ def fitted_table(
 ) -> tuple[Table, list[str]]:
     """The table for ``width`` columns and the headers of the columns it had to hide."""
     keep = list(range(len(cols))) if wide else choose_columns(cols, rows, width)
+    text_w = {} if wide else text_widths(cols, rows, keep, width)
     t = Table(
         title=title,
         title_justify="left",
@@ -104,7 +157,7 @@ def fitted_table(
                 c.header,
                 justify=c.justify,
                 min_width=min(natural_width(c, [r[i] for r in rows]), max(c.min_width, _header_min(c))),
-                max_width=c.max_width,
+                max_width=text_w[i],
                 overflow="fold",
                 ratio=None,
             )
@@ -116,7 +169,7 @@ def fitted_table(
                 min_width=natural_width(c, [r[i] for r in rows]) if not c.text else None,
             )
     for r in rows:
-        t.add_row(*(r[i] for i in keep))
+        t.add_row(*(_render(r[i], text_w.get(i)) for i in keep))
     hidden = [cols[i].header.replace("\n", " ") for i in range(len(cols)) if i not in keep]
     return t, hidden
 
