@@ -104,7 +104,7 @@ def print_summary(
     budget = next((recs[0].budget_ms for recs in records_by_label.values() if recs), 800.0)
     sums = {label or "run": summarise(recs) for label, recs in records_by_label.items()}
     cols = [
-        Col("config", justify="left", text=True, min_width=8, max_width=30),
+        Col("config", justify="left", text=True, min_width=24, max_width=30),
         Col("turns", priority=4),
         Col("p50\nms"),
         Col("p90\nms", priority=2),
@@ -277,15 +277,15 @@ def print_compare(
     budgets = {r.budget_ms for r in rows}
     budget = budgets.pop() if len(budgets) == 1 else None
     cols = [
-        Col(heading, justify="left", text=True, min_width=10, max_width=30),
+        Col(heading, justify="left", text=True, min_width=24, max_width=30),
         Col("p50\nms"),
         Col("p90\nms", priority=2),
-        Col("p99\nms", priority=3),
+        Col("p99\nms", priority=4),
         Col(f"≤{budget:.0f}\nms" if budget else "in\nbudget"),
-        Col("<200\nms", priority=5),
+        Col("<200\nms", priority=6),
         Col("$ per\n1k turns", priority=1),
-        Col("quality\nmodelled", priority=4),
-        Col("largest stages\n(mean ms)", priority=6, justify="left", text=True, min_width=12),
+        Col("quality\nmodelled", priority=5),
+        Col("largest stages\n(mean ms)", priority=3, justify="left", text=True, min_width=12),
     ]
     out: list[list[Cell]] = []
     for name, r in zip(names, rows, strict=True):

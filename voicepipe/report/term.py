@@ -102,21 +102,23 @@ def choose_columns(cols: Sequence[Col], rows: Sequence[Sequence[Cell]], width: i
 def text_widths(
     cols: Sequence[Col], rows: Sequence[Sequence[Cell]], keep: Sequence[int], width: int
 ) -> dict[int, int]:
-    """The width each kept text column gets: what the numbers leave, shared in proportion to the text's
-    natural width, never below the column's minimum nor above its natural or maximum width."""
+    """The width each kept text column gets from what the numbers leave: the narrowest columns whole
+    first (up to their natural or maximum width) as long as the others keep their minimum; never below a
+    column's minimum (a Parts column's minimum is its longest item)."""
     nat = {i: natural_width(cols[i], [r[i] for r in rows]) for i in keep}
     text = [i for i in keep if cols[i].text]
     left = width - sum(nat[i] + SEP for i in keep if not cols[i].text) - SEP * max(0, len(text) - 1)
-    out: dict[int, int] = {}
-    # a Parts column asks for its longest item first, so that no part is split when the room exists
+    # a Parts column needs its longest item, so that no part is split when the room exists
     item = {i: max([0, *(len(x) for r in rows if isinstance(r[i], Parts) for x in r[i].items)]) for i in text}
-    left -= sum(item.values())
-    for i in sorted(text, key=lambda i: nat[i] - item[i]):  # narrow first: they give back what they don't use
-        left += item[i]
-        share = left * nat[i] // max(1, sum(nat[j] for j in text if j not in out))
-        lo = max(item[i], min(nat[i], max(cols[i].min_width, _header_min(cols[i]))))
-        hi = min(nat[i], cols[i].max_width or nat[i])
-        out[i] = max(lo, min(hi, share))
+    lo = {i: max(item[i], min(nat[i], max(cols[i].min_width, _header_min(cols[i])))) for i in text}
+    hi = {i: max(lo[i], min(nat[i], cols[i].max_width or nat[i])) for i in text}
+    out: dict[int, int] = {}
+    order = sorted(
+        text, key=lambda i: hi[i]
+    )  # narrow first: served whole while the others keep their minimum
+    for k, i in enumerate(order):
+        rest = sum(lo[j] for j in order[k + 1 :])
+        out[i] = max(lo[i], min(hi[i], left - rest))
         left -= out[i]
     return out
 
