@@ -151,6 +151,7 @@ def fitted_table(
         caption=caption,
         caption_justify="left",
         caption_style="dim",
+        min_width=min(width, len(title)) if title else None,  # a title never wraps above a narrow table
     )
     for i in keep:
         c = cols[i]
