@@ -75,13 +75,17 @@ def _version(value: bool) -> None:
 def _main(
     version: Annotated[
         bool,
-        typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit."),
+        typer.Option(
+            "--version", callback=_version, is_eager=True, metavar="", help="Print the version and exit."
+        ),
     ] = False,
     verbose: Annotated[
         int,
         typer.Option("--verbose", "-v", count=True, help="More log lines on stderr (-v info, -vv debug)."),
     ] = 0,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only errors in the log on stderr.")] = False,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", metavar="", help="Only errors in the log on stderr.")
+    ] = False,
     log_format: Annotated[
         LogFormatChoice,
         typer.Option(
@@ -113,7 +117,8 @@ def user_errors() -> Iterator[None]:
 
 
 WideOpt = Annotated[
-    bool, typer.Option("--wide/--fit", help="Show every column, wider than the terminal if need be.")
+    bool,
+    typer.Option("--wide/--fit", metavar="", help="Show every column, wider than the terminal if need be."),
 ]
 FormatOpt = Annotated[
     OutputFormat,
@@ -131,20 +136,31 @@ OtlpOpt = Annotated[
         help="Push per-turn traces over OTLP/HTTP, e.g. http://localhost:4318 (env OTEL_EXPORTER_OTLP_ENDPOINT).",
     ),
 ]
-ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="Pipeline config YAML.")]
+ConfigOpt = Annotated[
+    Path | None, typer.Option("--config", "-c", metavar="FILE", help="Pipeline config YAML.")
+]
 SetOpt = Annotated[
     list[str] | None,
-    typer.Option("--set", "-s", help="Override a config field: path.to.field=value (repeatable)."),
+    typer.Option(
+        "--set",
+        "-s",
+        metavar="FIELD=VALUE",
+        help="Override a config field: path.to.field=value (repeatable).",
+    ),
 ]
 BrokerOpt = Annotated[
     str | None,
     typer.Option(
         "--broker",
         "-b",
+        metavar="URL",
         help="mqtt://[user:pass@]host:port (default: env VOICEPIPE_BROKER, config, embedded)",
     ),
 ]
-ScenariosArg = Annotated[list[str], typer.Argument(help="Scenario files or shipped names (see `scenarios`).")]
+ScenariosArg = Annotated[
+    list[str],
+    typer.Argument(metavar="SCENARIO", help="Scenario files or shipped names (see `scenarios`)."),
+]
 
 
 def load_scenarios(names: list[str]) -> list[Scenario]:
@@ -314,7 +330,10 @@ def run(
     otel: OtelOpt = None,
     otlp_endpoint: OtlpOpt = None,
     quiet: Annotated[
-        bool, typer.Option("--quiet/--turns", "-q", help="Summary only (no per-turn table), or every turn.")
+        bool,
+        typer.Option(
+            "--quiet/--turns", "-q", metavar="", help="Summary only (no per-turn table), or every turn."
+        ),
     ] = False,
     wide: WideOpt = False,
     run_id: Annotated[str | None, typer.Option("--run-id", help="Run id (topics voicepipe/RUN/...).")] = None,
@@ -384,6 +403,7 @@ ConfigsOpt = Annotated[
     typer.Option(
         "--config",
         "-c",
+        metavar="FILE",
         help="Pipeline config YAML (repeatable: one row per file; with --vary, several files are crossed "
         "with the varied values, one file is the base).",
     ),
@@ -392,6 +412,7 @@ VaryOpt = Annotated[
     list[str] | None,
     typer.Option(
         "--vary",
+        metavar="FIELD=V1,V2",
         help="Vary one config field: path.to.field=v1,v2,... (values parsed as YAML like --set; a value "
         "containing a comma is not supported). Give twice for a grid of two fields.",
     ),
@@ -477,7 +498,9 @@ def compare(
     predict: Annotated[
         bool,
         typer.Option(
-            "--predict/--run", help="Predict analytically instead of running (instant; for large grids)."
+            "--predict/--run",
+            metavar="",
+            help="Predict analytically instead of running (instant; for large grids).",
         ),
     ] = False,
     wide: WideOpt = False,
@@ -684,7 +707,9 @@ def scenarios_new(
         Path | None,
         typer.Option("--output", "-o", metavar="FILE", help="Where to write (default NAME.yaml)."),
     ] = None,
-    force: Annotated[bool, typer.Option("--force/--no-force", help="Overwrite an existing file.")] = False,
+    force: Annotated[
+        bool, typer.Option("--force/--no-force", metavar="", help="Overwrite an existing file.")
+    ] = False,
 ) -> None:
     """Write a commented starter scenario (every field explained; see docs/scenarios.md)."""
     from voicepipe.scenario import starter
