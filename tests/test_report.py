@@ -19,6 +19,7 @@ from rich.console import Console
 from voicepipe.messages import Span
 from voicepipe.records import BreakdownPart, TurnRecord
 from voicepipe.report import otel_json, read_csv, read_otel, render_html, write_csv, write_otel
+from voicepipe.report.export import otel_proto, span_name
 from voicepipe.report.svg import esc, nice_ticks, stage_colour
 from voicepipe.report.table import print_summary, print_turns
 
@@ -255,13 +256,19 @@ def test_csv_none_and_text_fields(tmp_path: Path) -> None:
 
 
 def test_otel_round_trip(tmp_path: Path) -> None:
+    """OTLP/JSON from the SDK's encoder: parses as opentelemetry-proto, GenAI span for the LLM, snake-case
+    names, seconds, resource attributes, stable ids."""
     recs = [make_record(i, session=f"s{i % 2}") for i in range(4)] + [make_record(9, timeout=True)]
     doc = otel_json(recs)
-    rs = doc["resourceSpans"][0]
-    assert rs["resource"]["attributes"][0] == {"key": "service.name", "value": {"stringValue": "voicepipe"}}
+    req = otel_proto(doc)  # raises on anything that is not a valid ExportTraceServiceRequest
+    assert len(req.resource_spans) == 1
+    res = {a["key"]: a["value"] for a in doc["resourceSpans"][0]["resource"]["attributes"]}
+    assert res["service.name"] == {"stringValue": "voicepipe"}
+    assert res["voicepipe.run.id"] == {"stringValue": "run-test"} and "service.version" in res
     write_otel(recs, tmp_path / "t.json")
     spans = read_otel(tmp_path / "t.json")
-    assert len(spans) == sum(1 + len(r.spans) for r in recs)
+    # root + one span per record span + one GenAI span per LLM call (one per turn here)
+    assert len(spans) == sum(2 + len(r.spans) for r in recs)
     by_trace: dict[str, list[dict]] = {}
     for s in spans:
         assert re.fullmatch(r"[0-9a-f]{32}", s["trace_id"]) and int(s["trace_id"], 16)
@@ -270,29 +277,42 @@ def test_otel_round_trip(tmp_path: Path) -> None:
         by_trace.setdefault(s["trace_id"], []).append(s)
     assert len(by_trace) == len(recs)
     assert len({s["span_id"] for s in spans}) == len(spans)
+    kinds = {
+        sp["name"]: sp["kind"] for rs in doc["resourceSpans"] for ss in rs["scopeSpans"] for sp in ss["spans"]
+    }
     for r in recs:
-        tspans = next(v for v in by_trace.values() if v[0]["attributes"]["turn"] == r.turn)
-        root, children = tspans[0], tspans[1:]
-        assert root["name"] == "turn" and root["parent_span_id"] == ""
-        assert all(c["parent_span_id"] == root["span_id"] for c in children)
-        assert [c["name"] for c in children] == [f"{s.stage}.{s.what}" for s in r.spans]
+        tspans = next(v for v in by_trace.values() if v[0]["attributes"]["voicepipe.turn"] == r.turn)
+        root = next(s for s in tspans if s["name"] == "turn")
+        assert root["parent_span_id"] == ""
+        llm = next(s for s in tspans if s["name"].startswith("chat "))
+        assert llm["name"] == "chat sonnet-empirical" and kinds[llm["name"]] == 3  # SPAN_KIND_CLIENT
+        a = llm["attributes"]
+        assert a["gen_ai.operation.name"] == "chat" and a["gen_ai.request.model"] == "sonnet-empirical"
+        assert a["gen_ai.provider.name"] == "voicepipe.simulated" and a["gen_ai.conversation.id"] == r.session
+        ttft = next(s for s in tspans if s["name"] == "agent.ttft")
+        assert ttft["parent_span_id"] == llm["span_id"]
+        assert a["gen_ai.response.time_to_first_chunk"] == pytest.approx(
+            (ttft["end_ns"] - ttft["start_ns"]) / 1e9
+        )
+        children = [s for s in tspans if s["name"] not in ("turn",) and not s["name"].startswith("chat ")]
+        assert all(" " not in s["name"] for s in children)
+        assert [c["name"] for c in children] == [span_name(s.stage, s.what) for s in r.spans]
+        assert "asr.endpoint_wait" in [c["name"] for c in children]
+        assert all(c["parent_span_id"] in (root["span_id"], llm["span_id"]) for c in children)
         assert root["start_ns"] == r.end_of_speech_ns + EPOCH_OFFSET
         for c, s in zip(children, r.spans, strict=True):
             assert c["start_ns"] == s.start_ns + EPOCH_OFFSET and c["end_ns"] == s.end_ns + EPOCH_OFFSET
-        a = root["attributes"]
-        assert a["within_budget"] is r.within_budget and a["scenario"] == r.scenario
+            assert c["attributes"]["voicepipe.duration_s"] == pytest.approx(s.dur_ns / 1e9)
+        ra = root["attributes"]
+        assert ra["voicepipe.within_budget"] is r.within_budget and ra["voicepipe.scenario"] == r.scenario
+        assert not any(k.startswith(("stage", "what", "e2e")) for k in ra)  # every custom key is namespaced
         if r.measured_ms is None:
-            assert "e2e_latency" not in a
+            assert "voicepipe.measured_s" not in ra
         else:
             assert root["end_ns"] == r.first_audio_ns + EPOCH_OFFSET
-            assert a["e2e_latency"] == pytest.approx(r.measured_ms)
-            assert a["tax"] == pytest.approx(r.tax_ms) and a["budget"] == BUDGET
+            assert ra["voicepipe.measured_s"] == pytest.approx(r.measured_ms / 1e3)
+            assert ra["voicepipe.tax_s"] == pytest.approx(r.tax_ms / 1e3) and ra["voicepipe.budget_s"] == 0.8
             assert (root["end_ns"] - root["start_ns"]) / 1e6 == pytest.approx(r.measured_ms)
-        ttft = next(c for c in children if c["name"] == "agent.ttft")
-        assert ttft["attributes"]["ttft"] == pytest.approx((ttft["end_ns"] - ttft["start_ns"]) / 1e6)
-        if r.status == "ok":
-            ttfb = next(c for c in children if c["name"] == "tts.first audio")
-            assert "ttfb" in ttfb["attributes"] and ttfb["attributes"]["modelled"] is True
     # deterministic ids: the same records give the same document
     assert otel_json(recs) == doc
 
@@ -405,3 +425,101 @@ def test_axis_cut_keeps_outliers_from_squashing() -> None:
     cdf = doc[doc.index('id="cdf"') : doc.index('id="breakdown"')]
     assert "The axis is cut at" in cdf and ">20,000<" not in cdf
     assert "20000 ms ✗" in doc  # the clipped bar still states its true latency
+
+
+# Runs in the page after load: the document's scroll width, and every element (outside a .scroll box,
+# which scrolls on purpose, and inside SVGs only the SVG itself) that sticks out of its section card.
+OVERFLOW_PROBE = """<script>
+window.addEventListener('load', () => {
+  const bad = [];
+  document.querySelectorAll('section').forEach(sec => {
+    const r = sec.getBoundingClientRect();
+    sec.querySelectorAll('*').forEach(el => {
+      if (el.closest('.scroll') && !el.classList.contains('scroll')) return;
+      if (el.closest('svg') && el.tagName.toLowerCase() !== 'svg') return;
+      const e = el.getBoundingClientRect();
+      if (e.width > 0 && (e.right > r.right + 1 || e.left < r.left - 1)) bad.push(sec.id + ' ' + el.tagName);
+    });
+  });
+  document.body.setAttribute('data-probe', JSON.stringify(
+    {scroll: document.documentElement.scrollWidth, client: document.documentElement.clientWidth, bad: bad}));
+});
+</script>"""
+
+
+def layout_probe(html: str, width: int, tmp_path: Path) -> dict:
+    """Load ``html`` in headless Chromium at ``width`` px and return OVERFLOW_PROBE's findings."""
+    import json
+
+    page = tmp_path / f"probe-{width}.html"
+    page.write_text(html.replace("</body>", OVERFLOW_PROBE + "</body>"), encoding="utf-8")
+    cmd = [
+        str(_chromium()), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync",
+        f"--user-data-dir={tmp_path / 'profile'}", f"--window-size={width},1600", "--virtual-time-budget=3000",
+        "--dump-dom", page.as_uri(),
+    ]  # fmt: skip
+    dom = subprocess.run(cmd, capture_output=True, timeout=90, check=False, text=True).stdout
+    m = re.search(r'data-probe="([^"]*)"', dom)
+    assert m, "the probe did not run"
+    return json.loads(m.group(1).replace("&quot;", '"').replace("&amp;", "&"))
+
+
+LONG = "support-call-with-a-very-long-configuration-name"
+
+
+@pytest.mark.skipif(_chromium() is None, reason="no chromium binary")
+@pytest.mark.parametrize("width", [700, 1280])
+def test_report_has_no_horizontal_overflow(tmp_path: Path, width: int) -> None:
+    """At 700 px (a half-screen window) and 1280 px nothing sticks out of the page or of its card: tables
+    scroll inside their card, charts scale. Long labels and sessions are the hard case."""
+    runs = make_runs()
+    runs = {
+        f"{LONG}-{k}": [r.model_copy(update={"session": f"{LONG}-{r.session}"}) for r in v]
+        for k, v in runs.items()
+    }
+    html = render_html(runs, {k: {} for k in runs}, budget_ms=BUDGET)
+    got = layout_probe(html, width, tmp_path)
+    assert got["scroll"] <= got["client"], got
+    assert got["bad"] == [], got["bad"][:10]
+
+
+def _x_axes(svg_html: str) -> list[list[tuple[str, str]]]:
+    """Per chart: the (x position, label) of every x-axis tick."""
+    axes = re.findall(r'<g class="axis x-axis">(.*?)</g>', svg_html)
+    return [re.findall(r'<text x="([\d.]+)"[^>]*>([^<]*)</text>', a)[:-1] for a in axes]
+
+
+def test_waterfalls_share_one_x_scale() -> None:
+    """The council run is twice as slow; both waterfalls still put every tick at the same pixel."""
+    runs = make_runs()
+    runs["a-much-longer-configuration-label-than-the-other"] = runs.pop("baseline")
+    html = render_html(runs, {}, budget_ms=BUDGET)
+    section = html[html.index('<section id="waterfall"') : html.index('<section id="cdf"')]
+    axes = _x_axes(section)
+    assert len(axes) == 2 and axes[0] == axes[1] and len(axes[0]) >= 3
+    assert "one x scale" in section
+
+
+def test_summary_legend_matches_bars_and_single_run_is_named_by_label() -> None:
+    runs = make_runs()
+    html = render_html(runs, {}, budget_ms=BUDGET)
+    summary = html[html.index('<section id="summary"') : html.index("</section>", html.index('id="summary"'))]
+    legend_fills = set(
+        re.findall(r'<rect x="[\d.]+" y="[\d.]+" width="14" height="11" fill="(#[0-9a-f]{6})"', summary)
+    )
+    bar_fills = set(re.findall(r'<rect class="seg"[^>]*fill="(#[0-9a-f]{6})"', summary))
+    assert bar_fills - {"#bbbbbb", "#bbb"} <= legend_fills
+    one = render_html({"fast-lane": runs["baseline"]}, {}, budget_ms=BUDGET)
+    assert "run-test</b>" not in one and "<b>fast-lane</b>" in one
+
+
+def test_fix_panel_names_the_largest_part_of_the_misses() -> None:
+    runs = make_runs()
+    html = render_html(runs, {}, budget_ms=BUDGET)
+    panel = html[html.index('<section id="fixes"') : html.index('<section id="waterfall"')]
+    from voicepipe.report.advice import largest_part
+
+    for label, recs in runs.items():
+        (st, wh), ms, _ = largest_part([r for r in recs if not r.within_budget])
+        assert f"{st} · {wh}, {ms:,.0f} ms" in panel, label

@@ -1,7 +1,12 @@
-"""Command line: ``voicepipe run``, ``scenarios``, ``hardware``, ``predict``, ``compare``.
+"""Command line: ``voicepipe run``, ``compare``, ``predict``, ``stage``, ``scenarios``, ``schema``, ``hardware``.
 
 Bad input prints one line naming the file and field and exits 2 — never a traceback. Turn records are
 written as they are measured, so an interrupted run keeps what it had.
+
+Streams: results (tables, ``--format json`` lines) go to stdout only; progress, per-turn lines when stderr
+is not a terminal, warnings and logs (:mod:`voicepipe.logs`) go to stderr. Option names are the same in
+every command: ``--json FILE`` writes JSON lines to a file, ``--format json`` writes them to stdout,
+``--wide`` shows every column, ``--otel FILE`` / ``--otlp-endpoint URL`` export traces.
 """
 
 from __future__ import annotations
@@ -11,13 +16,13 @@ import json
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from voicepipe.config import BrokerOverrides, PipelineConfig, config_dict, load_config
 from voicepipe.errors import UserError
@@ -25,7 +30,7 @@ from voicepipe.records import TurnRecord
 from voicepipe.scenario import Scenario, load_scenario, shipped
 
 app = typer.Typer(
-    add_completion=False,
+    add_completion=True,
     no_args_is_help=True,
     help="Does a voice pipeline answer inside the human turn budget (~800 ms), and what would change it?",
     pretty_exceptions_enable=False,
@@ -45,6 +50,63 @@ from voicepipe.cli_calibrate import register as _register_calibrate  # noqa: E40
 _register_calibrate(app)  # `calibrate URL --model M --out my.yaml`, `profile import results.json`
 
 
+class LogFormatChoice(StrEnum):
+    console = "console"
+    json = "json"
+
+
+class LogLevelChoice(StrEnum):
+    debug = "debug"
+    info = "info"
+    warning = "warning"
+    error = "error"
+
+
+class OutputFormat(StrEnum):
+    table = "table"
+    json = "json"
+
+
+def _version(value: bool) -> None:
+    if value:
+        from voicepipe import __version__
+
+        out.print(f"voicepipe {__version__}", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, metavar="", help="Print the version and exit."
+        ),
+    ] = False,
+    verbose: Annotated[
+        int,
+        typer.Option("--verbose", "-v", count=True, help="More log lines on stderr (-v info, -vv debug)."),
+    ] = 0,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", metavar="", help="Only errors in the log on stderr.")
+    ] = False,
+    log_format: Annotated[
+        LogFormatChoice,
+        typer.Option(
+            "--log-format", envvar="VOICEPIPE_LOG_FORMAT", help="Log lines on stderr: console or json."
+        ),
+    ] = LogFormatChoice.console,
+    log_level: Annotated[
+        LogLevelChoice | None,
+        typer.Option("--log-level", envvar="VOICEPIPE_LOG_LEVEL", help="Log level (overrides -v/-q)."),
+    ] = None,
+) -> None:
+    """Does a voice pipeline answer inside the human turn budget (~800 ms), and what would change it?"""
+    from voicepipe.logs import configure, level_from_flags
+
+    configure(level_from_flags(verbose, quiet, log_level.value if log_level else None), log_format.value)
+
+
 def fail(msg: str) -> typer.Exit:
     from rich.markup import escape
 
@@ -60,16 +122,44 @@ def user_errors() -> Iterator[None]:
         raise fail(str(exc)) from None
 
 
-ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="Pipeline config YAML.")]
+WideOpt = Annotated[
+    bool,
+    typer.Option("--wide/--fit", metavar="", help="Show every column, wider than the terminal if need be."),
+]
+FormatOpt = Annotated[
+    OutputFormat,
+    typer.Option("--format", help="stdout: tables, or JSON lines (one turn record each, nothing else)."),
+]
+OtelOpt = Annotated[
+    Path | None, typer.Option("--otel", metavar="FILE", help="Per-turn spans as OTLP/JSON traces.")
+]
+OtlpOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--otlp-endpoint",
+        metavar="URL",
+        envvar="OTEL_EXPORTER_OTLP_ENDPOINT",
+        help="Push per-turn traces over OTLP/HTTP, e.g. http://localhost:4318 (env OTEL_EXPORTER_OTLP_ENDPOINT).",
+    ),
+]
+ConfigOpt = Annotated[
+    Path | None, typer.Option("--config", "-c", metavar="FILE", help="Pipeline config YAML.")
+]
 SetOpt = Annotated[
     list[str] | None,
-    typer.Option("--set", "-s", help="Override a config field: path.to.field=value (repeatable)."),
+    typer.Option(
+        "--set",
+        "-s",
+        metavar="FIELD=VALUE",
+        help="Override a config field: path.to.field=value (repeatable).",
+    ),
 ]
 BrokerOpt = Annotated[
     str | None,
     typer.Option(
         "--broker",
         "-b",
+        metavar="URL",
         help="mqtt://host:port or mqtts://host:port (default: env VOICEPIPE_BROKER, config, embedded); "
         "user name from env VOICEPIPE_BROKER_USERNAME, password from --password-file or env "
         "VOICEPIPE_BROKER_PASSWORD",
@@ -77,24 +167,29 @@ BrokerOpt = Annotated[
 ]
 CaFileOpt = Annotated[
     Path | None,
-    typer.Option("--ca-file", help="PEM CA file that signed the broker's certificate (mqtts://)."),
+    typer.Option(
+        "--ca-file", metavar="FILE", help="PEM CA file that signed the broker's certificate (mqtts://)."
+    ),
 ]
 CertFileOpt = Annotated[
-    Path | None, typer.Option("--cert-file", help="Client certificate (PEM) for mqtts://.")
+    Path | None, typer.Option("--cert-file", metavar="FILE", help="Client certificate (PEM) for mqtts://.")
 ]
 KeyFileOpt = Annotated[
-    Path | None, typer.Option("--key-file", help="Unencrypted private key of --cert-file.")
+    Path | None, typer.Option("--key-file", metavar="FILE", help="Unencrypted private key of --cert-file.")
 ]
 PasswordFileOpt = Annotated[
     Path | None,
     typer.Option(
         "--password-file",
+        metavar="FILE",
         help="File whose first line is the broker password (or env VOICEPIPE_BROKER_PASSWORD).",
     ),
 ]
 InsecureOpt = Annotated[
     bool,
-    typer.Option("--insecure", help="mqtts:// without verifying the broker's certificate (testing only)."),
+    typer.Option(
+        "--insecure", metavar="", help="mqtts:// without verifying the broker's certificate (testing only)."
+    ),
 ]
 
 
@@ -112,7 +207,10 @@ def broker_options(
     return BrokerOverrides(url, s(ca_file), s(cert_file), s(key_file), s(password_file), insecure)
 
 
-ScenariosArg = Annotated[list[str], typer.Argument(help="Scenario files or shipped names (see `scenarios`).")]
+ScenariosArg = Annotated[
+    list[str],
+    typer.Argument(metavar="SCENARIO", help="Scenario files or shipped names (see `scenarios`)."),
+]
 
 
 def load_scenarios(names: list[str]) -> list[Scenario]:
@@ -128,25 +226,42 @@ def load_scenarios(names: list[str]) -> list[Scenario]:
 
 
 class RecordSink:
-    """Writes turn records as they arrive (JSON lines), so nothing measured is lost."""
+    """Writes turn records as they arrive (JSON lines to ``--json FILE`` and/or stdout), so nothing measured
+    is lost; derives the per-turn metric columns (ttft_ms...) the records carry."""
 
-    def __init__(self, path: Path | None, label: str = "") -> None:
+    def __init__(self, path: Path | None, label: str = "", stdout: bool = False) -> None:
         self.path = path
         self.label = label
         self.fh = path.open("w") if path else None
+        self.stdout = stdout
         self.records: list[TurnRecord] = []
 
     def __call__(self, rec: TurnRecord) -> None:
         if self.label:
             rec.label = self.label
         self.records.append(rec)
+        line = json.dumps(rec.model_dump(mode="json")) + "\n"
         if self.fh:
-            self.fh.write(json.dumps(rec.model_dump(mode="json")) + "\n")
+            self.fh.write(line)
             self.fh.flush()
+        if self.stdout:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+
+    def write_raw(self, data: dict[str, Any]) -> None:
+        """One JSON line that is not a turn record (a prediction)."""
+        line = json.dumps(data) + "\n"
+        if self.fh:
+            self.fh.write(line)
+        if self.stdout:
+            sys.stdout.write(line)
 
     def close(self) -> None:
         if self.fh:
             self.fh.close()
+            self.fh = None
+        if self.stdout:
+            sys.stdout.flush()
 
 
 def progress_bar(total: int, label: str) -> Progress:
@@ -164,6 +279,34 @@ def progress_bar(total: int, label: str) -> Progress:
     return p
 
 
+def turn_line(r: TurnRecord, done: int, total: int) -> str:
+    """The one stderr line per finished turn printed when stderr is not a terminal (no progress bar)."""
+    from voicepipe.report.table import top_parts
+
+    lat = "timeout" if r.measured_ms is None else f"{r.measured_ms:,.0f} ms"
+    ok = "ok" if r.within_budget else "miss"
+    who = f"{r.label}: " if r.label else ""
+    return f"[{done}/{total}] {who}{r.session} #{r.turn} {lat} {ok} ({top_parts(r, 1)})"
+
+
+def progress_sink(
+    prog: Progress, total: int, sink: Callable[[TurnRecord], None], done: list[int] | None = None
+) -> Callable[[TurnRecord], None]:
+    """``sink`` plus progress: the bar on a terminal, else one line per finished turn on stderr
+    (``done`` is a shared counter when several runs make one progress)."""
+    task = prog.task_ids[0]
+    done = done if done is not None else [0]
+
+    def on_record(r: TurnRecord) -> None:
+        sink(r)
+        done[0] += 1
+        prog.advance(task)
+        if not err.is_terminal:
+            err.print(turn_line(r, done[0], total), highlight=False, markup=False, soft_wrap=True)
+
+    return on_record
+
+
 def run_live(
     cfg: PipelineConfig,
     scenarios: list[Scenario],
@@ -177,12 +320,7 @@ def run_live(
 
     total = sum(len(s.turns) for s in scenarios) * sessions
     with progress_bar(total, label) as prog:
-        task = prog.task_ids[0]
-
-        def on_record(r: TurnRecord) -> None:
-            sink(r)
-            prog.advance(task)
-
+        on_record = progress_sink(prog, total, sink)
         return asyncio.run(
             run_pipeline(cfg, scenarios, sessions, on_record=on_record, run_id=run_id, external=external)
         )
@@ -195,12 +333,16 @@ def write_outputs(
     csv: Path | None,
     otel: Path | None,
     budget_ms: float,
+    otlp_endpoint: str | None = None,
+    fixes: Callable[[], dict[str, Any]] | None = None,
 ) -> None:
+    """Write the requested exports; ``fixes`` (only called for a report) gives label → advice."""
     records = [r for rs in runs.values() for r in rs]
     if report:
         from voicepipe.report.html import render_html
 
-        report.write_text(render_html(runs, configs, budget_ms=budget_ms), encoding="utf-8")
+        html = render_html(runs, configs, budget_ms=budget_ms, fixes=fixes() if fixes else None)
+        report.write_text(html, encoding="utf-8")
         err.print(f"report: {report}")
     if csv:
         from voicepipe.report.export import write_csv
@@ -212,6 +354,12 @@ def write_outputs(
 
         write_otel(records, otel)
         err.print(f"otel: {otel}")
+    if otlp_endpoint:
+        from voicepipe.report.export import push_otlp
+
+        with user_errors():
+            n = push_otlp(records, otlp_endpoint)
+        err.print(f"otlp: {n} spans pushed to {otlp_endpoint}", highlight=False)
 
 
 @app.command()
@@ -226,13 +374,23 @@ def run(
     password_file: PasswordFileOpt = None,
     insecure: InsecureOpt = False,
     json_out: Annotated[
-        Path | None, typer.Option("--json", help="Write one JSON turn record per line.")
+        Path | None, typer.Option("--json", metavar="FILE", help="Write one JSON turn record per line.")
     ] = None,
+    fmt: FormatOpt = OutputFormat.table,
     sessions: Annotated[int, typer.Option("--sessions", "-n", min=1, help="Concurrent copies of each.")] = 1,
-    report: Annotated[Path | None, typer.Option("--report", help="Self-contained HTML report.")] = None,
-    csv: Annotated[Path | None, typer.Option("--csv", help="Turn records as CSV.")] = None,
-    otel: Annotated[Path | None, typer.Option("--otel", help="Per-turn spans as OTLP/JSON traces.")] = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Summary only, no per-turn table.")] = False,
+    report: Annotated[
+        Path | None, typer.Option("--report", metavar="FILE", help="Self-contained HTML report.")
+    ] = None,
+    csv: Annotated[Path | None, typer.Option("--csv", metavar="FILE", help="Turn records as CSV.")] = None,
+    otel: OtelOpt = None,
+    otlp_endpoint: OtlpOpt = None,
+    quiet: Annotated[
+        bool,
+        typer.Option(
+            "--quiet/--turns", "-q", metavar="", help="Summary only (no per-turn table), or every turn."
+        ),
+    ] = False,
+    wide: WideOpt = False,
     run_id: Annotated[str | None, typer.Option("--run-id", help="Run id (topics voicepipe/RUN/...).")] = None,
     external: Annotated[
         str | None,
@@ -242,6 +400,7 @@ def run(
     ] = None,
 ) -> None:
     """Play scenarios through the pipeline over MQTT and measure every turn against the budget."""
+    from voicepipe.report.advice import advice, base_command, print_advice
     from voicepipe.report.table import print_paths, print_summary, print_turns
 
     with user_errors():
@@ -253,7 +412,8 @@ def run(
             raise UserError("--external", "stages in other processes need a broker (--broker URL)")
         if ext and not run_id:
             raise UserError("--external", "give the run id the stage processes serve (--run-id)")
-    sink = RecordSink(json_out)
+    as_json = fmt == OutputFormat.json
+    sink = RecordSink(json_out, stdout=as_json)
     result = None
     try:
         result = run_live(cfg, scs, sessions, sink, "running", run_id, frozenset(ext))
@@ -271,18 +431,27 @@ def run(
             err.print(f"[bold yellow]warning:[/] {w}", soft_wrap=True)
         if result.deadletters:
             err.print(f"[yellow]{result.deadletters} malformed bus message(s) dead-lettered[/]")
-    if not quiet:
-        print_turns(out, sink.records, cfg.budget_ms)
-    print_summary(out, {"": sink.records})
-    print_paths(out, sink.records)
-    if result:
-        out.print(
-            f"[dim]run {result.run} on {result.broker}; broker probe "
-            f"{result.probe_ms:.1f} ms round trip; measured on the client's clock, predicted = modelled spans[/]"
-            if result.probe_ms is not None
-            else f"[dim]run {result.run} on {result.broker}[/]"
-        )
-    write_outputs({"": sink.records}, {"": config_dict(cfg)}, report, csv, otel, cfg.budget_ms)
+    if not as_json:
+        if not quiet:
+            print_turns(out, sink.records, cfg.budget_ms, wide=wide)
+        print_summary(out, {"": sink.records}, wide=wide)
+        print_paths(out, sink.records, wide=wide)
+        if result:
+            out.print(
+                f"[dim]run {result.run} on {result.broker}; broker probe "
+                f"{result.probe_ms:.1f} ms round trip; measured on the client's clock, predicted = modelled "
+                "spans[/]"
+                if result.probe_ms is not None
+                else f"[dim]run {result.run} on {result.broker}[/]"
+            )
+    fix = advice(sink.records, cfg, scenario, base_command("run", scenario, config, set_ or []))
+    if fix:
+        print_advice(err if as_json else out, fix)
+    name = config.stem if config else "default config"  # the report names a run by its configuration
+    write_outputs(
+        {name: sink.records}, {name: config_dict(cfg)}, report, csv, otel, cfg.budget_ms, otlp_endpoint,
+        lambda: {name: fix},
+    )  # fmt: skip
 
 
 ConfigsOpt = Annotated[
@@ -290,6 +459,7 @@ ConfigsOpt = Annotated[
     typer.Option(
         "--config",
         "-c",
+        metavar="FILE",
         help="Pipeline config YAML (repeatable: one row per file; with --vary, several files are crossed "
         "with the varied values, one file is the base).",
     ),
@@ -298,6 +468,7 @@ VaryOpt = Annotated[
     list[str] | None,
     typer.Option(
         "--vary",
+        metavar="FIELD=V1,V2",
         help="Vary one config field: path.to.field=v1,v2,... (values parsed as YAML like --set; a value "
         "containing a comma is not supported). Give twice for a grid of two fields.",
     ),
@@ -327,97 +498,33 @@ def _safe_url(url: str) -> str:
     return redact_url(url)
 
 
-def compare_table(
-    rows: list,
-    names: list[str],
-    heading: str,
-    title: str,
-    stage_width: int | None = None,
-    expected: int | None = None,
-    caption: str = "latency measured on the client clock over MQTT; cost and quality modelled from catalog "
-    "prices/benchmarks",
-) -> Table:
-    """One row per configuration: percentiles, budget shares, modelled cost and quality, and the largest
-    stages (on one line, or wrapped into lines of ``stage_width``)."""
-    from rich import box
-    from rich.text import Text
-
-    from voicepipe.compare import fmt_usd, join_parts
-
-    budgets = {r.budget_ms for r in rows}
-    budget = budgets.pop() if len(budgets) == 1 else None
-    t = Table(
-        title=title,
-        title_justify="left",
-        header_style="bold",
-        box=box.SIMPLE_HEAD,
-        padding=(0, 1, 0, 0),
-        caption=caption,
-        caption_justify="left",
-        caption_style="dim",
-    )
-    name_w = min(24, max(len(heading), *(len(n) for n in names)))
-    t.add_column(heading, no_wrap=True, min_width=name_w, max_width=30, overflow="ellipsis")
-    for h in ("p50", "p90", "p99"):
-        t.add_column(f"{h}\nms", justify="right", no_wrap=True, min_width=5)
-    t.add_column(f"≤{budget:.0f}\nms" if budget else "in\nbudget", justify="right", no_wrap=True, min_width=4)
-    t.add_column("<200\nms", justify="right", no_wrap=True, min_width=4)
-    t.add_column("$ per\n1k turns", justify="right", no_wrap=True, min_width=7)
-    t.add_column("quality\nmodelled", justify="right", no_wrap=True, min_width=8)
-    t.add_column("largest stages\n(mean ms)", min_width=12, no_wrap=True, overflow="ellipsis")
-
-    def ms(v: float | None) -> str:
-        return "—" if v is None else f"{v:,.0f}"
-
-    for name, r in zip(names, rows, strict=True):
-        share_style = "green" if r.within_budget >= 0.9 else "red" if r.within_budget < 0.5 else "yellow"
-        p50 = Text(ms(r.p50_ms), style=("green" if r.fits else "red") + (" bold" if r.best_p50 else ""))
-        planned = max(r.turns, expected or 0)
-        label = Text(name + (f" ({r.answered}/{planned})" if r.answered < planned else ""))
-        cost = Text(fmt_usd(r.cost_per_1k_usd), style="bold cyan" if r.cheapest else "")
-        qual = Text(
-            "—" if r.quality is None else f"{r.quality * 100:.0f}%",
-            style="bold cyan" if r.best_quality else "",
-        )
-        stages = join_parts([f"{st} {v:,.0f}" for st, v in r.top_stages(3)], stage_width) or "—"
-        t.add_row(
-            label,
-            p50,
-            ms(r.p90_ms),
-            ms(r.p99_ms),
-            Text(f"{r.within_budget * 100:.0f}%", style=share_style),
-            f"{r.under_200ms * 100:.0f}%",
-            cost,
-            qual,
-            stages,
-        )
-    return t
-
-
-def _compare_predicted(variants: list, scs: list[Scenario], sessions: int, json_out: Path | None) -> None:
+def _compare_predicted(
+    variants: list, scs: list[Scenario], sessions: int, sink: RecordSink, fmt: OutputFormat, wide: bool
+) -> None:
     """`compare --predict`: one row per configuration from the stages on virtual time (no live run)."""
     from voicepipe.compare import compare_rows, display_names, verdict
     from voicepipe.predict import predict as predict_turns
-    from voicepipe.report.table import PREDICTED
+    from voicepipe.report.table import PREDICTED, print_compare
 
     runs: dict[str, list[TurnRecord]] = {}
-    lines: list[str] = []
     for label, cfg in variants:
         try:
             preds = predict_turns(cfg, scs, sessions)
         except ValueError as exc:
             raise fail(f"configuration {label!r}: {exc}") from None
         runs[label] = [p.as_record(label) for p in preds]
-        lines += [json.dumps({**p.to_json(), "label": label}) + "\n" for p in preds]
-    if json_out:
-        json_out.write_text("".join(lines))
+        for p in preds:
+            sink.write_raw({**p.to_json(), "label": label})
+    sink.close()
+    if fmt == OutputFormat.json:
+        return
     rows = compare_rows(runs)
     heading, names = display_names(list(runs))
     per_run = sum(len(s.turns) for s in scs) * sessions
     title = f"compare (predicted): {', '.join(s.name for s in scs)} · {per_run} turns each"
-    out.print(compare_table(rows, names, heading, title, caption=PREDICTED))
+    print_compare(out, rows, names, heading, title, caption=PREDICTED, wide=wide)
     for line in verdict(rows, names):
-        out.print(line, highlight=False, markup=False, soft_wrap=True)
+        out.print(line, highlight=False, markup=False)
 
 
 @app.command()
@@ -435,15 +542,28 @@ def compare(
     sessions: Annotated[int, typer.Option("--sessions", "-n", min=1, help="Concurrent copies of each.")] = 1,
     json_out: Annotated[
         Path | None,
-        typer.Option("--json", help="Write every turn record (JSON lines) with its configuration label."),
+        typer.Option(
+            "--json",
+            metavar="FILE",
+            help="Write every turn record (JSON lines) with its configuration label.",
+        ),
     ] = None,
-    csv: Annotated[Path | None, typer.Option("--csv", help="Turn records as CSV.")] = None,
-    report: Annotated[Path | None, typer.Option("--report", help="Self-contained HTML report.")] = None,
-    otel: Annotated[Path | None, typer.Option("--otel", help="Per-turn spans as OTLP/JSON traces.")] = None,
+    fmt: FormatOpt = OutputFormat.table,
+    csv: Annotated[Path | None, typer.Option("--csv", metavar="FILE", help="Turn records as CSV.")] = None,
+    report: Annotated[
+        Path | None, typer.Option("--report", metavar="FILE", help="Self-contained HTML report.")
+    ] = None,
+    otel: OtelOpt = None,
+    otlp_endpoint: OtlpOpt = None,
     predict: Annotated[
         bool,
-        typer.Option("--predict", help="Predict on virtual time instead of running (no waiting; for large grids)."),
+        typer.Option(
+            "--predict/--run",
+            metavar="",
+            help="Predict on virtual time instead of running (no waiting; for large grids).",
+        ),
     ] = False,
+    wide: WideOpt = False,
 ) -> None:
     """Run the same scenarios under several configurations: one row each with latency, budget share, cost.
 
@@ -451,23 +571,26 @@ def compare(
 
     Runs are sequential and real time, with the same seed; Ctrl-C keeps what was measured.
     """
-    from voicepipe.compare import compare_rows, display_names, join_parts, plan_variants, verdict
+    from voicepipe.compare import compare_rows, display_names, plan_variants, verdict
+    from voicepipe.report.table import print_compare
 
     with user_errors():
         opts = broker_options(broker, ca_file, cert_file, key_file, password_file, insecure)
         variants = plan_variants(config or [], vary or [], set_ or [], opts)
         scs = load_scenarios(scenario)
 
+    as_json = fmt == OutputFormat.json
+    sink = RecordSink(json_out, stdout=as_json)
     if predict:
-        _compare_predicted(variants, scs, sessions, json_out)
+        _compare_predicted(variants, scs, sessions, sink, fmt, wide)
         return
     from voicepipe.runner import run_pipeline
 
     per_run = sum(len(s.turns) for s in scs) * sessions
-    sink = RecordSink(json_out)
     runs: dict[str, list[TurnRecord]] = {}
     results = {}
     interrupted = False
+    done = [0]
     try:
         with progress_bar(per_run * len(variants), "comparing") as prog:
             task = prog.task_ids[0]
@@ -476,11 +599,11 @@ def compare(
                 sink.label = label
                 got = runs.setdefault(label, [])
 
-                def on_record(r: TurnRecord, got: list[TurnRecord] = got) -> None:
+                def keep(r: TurnRecord, got: list[TurnRecord] = got) -> None:
                     sink(r)
                     got.append(r)
-                    prog.advance(task)
 
+                on_record = progress_sink(prog, per_run * len(variants), keep, done)
                 try:
                     results[label] = asyncio.run(run_pipeline(cfg, scs, sessions, on_record=on_record))
                 except Exception as exc:
@@ -502,16 +625,10 @@ def compare(
     heading, names = display_names(list(runs))
     sc_names = ", ".join(s.name for s in scs)
     title = f"compare: {sc_names} · {per_run} turns each" + (" · interrupted" if interrupted else "")
-    from rich.measure import Measurement
-
-    table = compare_table(rows, names, heading, title, expected=per_run)
-    excess = Measurement.get(out, out.options.update_width(1000), table).maximum - out.width
-    if excess > 0:  # fold the stage parts onto more lines rather than cut anything
-        widest = max(len(join_parts([f"{st} {v:,.0f}" for st, v in r.top_stages(3)])) for r in rows)
-        table = compare_table(rows, names, heading, title, max(1, widest - excess), per_run)
-    out.print(table)
-    for line in verdict(rows, names):
-        out.print(line, highlight=False, markup=False, soft_wrap=True)
+    if not as_json:
+        print_compare(out, rows, names, heading, title, expected=per_run, wide=wide)
+        for line in verdict(rows, names):
+            out.print(line, highlight=False, markup=False)
     seen: set[str] = set()
     for label, res in results.items():
         for w in res.warnings:
@@ -522,7 +639,12 @@ def compare(
             err.print(f"[yellow]{label}: {res.deadletters} malformed bus message(s) dead-lettered[/]")
     cfgs = dict(variants)
     budget = next(iter(cfgs.values())).budget_ms
-    write_outputs(runs, {k: config_dict(cfgs[k]) for k in runs}, report, csv, otel, budget)
+    from voicepipe.report.advice import advice
+
+    write_outputs(
+        runs, {k: config_dict(cfgs[k]) for k in runs}, report, csv, otel, budget, otlp_endpoint,
+        lambda: {k: advice(runs[k], cfgs[k], scenario) for k in runs},
+    )  # fmt: skip
 
 
 @app.command()
@@ -531,7 +653,11 @@ def predict(
     config: ConfigOpt = None,
     set_: SetOpt = None,
     sessions: Annotated[int, typer.Option("--sessions", "-n", min=1, help="Concurrent copies of each.")] = 1,
-    json_out: Annotated[Path | None, typer.Option("--json", help="One JSON prediction per line.")] = None,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", metavar="FILE", help="One JSON prediction per line.")
+    ] = None,
+    fmt: FormatOpt = OutputFormat.table,
+    wide: WideOpt = False,
 ) -> None:
     """Predict every turn's latency and breakdown: the live stages on virtual time — no broker, no waiting.
 
@@ -539,6 +665,7 @@ def predict(
     the same turn and seed (to within bus hops where timing overlaps or sessions queue on one device).
     """
     from voicepipe.predict import predict as predict_turns
+    from voicepipe.report.advice import advice, base_command, print_advice
     from voicepipe.report.table import print_predictions
 
     with user_errors():
@@ -548,9 +675,17 @@ def predict(
             preds = predict_turns(cfg, scs, sessions)
         except ValueError as exc:
             raise UserError(str(config or "config"), str(exc)) from None
-    if json_out:
-        json_out.write_text("".join(json.dumps(p.to_json()) + "\n" for p in preds))
-    print_predictions(out, [p.as_record() for p in preds], cfg.budget_ms)
+    sink = RecordSink(json_out, stdout=fmt == OutputFormat.json)
+    for p in preds:
+        sink.write_raw(p.to_json())
+    sink.close()
+    if fmt == OutputFormat.json:
+        return
+    records = [p.as_record() for p in preds]
+    print_predictions(out, records, cfg.budget_ms, wide=wide)
+    fix = advice(records, cfg, scenario, base_command("predict", scenario, config, set_ or []))
+    if fix:
+        print_advice(out, fix)
 
 
 def stage_names(raw: str | list[str] | None, where: str) -> list[str]:
@@ -602,21 +737,86 @@ def stage(
         raise failure from None
 
 
-@app.command()
-def scenarios() -> None:
-    """List the shipped scenarios."""
-    t = Table(title="shipped scenarios", title_justify="left")
-    t.add_column("name")
-    t.add_column("turns", justify="right")
-    t.add_column("description")
+scenarios_app = typer.Typer(
+    help="Scenarios: list the shipped ones (default), write a starter file (`new NAME`).",
+    invoke_without_command=True,
+)
+app.add_typer(scenarios_app, name="scenarios")
+
+
+@scenarios_app.callback()
+def scenarios(ctx: typer.Context, wide: WideOpt = False) -> None:
+    """List the shipped scenarios (format: docs/scenarios.md; `scenarios new NAME` writes a starter)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from voicepipe.report.term import Col, print_fitted
+
+    rows = []
     for p in shipped():
         try:
             s = load_scenario(str(p))
         except UserError as exc:
-            t.add_row(p.stem, "?", f"[red]{exc}[/]")
+            rows.append([p.stem, "?", f"[red]{exc}[/]"])
             continue
-        t.add_row(p.stem, str(len(s.turns)), s.description)
-    out.print(t)
+        rows.append([p.stem, str(len(s.turns)), s.description])
+    cols = [
+        Col("name", justify="left", text=True, min_width=10),
+        Col("turns"),
+        Col("description", priority=1, justify="left", text=True, min_width=20),
+    ]
+    print_fitted(out, cols, rows, wide=wide, title="shipped scenarios")
+
+
+@scenarios_app.command("new")
+def scenarios_new(
+    name: Annotated[str, typer.Argument(help="Scenario name; also the file name (NAME.yaml) unless -o.")],
+    output: Annotated[
+        Path | None,
+        typer.Option("--output", "-o", metavar="FILE", help="Where to write (default NAME.yaml)."),
+    ] = None,
+    force: Annotated[
+        bool, typer.Option("--force/--no-force", metavar="", help="Overwrite an existing file.")
+    ] = False,
+) -> None:
+    """Write a commented starter scenario (every field explained; see docs/scenarios.md)."""
+    from voicepipe.scenario import starter
+
+    path = output or Path(f"{name}.yaml")
+    with user_errors():
+        if path.exists() and not force:
+            raise UserError(str(path), "already exists (--force overwrites)")
+        text = starter(name)
+        path.write_text(text, encoding="utf-8")
+        load_scenario(str(path))  # the starter must load as it is
+    err.print(f"wrote {path}: edit it, then `voicepipe run {path}`", highlight=False)
+
+
+schema_app = typer.Typer(help="JSON Schemas of the files and messages voicepipe reads.", no_args_is_help=True)
+app.add_typer(schema_app, name="schema")
+
+
+def _print_schema(model: type) -> None:
+    sys.stdout.write(json.dumps(model.model_json_schema(), indent=2) + "\n")  # type: ignore[attr-defined]
+
+
+@schema_app.command("scenario")
+def schema_scenario() -> None:
+    """JSON Schema of a scenario file (docs/scenarios.md explains every field)."""
+    _print_schema(Scenario)
+
+
+@schema_app.command("config")
+def schema_config() -> None:
+    """JSON Schema of a pipeline config file."""
+    _print_schema(PipelineConfig)
+
+
+@schema_app.command("messages")
+def schema_messages() -> None:
+    """JSON Schema of the bus envelope every MQTT message carries."""
+    from voicepipe.messages import Envelope
+
+    _print_schema(Envelope)
 
 
 def main() -> None:

@@ -10,9 +10,10 @@ from collections.abc import Iterable, Sequence
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from voicepipe.spans import Span
+from voicepipe.text import count_tokens
 
 Path = Literal["agent", "cache", "council", "preemptive"]
 
@@ -57,12 +58,81 @@ class TurnRecord(BaseModel):
     premature_endpoint: bool = False
     false_hit: bool = False  # cache answered with something other than the scenario's reply
     barge_in_stop_ms: float | None = None
+    # metric names users know (issue 13), derived from ``spans`` by :func:`span_metrics`; None = not on
+    # this turn's path (e.g. no LLM on a cache hit)
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    itl_ms: float | None = None
+    e2el_ms: float | None = None
+    tts_ttfb_ms: float | None = None
+    asr_final_ms: float | None = None
+    endpoint_delay_ms: float | None = None
+
+    @model_validator(mode="after")
+    def _derive_metrics(self) -> TurnRecord:
+        if self.spans:
+            for k, v in span_metrics(self.spans, self.reply_text, self.output_tokens).items():
+                setattr(self, k, v)
+        return self
 
     def stage_ms(self) -> dict[str, float]:
         out: dict[str, float] = {}
         for p in self.breakdown:
             out[p.stage] = out.get(p.stage, 0.0) + p.ms
         return out
+
+
+LLM_STAGES = ("agent", "council")
+METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms", "tts_ttfb_ms", "asr_final_ms", "endpoint_delay_ms")
+
+
+def span_metrics(
+    spans: Sequence[Span], first_clause: str = "", output_tokens: int = 0
+) -> dict[str, float | None]:
+    """Per-turn metrics under the names serving and voice frameworks use, from the spans' ``what`` names.
+
+    * ``ttft_ms`` — LLM queue + prefill to the first token (vLLM's TTFT is measured from the request, so it
+      includes queueing): the ``queue`` and ``ttft`` spans of the LLM whose answer was spoken (the last
+      agent/council ``ttft`` span on the chain).
+    * ``tpot_ms`` / ``itl_ms`` — the ``decode`` span divided by the gaps it covers. The decode span runs from
+      the first token to the last token of the first spoken clause (``first_clause`` = the record's
+      ``reply_text``), so it covers ``count_tokens(first_clause) - 1`` gaps. Spans hold no per-token
+      instants, so ``itl_ms`` is that mean gap too — the p50 inter-token latency whenever the decode rate is
+      steady within the clause (empirical profiles; a device whose batch does not change meanwhile).
+    * ``e2el_ms`` — vLLM's end-to-end request latency: ``ttft_ms`` + (``output_tokens`` - 1) × ``tpot_ms``,
+      i.e. the whole reply at this turn's decode rate (the chain stops at the first clause).
+    * ``tts_ttfb_ms`` — the TTS ``time to first audio`` span; ``asr_final_ms`` — the ASR ``finalise`` span;
+      ``endpoint_delay_ms`` — ``endpoint wait`` + ``turn detector``: end of speech to the end-of-turn call.
+    """
+    by: dict[tuple[str, str], list[Span]] = {}
+    for s in spans:
+        by.setdefault((s.stage, s.what), []).append(s)
+
+    def ms(*keys: tuple[str, str]) -> float | None:
+        got = [s for k in keys for s in by.get(k, [])]
+        return sum(s.dur_ns for s in got) / 1e6 if got else None
+
+    llm = next((s.stage for s in reversed(spans) if s.stage in LLM_STAGES and s.what == "ttft"), None)
+    ttft = tpot = e2el = None
+    if llm is not None:
+        first = [s for s in spans if s.stage == llm and s.what == "ttft"][-1]
+        queue = [s for s in spans if s.stage == llm and s.what == "queue" and s.end_ns <= first.start_ns]
+        ttft = (first.dur_ns + (queue[-1].dur_ns if queue else 0)) / 1e6
+        decode = [s for s in spans if s.stage == llm and s.what == "decode" and s.start_ns >= first.start_ns]
+        gaps = count_tokens(first_clause) - 1
+        if decode and gaps > 0:
+            tpot = decode[-1].dur_ns / 1e6 / gaps
+        if tpot is not None and output_tokens > 0:
+            e2el = ttft + (output_tokens - 1) * tpot
+    return {
+        "ttft_ms": ttft,
+        "tpot_ms": tpot,
+        "itl_ms": tpot,
+        "e2el_ms": e2el,
+        "tts_ttfb_ms": ms(("tts", "time to first audio")),
+        "asr_final_ms": ms(("asr", "finalise")),
+        "endpoint_delay_ms": ms(("asr", "endpoint wait"), ("asr", "turn detector")),
+    }
 
 
 class Summary(BaseModel):

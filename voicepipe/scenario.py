@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic.json_schema import SkipJsonSchema
 
 from voicepipe.errors import UserError, from_validation, read_yaml_mapping
 from voicepipe.limits import MAX_CACHE_ENTRIES, MAX_LIST, MAX_MS, MAX_TURNS, Ms, Name, Text, Wpm
@@ -25,17 +26,31 @@ def longest_pause_ms(utterance: str) -> float:
 class Turn(BaseModel):
     model_config = FILE_MODEL
 
-    user: Text  # what the user says; "[900]" / "[pause 900ms]" / "[1.2s]" mark silences inside it
-    reply: Text  # the reference reply the simulated assistant speaks
-    words_per_minute: Wpm | None = None
-    gap_ms: Ms = 400.0  # silence after the reply ends before the user speaks
-    intent: Name | None = None
-    complexity: Literal["low", "medium", "high"] | None = None
+    user: Text = Field(
+        description='What the user says. "[700]", "[pause 700ms]" or "[1.2s]" insert a silence (ms unless "s").'
+    )  # what the user says; "[900]" / "[pause 900ms]" / "[1.2s]" mark silences inside it
+    reply: Text = Field(description="The reference reply the simulated assistant speaks.")
+    words_per_minute: Wpm | None = Field(
+        None, description="User speaking rate for this turn (default: client.words_per_minute, 150)."
+    )
+    gap_ms: Ms = Field(400.0, description="Silence (ms) after the reply ends before the user speaks again.")
+    intent: Name | None = Field(
+        None, description="Free label the router's rules can match (router.rules.when.intent)."
+    )
+    complexity: Literal["low", "medium", "high"] | None = Field(
+        None, description="Hint the router's rules can match (router.rules.when.complexity)."
+    )
     # smart-turn annotation: is the utterance complete at each pause? (list per pause; default: no)
-    complete_at_pauses: list[bool] = Field(default_factory=list, max_length=MAX_LIST)
-    # user talks over the reply this long after it starts
-    barge_in_after_ms: Ms | None = None
-    barge_in: Text = "wait, sorry"  # what the user says when barging in
+    complete_at_pauses: list[bool] = Field(
+        default_factory=list,
+        max_length=MAX_LIST,
+        description="One per pause in `user`: is the utterance complete there? Read by smart endpointing "
+        "(asr.smart_source=annotation); missing entries mean not complete.",
+    )
+    barge_in_after_ms: Ms | None = Field(
+        None, description="The user talks over the reply this many ms after its first audio."
+    )  # user talks over the reply this long after it starts
+    barge_in: Text = Field("wait, sorry", description="What the user says when barging in.")
 
     @field_validator("user", "reply")
     @classmethod
@@ -55,19 +70,24 @@ class Turn(BaseModel):
 class CacheEntry(BaseModel):
     model_config = FILE_MODEL
 
-    questions: list[Text] = Field(min_length=1, max_length=MAX_LIST)
-    answer: Text
+    questions: list[Text] = Field(
+        min_length=1, max_length=MAX_LIST, description="Phrasings that should hit this entry."
+    )
+    answer: Text = Field(description="The answer the cache speaks (pre-rendered audio).")
 
 
 class Scenario(BaseModel):
     model_config = FILE_MODEL
 
-    name: Name
-    description: Text = ""
-    turns: list[Turn] = Field(min_length=1, max_length=MAX_TURNS)
-    # answers predicted in advance (issue 4)
-    cache: list[CacheEntry] = Field(default_factory=list, max_length=MAX_CACHE_ENTRIES)
-    source: str = Field("", exclude=True)
+    name: Name = Field(description="Unique name; session ids are NAME-0, NAME-1, ...")
+    description: Text = Field("", description="One line shown by `voicepipe scenarios`.")
+    turns: list[Turn] = Field(min_length=1, max_length=MAX_TURNS, description="The conversation, in order.")
+    cache: list[CacheEntry] = Field(
+        default_factory=list,
+        max_length=MAX_CACHE_ENTRIES,
+        description="Answers predicted in advance for the speculative cache.",
+    )  # answers predicted in advance (issue 4)
+    source: SkipJsonSchema[str] = Field("", exclude=True)
 
 
 def shipped_dir() -> Path:
@@ -109,6 +129,14 @@ def load_scenario(name_or_path: str) -> Scenario:
         raise from_validation(src, exc) from None
     sc.source = src
     return sc
+
+
+def starter(name: str) -> str:
+    """A commented starter scenario named ``name`` (``voicepipe scenarios new``); it loads as it is."""
+    import json
+
+    template = (shipped_dir() / "templates" / "starter.yaml").read_text(encoding="utf-8")
+    return template.replace("NAME_HERE", json.dumps(name))
 
 
 def session_id(scenario: Scenario, index: int) -> str:

@@ -4,30 +4,47 @@ CSV: one row per turn, one column per scalar :class:`TurnRecord` field; list fie
 ``spans``) are JSON strings, so :func:`read_csv` gives back equal records. ``stage_ms.<stage>`` columns are
 added for spreadsheets and ignored when reading.
 
-OTel: one trace per turn, id derived from (run, label, session, turn) so re-exports are stable. A root span
-``turn`` covers end of speech → first reply audio; one child per span of the turn's causal chain, named
-``{stage}.{what}``. Timestamps are Unix epoch ns (monotonic + ``clock_offset_ns``) as strings, the OTLP/JSON
-encoding of 64-bit integers. POST the dict to a collector's ``/v1/traces`` or load the file in a backend.
+OTel: spans are built as OpenTelemetry SDK ``ReadableSpan`` objects (:func:`turn_spans`) and either pushed
+with the SDK's OTLP/HTTP exporter (:func:`push_otlp`, ``--otlp-endpoint``) or written as OTLP/JSON
+(:func:`write_otel`, ``--otel FILE``) from the exporter's own protobuf encoding. One trace per turn, ids
+derived from (run, label, session, turn) so re-exports are stable:
+
+* root ``turn`` (INTERNAL): end of speech → first reply audio heard; ``voicepipe.*`` attributes, latencies
+  in seconds (``voicepipe.measured_s``, ``voicepipe.ttft_s`` ... as Pipecat and LiveKit report them);
+* ``chat {model}`` (CLIENT) per LLM call on the chain, following the OTel GenAI semantic conventions:
+  ``gen_ai.operation.name``, ``gen_ai.provider.name`` (``voicepipe.simulated``: no real provider was
+  called), ``gen_ai.request.model``, ``gen_ai.usage.input_tokens``/``output_tokens``,
+  ``gen_ai.response.time_to_first_chunk`` (s), ``gen_ai.conversation.id`` (the session); it spans the
+  call's part on the chain (queue → first spoken clause), with its ``{stage}.queue/ttft/decode`` children;
+* ``{stage}.{what}`` (INTERNAL, snake case, e.g. ``asr.endpoint_wait``) for every other span.
+
+The resource carries ``service.name``, ``service.version``, ``voicepipe.run.id`` and
+``voicepipe.config.label``. Timestamps are Unix epoch ns (monotonic + ``clock_offset_ns``).
 """
 
 from __future__ import annotations
 
+import base64
 import csv
 import hashlib
 import json
+import re
 import types
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Union, get_args, get_origin
+from typing import TYPE_CHECKING, Any, Union, get_args, get_origin
 
+from voicepipe.errors import UserError
 from voicepipe.messages import Span
-from voicepipe.records import TurnRecord
+from voicepipe.records import LLM_STAGES, METRICS, TurnRecord
 from voicepipe.report.svg import stage_sort_key
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import ReadableSpan
 
 STAGE_COL_PREFIX = "stage_ms."
 SERVICE = "voicepipe"
-SPAN_KIND_INTERNAL = 1
-STATUS_OK, STATUS_ERROR = 1, 2
 
 
 def conventional_name(stage: str, what: str) -> str | None:
@@ -105,6 +122,9 @@ def read_csv(path: str | Path) -> list[TurnRecord]:
 
 # --- OpenTelemetry ---------------------------------------------------------------------------------------
 
+GEN_AI_PROVIDER = "voicepipe.simulated"  # no real provider was called: the LLM is a modelled backend
+_SNAKE = re.compile(r"[^0-9a-z]+")
+
 
 def _hex_id(key: str, nbytes: int) -> str:
     h = hashlib.sha256(key.encode()).hexdigest()[: nbytes * 2]
@@ -115,20 +135,9 @@ def trace_id(r: TurnRecord) -> str:
     return _hex_id(f"trace|{r.run}|{r.label}|{r.session}|{r.turn}", 16)
 
 
-def _attr(key: str, value: Any) -> dict[str, Any]:
-    if isinstance(value, bool):
-        v: dict[str, Any] = {"boolValue": value}
-    elif isinstance(value, int):
-        v = {"intValue": str(value)}
-    elif isinstance(value, float):
-        v = {"doubleValue": value}
-    else:
-        v = {"stringValue": str(value)}
-    return {"key": key, "value": v}
-
-
-def _attrs(pairs: Iterable[tuple[str, Any]]) -> list[dict[str, Any]]:
-    return [_attr(k, v) for k, v in pairs if v is not None]
+def span_name(stage: str, what: str) -> str:
+    """``{stage}.{what}`` in snake case, e.g. ``asr.endpoint_wait`` (no spaces: tracing UIs search names)."""
+    return f"{stage}.{_SNAKE.sub('_', what.lower()).strip('_')}"
 
 
 def _time_window(r: TurnRecord) -> tuple[int, int]:
@@ -141,88 +150,229 @@ def _time_window(r: TurnRecord) -> tuple[int, int]:
     return start, max(start, end)
 
 
-def _child(r: TurnRecord, tid: str, parent: str, i: int, s: Span) -> dict[str, Any]:
-    ms = s.dur_ns / 1e6
-    pairs: list[tuple[str, Any]] = [("stage", s.stage), ("what", s.what), ("modelled", s.modelled)]
-    pairs.append(("duration_ms", ms))
-    conv = conventional_name(s.stage, s.what)
-    if conv:
-        pairs.append((conv, ms))
-    if s.stage in ("agent", "council") and r.backend:
-        pairs.append(("backend", r.backend))
-    return {
-        "traceId": tid,
-        "spanId": _hex_id(f"span|{tid}|{i}", 8),
-        "parentSpanId": parent,
-        "name": f"{s.stage}.{s.what}",
-        "kind": SPAN_KIND_INTERNAL,
-        "startTimeUnixNano": str(s.start_ns + r.clock_offset_ns),
-        "endTimeUnixNano": str(s.end_ns + r.clock_offset_ns),
-        "attributes": _attrs(pairs),
-        "status": {"code": STATUS_OK},
-    }
+def _seconds(ms: float | None) -> float | None:
+    return None if ms is None else ms / 1e3
 
 
-def turn_spans(r: TurnRecord) -> list[dict[str, Any]]:
-    """The OTLP spans of one turn: the root ``turn`` span first, then one child per record span."""
+def _clean(attrs: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in attrs.items() if v is not None and v != ""}
+
+
+def _model_of(backend: str) -> str:
+    """The model a backend label names: ``groq-lpu/llama-3.1-8b`` → ``llama-3.1-8b``; a profile name as is."""
+    return backend.rsplit("/", 1)[-1] if backend else "unknown"
+
+
+def _llm_calls(spans: Sequence[Span]) -> list[list[int]]:
+    """Indices of each LLM call's spans on the chain: a run of agent/council queue → ttft → decode spans."""
+    calls: list[list[int]] = []
+    for i, s in enumerate(spans):
+        if s.stage not in LLM_STAGES or s.what not in ("queue", "ttft", "decode"):
+            continue
+        prev = calls[-1] if calls else None
+        same = prev is not None and spans[prev[-1]].stage == s.stage and s.what != "queue"
+        if same and s.what == "ttft" and any(spans[j].what == "ttft" for j in prev):
+            same = False
+        if same:
+            prev.append(i)
+        else:
+            calls.append([i])
+    return calls
+
+
+def turn_spans(r: TurnRecord, resource: Resource | None = None) -> list[ReadableSpan]:
+    """The turn as OpenTelemetry SDK spans: a root ``turn`` span (end of speech → first audio heard), one
+    GenAI ``chat {model}`` CLIENT span per LLM call on the chain (over its queue/ttft/decode children), and
+    one INTERNAL ``{stage}.{what}`` span per other span. Ids derive from (run, label, session, turn)."""
+    from opentelemetry.sdk.trace import ReadableSpan
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+    from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+    from voicepipe import __version__
+
+    res = resource or resource_for(r.run, r.label)
+    scope = InstrumentationScope(SERVICE, __version__)
     tid = trace_id(r)
-    root_id = _hex_id(f"span|{tid}|root", 8)
+    off = r.clock_offset_ns
+
+    def ctx(key: str) -> SpanContext:
+        return SpanContext(int(tid, 16), int(_hex_id(f"span|{tid}|{key}", 8), 16), False, TraceFlags(1))
+
+    def span(name: str, c: SpanContext, parent: SpanContext | None, start: int, end: int, attrs: dict[str, Any],
+             kind: SpanKind = SpanKind.INTERNAL, status: Status | None = None) -> ReadableSpan:  # fmt: skip
+        return ReadableSpan(
+            name=name, context=c, parent=parent, resource=res, attributes=_clean(attrs), kind=kind,
+            instrumentation_scope=scope, status=status or Status(StatusCode.OK), start_time=start + off,
+            end_time=end + off,
+        )  # fmt: skip
+
     start, end = _time_window(r)
-    root_attrs = _attrs(
-        [
-            ("e2e_latency", r.measured_ms),
-            ("predicted", r.predicted_ms),
-            ("tax", r.tax_ms),
-            ("budget", r.budget_ms),
-            ("within_budget", r.within_budget),
-            ("scenario", r.scenario),
-            ("session", r.session),
-            ("turn", r.turn),
-            ("backend", r.backend or None),
-            ("path", r.path),
-            ("route", r.route),
-            ("run", r.run),
-            ("label", r.label or None),
-            ("status", r.status),
-            ("cost_usd", r.cost_usd),
-            ("input_tokens", r.input_tokens),
-            ("output_tokens", r.output_tokens),
-            ("quality", r.quality),
-            ("user_text", r.user_text or None),
-        ]
-    )
-    status: dict[str, Any] = (
-        {"code": STATUS_OK} if r.status == "ok" else {"code": STATUS_ERROR, "message": r.status}
-    )
-    root = {
-        "traceId": tid,
-        "spanId": root_id,
-        "parentSpanId": "",
-        "name": "turn",
-        "kind": SPAN_KIND_INTERNAL,
-        "startTimeUnixNano": str(start + r.clock_offset_ns),
-        "endTimeUnixNano": str(end + r.clock_offset_ns),
-        "attributes": root_attrs,
-        "status": status,
+    root_ctx = ctx("root")
+    root_attrs: dict[str, Any] = {
+        "gen_ai.conversation.id": r.session,
+        "voicepipe.scenario": r.scenario,
+        "voicepipe.session": r.session,
+        "voicepipe.turn": r.turn,
+        "voicepipe.run.id": r.run,
+        "voicepipe.config.label": r.label,
+        "voicepipe.status": r.status,
+        "voicepipe.path": r.path,
+        "voicepipe.route": r.route,
+        "voicepipe.backend": r.backend,
+        "voicepipe.measured_s": _seconds(r.measured_ms),
+        "voicepipe.predicted_s": _seconds(r.predicted_ms),
+        "voicepipe.tax_s": _seconds(r.tax_ms),
+        "voicepipe.budget_s": _seconds(r.budget_ms),
+        "voicepipe.within_budget": r.within_budget,
+        "voicepipe.cost_usd": r.cost_usd,
+        "voicepipe.quality_modelled": r.quality,
+        "voicepipe.user_text": r.user_text,
+        **{f"voicepipe.{m.removesuffix('_ms')}_s": _seconds(getattr(r, m)) for m in METRICS},
     }
-    return [root, *(_child(r, tid, root_id, i, s) for i, s in enumerate(r.spans))]
+    status = Status(StatusCode.OK) if r.status == "ok" else Status(StatusCode.ERROR, r.status)
+    out = [span("turn", root_ctx, None, start, end, root_attrs, status=status)]
+    in_call: dict[int, SpanContext] = {}
+    for n, idx in enumerate(_llm_calls(r.spans)):
+        first, last = r.spans[idx[0]], r.spans[idx[-1]]
+        model = _model_of(r.backend)
+        ttft_ns = sum(r.spans[i].dur_ns for i in idx if r.spans[i].what in ("queue", "ttft"))
+        c = ctx(f"llm{n}")
+        llm_attrs = {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.provider.name": GEN_AI_PROVIDER,
+            "gen_ai.request.model": model,
+            "gen_ai.conversation.id": r.session,
+            "gen_ai.usage.input_tokens": r.input_tokens or None,
+            "gen_ai.usage.output_tokens": r.output_tokens or None,
+            "gen_ai.response.time_to_first_chunk": ttft_ns / 1e9,
+            "voicepipe.stage": first.stage,
+            "voicepipe.backend": r.backend,
+            "voicepipe.modelled": all(r.spans[i].modelled for i in idx),
+            "voicepipe.tpot_s": _seconds(r.tpot_ms),
+        }
+        out.append(
+            span(f"chat {model}", c, root_ctx, first.start_ns, last.end_ns, llm_attrs, SpanKind.CLIENT)
+        )
+        in_call.update(dict.fromkeys(idx, c))
+    for i, s in enumerate(r.spans):
+        attrs: dict[str, Any] = {
+            "voicepipe.stage": s.stage,
+            "voicepipe.what": s.what,
+            "voicepipe.modelled": s.modelled,
+            "voicepipe.duration_s": s.dur_ns / 1e9,
+        }
+        if conventional_name(s.stage, s.what) == "ttfb":
+            attrs["voicepipe.ttfb_s"] = s.dur_ns / 1e9
+        out.append(
+            span(
+                span_name(s.stage, s.what),
+                ctx(f"s{i}"),
+                in_call.get(i, root_ctx),
+                s.start_ns,
+                s.end_ns,
+                attrs,
+            )
+        )
+    return out
+
+
+def resource_for(run: str, label: str = "") -> Resource:
+    """The OTel resource of a run (one per configuration label in a compare)."""
+    from opentelemetry.sdk.resources import Resource
+
+    from voicepipe import __version__
+
+    return Resource(
+        _clean(
+            {
+                "service.name": SERVICE,
+                "service.version": __version__,
+                "voicepipe.run.id": run,
+                "voicepipe.config.label": label,
+            }
+        )
+    )
+
+
+def sdk_spans(records: Iterable[TurnRecord]) -> list[ReadableSpan]:
+    """Every turn's spans, one resource per (run, configuration label)."""
+    resources: dict[tuple[str, str], Resource] = {}
+    out: list[ReadableSpan] = []
+    for r in records:
+        key = (r.run, r.label)
+        if key not in resources:
+            resources[key] = resource_for(*key)
+        out += turn_spans(r, resources[key])
+    return out
 
 
 def otel_json(records: Iterable[TurnRecord]) -> dict[str, Any]:
-    """All turns as one OTLP/JSON ``ExportTraceServiceRequest``."""
-    spans = [sp for r in records for sp in turn_spans(r)]
-    return {
-        "resourceSpans": [
-            {
-                "resource": {"attributes": [_attr("service.name", SERVICE)]},
-                "scopeSpans": [{"scope": {"name": SERVICE}, "spans": spans}],
-            }
-        ]
-    }
+    """All turns as one OTLP/JSON ``ExportTraceServiceRequest``: the SDK's protobuf encoding (the same
+    bytes ``--otlp-endpoint`` sends) in the OTLP/JSON mapping (hex ids, integer enums)."""
+    from google.protobuf.json_format import MessageToDict
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    doc = MessageToDict(encode_spans(sdk_spans(records)), use_integers_for_enums=True)
+    for rs in doc.get("resourceSpans", []):
+        for ss in rs.get("scopeSpans", []):
+            for sp in ss.get("spans", []):
+                for k in ("traceId", "spanId", "parentSpanId"):
+                    if k in sp:
+                        sp[k] = base64.b64decode(sp[k]).hex()
+    return doc
+
+
+def otel_proto(doc: dict[str, Any]) -> Any:
+    """Parse an OTLP/JSON document into the ``opentelemetry-proto`` message (raises on schema errors)."""
+    from google.protobuf.json_format import ParseDict
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    doc = json.loads(json.dumps(doc))
+    for rs in doc.get("resourceSpans", []):
+        for ss in rs.get("scopeSpans", []):
+            for sp in ss.get("spans", []):
+                for k in ("traceId", "spanId", "parentSpanId"):
+                    if k in sp:
+                        sp[k] = base64.b64encode(bytes.fromhex(sp[k])).decode()
+    return ParseDict(doc, ExportTraceServiceRequest())
 
 
 def write_otel(records: Iterable[TurnRecord], path: str | Path) -> None:
     Path(path).write_text(json.dumps(otel_json(records), indent=1) + "\n", encoding="utf-8")
+
+
+def traces_url(endpoint: str) -> str:
+    """An OTLP/HTTP base URL (``OTEL_EXPORTER_OTLP_ENDPOINT`` style) or a full ``.../v1/traces`` URL."""
+    return endpoint if endpoint.rstrip("/").endswith("/v1/traces") else endpoint.rstrip("/") + "/v1/traces"
+
+
+def push_otlp(records: Iterable[TurnRecord], endpoint: str, timeout_s: float = 10.0) -> int:
+    """Send every turn's spans to an OTLP/HTTP collector with the SDK's exporter; the number of spans sent.
+
+    Raises :class:`UserError` (``--otlp-endpoint``) when the collector cannot be reached or refuses."""
+    import logging
+
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace.export import SpanExportResult
+
+    spans = sdk_spans(records)
+    if not spans:
+        return 0
+    url = traces_url(endpoint)
+    exporter = OTLPSpanExporter(endpoint=url, timeout=timeout_s)
+    exp_log = logging.getLogger("opentelemetry.exporter.otlp.proto.http.trace_exporter")
+    level = exp_log.level
+    exp_log.setLevel(logging.CRITICAL)  # its own retry warnings; the failure is reported once, below
+    try:
+        result = exporter.export(spans)
+    finally:
+        exp_log.setLevel(level)
+        exporter.shutdown()
+    if result != SpanExportResult.SUCCESS:
+        raise UserError(
+            "--otlp-endpoint", f"{url}: the collector did not accept the traces (unreachable or refused)"
+        )
+    return len(spans)
 
 
 def _value(v: dict[str, Any]) -> Any:

@@ -13,14 +13,16 @@ from typing import Any
 
 import yaml
 
-from voicepipe.compare import fmt_usd
+from voicepipe.compare import display_names, fmt_usd
 from voicepipe.records import BreakdownPart, Summary, TurnRecord, percentile, summarise
+from voicepipe.report.advice import Advice, largest_part
 from voicepipe.report.svg import (
     Bar,
     LegendItem,
     RefLine,
     Segment,
     Series,
+    bar_label_width,
     budget_ref,
     cdf_chart,
     esc,
@@ -30,6 +32,7 @@ from voicepipe.report.svg import (
     series_colour,
     stage_colour,
     stage_sort_key,
+    text_width,
 )
 
 WATERFALL_MAX_BARS = 60
@@ -43,6 +46,7 @@ CSS = """
 body { margin:0; background:#f6f7f9; color:var(--ink);
   font:15px/1.5 system-ui,-apple-system,'Segoe UI',Roboto,'Helvetica Neue',Arial,sans-serif; }
 main { max-width:1040px; margin:0 auto; padding:28px 24px 60px; }
+@media (max-width: 760px) { main { padding:16px 10px 40px; } section { padding:14px 12px; } }
 header h1 { margin:0 0 4px; font-size:28px; }
 header .sub { color:var(--muted); margin:0 0 14px; }
 .finding { background:#fff; border-left:4px solid #1f5fa8; padding:10px 14px; margin:6px 0;
@@ -50,11 +54,15 @@ header .sub { color:var(--muted); margin:0 0 14px; }
 .finding.bad { border-left-color:var(--bad); }
 .finding.good { border-left-color:var(--good); }
 section { background:#fff; border:1px solid var(--line); border-radius:8px; padding:18px 22px;
-  margin:22px 0; }
+  margin:22px 0; min-width:0; }
+p.caption, .finding, .fix, header .sub { overflow-wrap:anywhere; }
+.fix { background:#fff8e6; border-left:4px solid #e08e0b; padding:10px 14px; margin:8px 0; border-radius:4px; }
+.fix code { background:#f3f4f6; padding:1px 4px; border-radius:3px; font-size:13px; overflow-wrap:anywhere; }
 section h2 { margin:0 0 4px; font-size:20px; }
 section h3 { margin:16px 0 4px; font-size:15px; color:#333; }
 p.caption { color:var(--muted); margin:0 0 12px; font-size:14px; }
 p.note { color:var(--muted); font-size:13px; font-style:italic; }
+.scroll { overflow-x:auto; max-width:100%; }
 table { border-collapse:collapse; width:100%; font-size:13.5px; margin:8px 0 4px; }
 th, td { padding:5px 8px; border-bottom:1px solid var(--line); text-align:left; vertical-align:top; }
 th { background:#fafafa; font-weight:600; }
@@ -73,9 +81,8 @@ footer { color:var(--muted); font-size:12.5px; text-align:center; }
 
 
 def _name(label: str, records: Sequence[TurnRecord]) -> str:
-    if label:
-        return label
-    return records[0].run if records and records[0].run else "run"
+    """A configuration is named by its label (``run`` passes its config file's name); never a run id."""
+    return label or "this run"
 
 
 def _ms(v: float | None) -> str:
@@ -120,7 +127,9 @@ def _table(head: Sequence[tuple[str, bool]], rows: Sequence[Sequence[str]]) -> s
             for c, (_, num) in zip(row, head, strict=True)
         )
         body.append(f"<tr>{tds}</tr>")
-    return f"<table><thead><tr>{th}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+    return (
+        f'<div class="scroll"><table><thead><tr>{th}</tr></thead><tbody>{"".join(body)}</tbody></table></div>'
+    )
 
 
 # --- sections --------------------------------------------------------------------------------------------
@@ -194,8 +203,9 @@ def _summary(
         x_label="voice-to-voice latency, ms (end of user speech → first reply audio)",
         refs=[budget_ref(budget_ms), _fast_ref()],
         legend_items=[
-            LegendItem("0 → p50 (half the turns)", "#555"),
-            LegendItem("p50 → p90", "#555", faded=True),
+            *(LegendItem(name, series_colour(i)) for i, name in enumerate(names) if len(names) > 1),
+            LegendItem("0 → p50 (half the turns)", series_colour(0)),
+            LegendItem("p50 → p90 (paler)", series_colour(0), faded=True),
             LegendItem("p90 → p99 (the slow tail)", "#bbb"),
         ],
         aria="latency percentiles per configuration against the budget",
@@ -236,7 +246,7 @@ def _fast_ref() -> RefLine:
     return RefLine(FAST_MS, f"{fmt_num(FAST_MS)} ms", "ref-line", "#1b7f3b", "3 3")
 
 
-def _turn_bar(r: TurnRecord, budget_ms: float, prefix: str = "") -> Bar:
+def _turn_bar(r: TurnRecord, budget_ms: float, suffix: str = "") -> Bar:
     segs = [
         Segment(
             p.ms,
@@ -256,40 +266,60 @@ def _turn_bar(r: TurnRecord, budget_ms: float, prefix: str = "") -> Bar:
         colour = "#b00020" if over else "#444"
     text = (r.user_text[:80] + "…") if len(r.user_text) > 80 else r.user_text
     tip = f"{r.scenario} / {r.session} turn {r.turn}: {text!r}"
-    return Bar(prefix + _turn_label(r), segs, note, colour, tip)
+    return Bar(_turn_label(r) + suffix, segs, note, colour, tip)
+
+
+def _shared_x(runs: Sequence[Sequence[TurnRecord]], budget_ms: float) -> float:
+    """One x limit for every chart of per-turn bars: the outlier cap, else the slowest turn (and the budget
+    line), so that a millisecond is the same length in every configuration's chart."""
+    cap = _x_cap(runs, budget_ms)
+    if cap is not None:
+        return cap
+    totals = [sum(p.ms for p in r.breakdown) for recs in runs for r in recs]
+    return max([budget_ms * 1.08, *totals, 1.0])
 
 
 def _waterfall(
     names: Sequence[str], runs: Sequence[Sequence[TurnRecord]], stages: Sequence[str], budget_ms: float
 ) -> str:
     per = max(10, WATERFALL_MAX_BARS // max(1, len(runs)))
-    x_max = _x_cap(runs, budget_ms)
+    x_max = _shared_x(runs, budget_ms)
     any_measured = any(not p.modelled for recs in runs for r in recs for p in r.breakdown)
-    parts: list[str] = []
     notes: list[str] = []
     cut: list[str] = []
+    drawn: list[tuple[str, list[Bar]]] = []
     for i, (name, recs) in enumerate(zip(names, runs, strict=True)):
         if i * per >= WATERFALL_MAX_BARS:
             notes.append(f"{len(runs) - i} further configuration(s) not drawn; see the CDF and summary.")
             break
         shown = list(recs[:per])
+        drawn.append((name, [_turn_bar(r, budget_ms) for r in shown]))
+        if len(recs) > len(shown):
+            cut.append(f"{name} {len(shown)} of {len(recs)}")
+    every = [b for _, bars in drawn for b in bars]
+    label_w = bar_label_width(b.label for b in every)
+    note_w = max([0.0, *(text_width(b.note, 11) + 10 for b in every)])
+    parts: list[str] = []
+    for name, bars in drawn:
         if len(runs) > 1:
             parts.append(f"<h3>{esc(name)}</h3>")
         parts.append(
             hbar_chart(
-                [_turn_bar(r, budget_ms) for r in shown],
+                bars,
                 x_label="ms after the end of the user's speech",
                 refs=[budget_ref(budget_ms)],
                 legend_items=_stage_legend(stages, any_measured),
                 aria=f"per-turn latency waterfall for {name}",
                 x_max=x_max,
+                label_w=label_w,
+                note_w=note_w,
             )
         )
-        if len(recs) > len(shown):
-            cut.append(f"{name} {len(shown)} of {len(recs)}")
+    if len(drawn) > 1:
+        notes.insert(0, "All configurations are drawn on one x scale, so bar lengths compare directly.")
     if cut:
         notes.insert(0, f"Showing the first turns only ({'; '.join(cut)}); the CDF covers every turn.")
-    notes += _cap_note(runs, x_max)
+    notes += _cap_note(runs, _x_cap(runs, budget_ms))
     note_html = "".join(f'<p class="note">{esc(n)}</p>' for n in notes)
     return _section(
         "waterfall",
@@ -365,6 +395,49 @@ def _breakdown(names: Sequence[str], sums: Sequence[Summary], stages: Sequence[s
     )
 
 
+def _fixes(
+    names: Sequence[str], labels: Sequence[str], runs: Sequence[Sequence[TurnRecord]],
+    fixes: Mapping[str, Advice | None], budget_ms: float,
+) -> str:  # fmt: skip
+    """What would fix the misses: per configuration, the largest part of its missed turns (from the
+    breakdown) and, where the caller predicted one, the change that shrinks it with its predicted effect."""
+    items = []
+    for name, label, recs in zip(names, labels, runs, strict=True):
+        missed = [r for r in recs if not r.within_budget]
+        if not missed:
+            continue
+        found = largest_part(missed)
+        if found is None:
+            items.append(
+                f'<div class="fix"><b>{esc(name)}</b>: {len(missed)} missed turn(s) timed out.</div>'
+            )
+            continue
+        (st, wh), part_ms, total = found
+        text = (
+            f"<b>{esc(name)}</b>: {len(missed)} of {len(recs)} turns missed {fmt_num(budget_ms)} ms; the largest "
+            f'part of them is <span class="swatch" style="background:{stage_colour(st)}"></span>{esc(st)} · '
+            f"{esc(wh)}, {part_ms:,.0f} ms of {total:,.0f} ms on average."
+        )
+        a = fixes.get(label)
+        if a is not None and a.fix is not None and a.command:
+            text += (
+                f" Try {esc(a.fix.what)}: <code>{esc(a.command)}</code> — predicted p50 "
+                f"{a.fix_p50_ms or 0:,.0f} ms, {_pct(a.fix_within or 0.0)} within budget (modelled)."
+            )
+        elif a is not None:
+            text += " No shipped change to it predicts fewer misses."
+        items.append(f'<div class="fix">{text}</div>')
+    if not items:
+        return ""
+    return _section(
+        "fixes",
+        "What would fix the misses",
+        "From the breakdown of the turns that missed: the part that held them longest, and the change to it "
+        "that the analytic model predicts helps most (try it with the command shown).",
+        "".join(items),
+    )
+
+
 def _missed(
     names: Sequence[str], runs: Sequence[Sequence[TurnRecord]], stages: Sequence[str], budget_ms: float
 ) -> str:
@@ -375,11 +448,11 @@ def _missed(
         body = f'<p class="ok">All {total} turns answered within the {fmt_num(budget_ms)} ms budget.</p>'
         return _section("missed", "Turns that missed the budget", "None this time.", body)
     missed.sort(key=lambda nr: (nr[1].measured_ms is not None, -(nr[1].measured_ms or 0.0)))
+    x_max = _shared_x(runs, budget_ms)
     head: list[tuple[str, bool]] = [("configuration", False)] if multi else []
     head += [
-        ("turn", False),
-        ("scenario", False),
         ("session", False),
+        ("turn", True),
         ("user said", False),
         ("measured", True),
         ("over by", True),
@@ -392,9 +465,8 @@ def _missed(
         said = (r.user_text[:38] + "…") if len(r.user_text) > 40 else r.user_text
         row = [esc(name)] if multi else []
         row += [
+            f'<span class="nowrap">{esc(r.session)}</span>',
             str(r.turn),
-            esc(r.scenario),
-            esc(r.session),
             f'<span class="said" title="{esc(r.user_text)}">{esc(said)}</span>',
             '<span class="miss">timeout</span>' if r.measured_ms is None else esc(_ms(r.measured_ms)),
             "—" if r.measured_ms is None else esc(_ms(r.measured_ms - budget_ms)),
@@ -405,8 +477,7 @@ def _missed(
             "—" if big is None else f"{big.ms:,.0f}",
         ]
         rows.append(row)
-    bars = [_turn_bar(r, budget_ms, f"{n} · " if multi else "") for n, r in missed[:MISSED_MAX_BARS]]
-    x_max = _x_cap(runs, budget_ms)
+    bars = [_turn_bar(r, budget_ms, f" · {n}" if multi else "") for n, r in missed[:MISSED_MAX_BARS]]
     any_measured = any(not p.modelled for _, r in missed for p in r.breakdown)
     chart = hbar_chart(
         bars,
@@ -528,17 +599,22 @@ def render_html(
     configs: dict[str, dict],
     title: str = "voicepipe report",
     budget_ms: float = 800.0,
+    fixes: Mapping[str, Advice | None] | None = None,
 ) -> str:
-    """Render one self-contained HTML page; ``runs`` maps configuration label → its turn records."""
+    """Render one self-contained HTML page; ``runs`` maps configuration label → its turn records;
+    ``fixes`` (label → :func:`voicepipe.report.advice.advice`) adds predicted fixes to the misses panel."""
     labels = list(runs)
     recs = [list(runs[k]) for k in labels]
-    names = [_name(k, r) for k, r in zip(labels, recs, strict=True)]
+    heading, short = display_names(labels) if len(labels) > 1 else ("config", labels)
+    names = [_name(k, r) for k, r in zip(short, recs, strict=True)]
     sums = [summarise(r) for r in recs]
     stages = _stages(runs)
     run_ids = sorted({r.run for rs in recs for r in rs if r.run})
     total = sum(len(r) for r in recs)
     sub = (
-        f"{total} turns · {len(labels)} configuration{'s' if len(labels) != 1 else ''} · "
+        f"{total} turns · {len(labels)} configuration{'s' if len(labels) != 1 else ''}"
+        + (f" ({heading} varied)" if heading != "config" else "")
+        + " · "
         f"budget {fmt_num(budget_ms)} ms from the end of the user's speech to the first sound of the reply"
         + (f" · run {', '.join(run_ids)}" if run_ids else "")
     )
@@ -547,6 +623,7 @@ def render_html(
         _findings(names, sums, budget_ms),
         "</header>",
         _summary(names, recs, sums, budget_ms),
+        _fixes(names, labels, recs, fixes or {}, budget_ms),
         _waterfall(names, recs, stages, budget_ms),
         _cdf(names, recs, sums, budget_ms),
         _breakdown(names, sums, stages, budget_ms),

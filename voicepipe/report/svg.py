@@ -90,6 +90,22 @@ def text_width(text: str, size: float = 12) -> float:
     return len(text) * size * 0.56
 
 
+def fit_text(text: str, width: float, size: float = 12) -> str:
+    """``text`` cut with an ellipsis so that it fits ``width`` pixels (by :func:`text_width`)."""
+    if text_width(text, size) <= width:
+        return text
+    n = max(1, int(width / (size * 0.56)) - 1)
+    return text[:n].rstrip() + "…"
+
+
+LABEL_MAX_W = 230.0
+
+
+def bar_label_width(labels: Iterable[str]) -> float:
+    """The label column of an :func:`hbar_chart`: wide enough for the longest label, at most 230 px."""
+    return min(LABEL_MAX_W, max([60.0, *(text_width(t) + 12 for t in labels)]))
+
+
 @dataclass(frozen=True)
 class Segment:
     value: float
@@ -216,10 +232,16 @@ def hbar_chart(
     bar_h: float = 16,
     gap: float = 5,
     x_max: float | None = None,
+    label_w: float | None = None,
+    note_w: float | None = None,
 ) -> str:
-    """Stacked horizontal bars, one per row, segments left to right, with vertical reference lines."""
-    label_w = min(230.0, max([60.0, *(text_width(b.label) + 12 for b in bars)]))
-    note_w = max([0.0, *(text_width(b.note, 11) + 10 for b in bars)])
+    """Stacked horizontal bars, one per row, segments left to right, with vertical reference lines.
+
+    Labels longer than the label column are cut with an ellipsis (the bar's tooltip keeps the whole text).
+    Charts meant to be compared side by side pass the same ``x_max``, ``label_w`` and ``note_w`` so that
+    a millisecond falls at the same pixel in each."""
+    label_w = label_w if label_w is not None else bar_label_width(b.label for b in bars)
+    note_w = note_w if note_w is not None else max([0.0, *(text_width(b.note, 11) + 10 for b in bars)])
     x0, x1 = label_w, width - max(16.0, note_w)
     leg_svg, leg_h = legend(legend_items, x0, 8, x1 - x0)
     top = 8 + leg_h + 16  # room for reference-line labels
@@ -243,11 +265,13 @@ def hbar_chart(
     for i, b in enumerate(bars):
         y = top + gap + i * (bar_h + gap)
         out.append('<g class="bar">')
-        if b.tip:
-            out.append(f"<title>{esc(b.tip)}</title>")
+        shown = fit_text(b.label, x0 - 12)
+        tip = b.tip or (b.label if shown != b.label else "")
+        if tip:
+            out.append(f"<title>{esc(tip)}</title>")
         out.append(
             f'<text x="{x0 - 8:.1f}" y="{y + bar_h * 0.72:.1f}" text-anchor="end" fill="{INK}">'
-            f"{esc(b.label)}</text>"
+            f"{esc(shown)}</text>"
         )
         acc = 0.0
         for s in b.segments:

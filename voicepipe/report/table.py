@@ -1,17 +1,18 @@
-"""Terminal tables (rich): per-turn results and per-configuration summaries, compact for ~100 columns."""
+"""Terminal tables (rich): per-turn results and per-configuration summaries, fitted to the terminal width
+(see :mod:`voicepipe.report.term`)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from rich import box
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
+from voicepipe.compare import Row as CompareRow
 from voicepipe.compare import fmt_usd
 from voicepipe.records import TurnRecord, summarise
 from voicepipe.report.svg import stage_sort_key
+from voicepipe.report.term import Cell, Col, Parts, print_fitted
 
 CAPTION = "measured on the client's clock over the real MQTT bus; predicted = modelled spans"
 
@@ -20,116 +21,141 @@ def _ms(v: float | None) -> str:
     return "—" if v is None else f"{v:,.0f}"
 
 
-def _short(text: str, n: int) -> str:
-    return text if len(text) <= n else text[: n - 1] + "…"
-
-
 def top_parts(r: TurnRecord, n: int = 2, width: int = 1000) -> str:
     """The turn's ``n`` largest breakdown parts, e.g. ``"agent ttft 812, tts first audio 140"``; one per
     line when they do not fit in ``width`` characters."""
-    parts = [f"{p.stage} {p.what} {p.ms:.0f}" for p in sorted(r.breakdown, key=lambda p: -p.ms)[:n]]
+    parts = [f"{p.stage} {p.what} {_ms(p.ms)}" for p in sorted(r.breakdown, key=lambda p: -p.ms)[:n]]
     one = ", ".join(parts)
     return (one if len(one) <= width else "\n".join(parts)) or "—"
 
 
-def print_turns(console: Console, records: Sequence[TurnRecord], budget_ms: float = 800.0) -> None:
+def largest_parts(r: TurnRecord, n: int = 2) -> Parts:
+    """The turn's ``n`` largest breakdown parts as a table cell that wraps only between parts."""
+    return Parts(
+        tuple(f"{p.stage} {p.what} {_ms(p.ms)}" for p in sorted(r.breakdown, key=lambda p: -p.ms)[:n])
+    )
+
+
+def _ok(value_ms: float | None, budget_ms: float) -> Text:
+    if value_ms is None or value_ms > budget_ms:
+        return Text("✗", style="bold red")
+    return Text("✓", style="bold green")
+
+
+def print_turns(
+    console: Console, records: Sequence[TurnRecord], budget_ms: float = 800.0, wide: bool = False
+) -> None:
     """One row per turn: measured/predicted/tax (ms), within budget, and where the time went.
 
-    Records of several configurations print as one table per configuration label."""
+    Records of several configurations print as one table per configuration label. Columns follow
+    :mod:`voicepipe.report.term`: the latency numbers first, text wrapped, extras hidden when narrow."""
     by_label: dict[str, list[TurnRecord]] = {}
     for r in records:
         by_label.setdefault(r.label, []).append(r)
     show_path = any(r.path != "agent" for r in records)
+    cols = [
+        Col("session", priority=5, justify="left", text=True, min_width=6, max_width=24),
+        Col("#"),
+        Col("user said", priority=6, justify="left", text=True, min_width=10, max_width=48),
+        Col("meas\nms"),
+        Col("pred\nms", priority=2),
+        Col("tax\nms", priority=3),
+        Col("ok", justify="center"),
+    ]
+    if show_path:
+        cols += [
+            Col("path", priority=4, justify="left", text=True, min_width=5),
+            Col("waste\ntok", priority=8),
+            Col("q\n(mod)", priority=7),
+        ]
+    cols.append(Col("largest parts (ms)", priority=1, justify="left", text=True, min_width=14))
     for label, recs in by_label.items():
+        rows = []
+        for r in recs:
+            meas: Cell = Text("timeout", style="red") if r.measured_ms is None else _ms(r.measured_ms)
+            row: list[Cell] = [r.session, str(r.turn), r.user_text, meas]
+            row += [_ms(r.predicted_ms), _ms(r.tax_ms), _ok(r.measured_ms, budget_ms)]
+            if show_path:
+                path = r.path + ("!" if r.premature_endpoint else "") + ("✗" if r.false_hit else "")
+                row += [path, str(r.wasted_tokens), "–" if r.quality is None else f"{r.quality:.2f}"]
+            row.append(largest_parts(r, 2))
+            rows.append(row)
         title = f"Turns{f' — {label}' if label else ''} (budget {budget_ms:.0f} ms)"
-        parts_w = console.width - (88 if show_path else 65)
-        console.print(_turn_table(recs, title, show_path, budget_ms, parts_w))
+        c, rw, t = _one_session(cols, rows, recs, title)
+        print_fitted(console, c, rw, wide=wide, title=t)
     console.print(Text(CAPTION, style="dim"))
 
 
-def _turn_table(
-    records: Sequence[TurnRecord], title: str, show_path: bool, budget_ms: float, parts_w: int
-) -> Table:
-    narrow = parts_w < 26  # room for one part only: show the largest, cut with an ellipsis
-    user_w = 12 if narrow else 20
-    t = Table(title=title, header_style="bold", box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0))
-    t.add_column("session", no_wrap=True, max_width=10, overflow="ellipsis")
-    t.add_column("#", justify="right", no_wrap=True)
-    t.add_column("user said", no_wrap=True, max_width=user_w, overflow="ellipsis")
-    t.add_column("meas ms", justify="right", no_wrap=True)
-    t.add_column("pred ms", justify="right", no_wrap=True)
-    t.add_column("tax", justify="right", no_wrap=True)
-    t.add_column("ok", justify="center", no_wrap=True, min_width=2)
-    if show_path:
-        t.add_column("path", no_wrap=True, max_width=10, overflow="ellipsis")
-        t.add_column("waste tok", justify="right", no_wrap=True)
-        t.add_column("q (mod)", justify="right", no_wrap=True)
-    t.add_column(
-        "largest (ms)" if narrow else "largest parts (ms)",
-        min_width=14,
-        no_wrap=narrow,
-        overflow="ellipsis" if narrow else "fold",
-    )
-    for r in records:
-        if r.measured_ms is None:
-            meas: str | Text = Text("timeout", style="red")
-            ok = Text("✗", style="bold red")
-        else:
-            meas = _ms(r.measured_ms)
-            over = r.measured_ms > budget_ms
-            ok = Text("✗", style="bold red") if over else Text("✓", style="bold green")
-        row: list[str | Text] = [r.session, str(r.turn), _short(r.user_text, user_w), meas]
-        row += [_ms(r.predicted_ms), _ms(r.tax_ms), ok]
-        if show_path:
-            path = r.path + ("!" if r.premature_endpoint else "") + ("✗" if r.false_hit else "")
-            row += [path, str(r.wasted_tokens), "–" if r.quality is None else f"{r.quality:.2f}"]
-        row.append(top_parts(r, 1 if narrow else 2, parts_w))
-        t.add_row(*row)
-    return t
+def _one_session(
+    cols: list[Col], rows: list[list[Cell]], records: Sequence[TurnRecord], title: str
+) -> tuple[list[Col], list[list[Cell]], str]:
+    """With a single session the session column (the first) says the same thing on every row: name it
+    once in the title instead, and give its width to the numbers and text."""
+    sessions = {r.session for r in records}
+    if len(sessions) != 1:
+        return cols, rows, title
+    return cols[1:], [row[1:] for row in rows], f"{title} · session {sessions.pop()}"
 
 
-def print_summary(console: Console, records_by_label: Mapping[str, Sequence[TurnRecord]]) -> None:
+def print_summary(
+    console: Console, records_by_label: Mapping[str, Sequence[TurnRecord]], wide: bool = False
+) -> None:
     """Percentiles and budget shares per configuration, then mean ms per stage (stages as rows)."""
     budget = next((recs[0].budget_ms for recs in records_by_label.values() if recs), 800.0)
     sums = {label or "run": summarise(recs) for label, recs in records_by_label.items()}
-    t = Table(title="Summary", header_style="bold", box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0))
-    t.add_column("config", no_wrap=True, max_width=16, overflow="ellipsis")
-    t.add_column("turns", justify="right")
-    for h in ("p50 ms", "p90 ms", "p99 ms", f"≤{budget:.0f}ms", "<200ms", "tax p50", "$/turn"):
-        t.add_column(h, justify="right")
+    cols = [
+        Col("config", justify="left", text=True, min_width=24, max_width=30),
+        Col("turns", priority=4),
+        Col("p50\nms"),
+        Col("p90\nms", priority=2),
+        Col("p99\nms", priority=3),
+        Col(f"≤{budget:.0f}\nms"),
+        Col("<200\nms", priority=5),
+        Col("tax\np50", priority=6),
+        Col("$/turn", priority=1),
+    ]
+    rows: list[list[Cell]] = []
     for name, s in sums.items():
         share = f"{s.within_budget * 100:.0f}%"
         style = "green" if s.within_budget >= 0.9 else "red" if s.within_budget < 0.5 else "yellow"
         turns = f"{s.turns}" if s.answered == s.turns else f"{s.answered}/{s.turns}"
-        t.add_row(
-            name,
-            turns,
-            _ms(s.p50_ms),
-            _ms(s.p90_ms),
-            _ms(s.p99_ms),
-            Text(share, style=style),
-            f"{s.under_200ms * 100:.0f}%",
-            _ms(s.tax_p50_ms),
-            fmt_usd(s.mean_cost_usd),
+        rows.append(
+            [
+                name,
+                turns,
+                _ms(s.p50_ms),
+                _ms(s.p90_ms),
+                _ms(s.p99_ms),
+                Text(share, style=style),
+                f"{s.under_200ms * 100:.0f}%",
+                _ms(s.tax_p50_ms),
+                fmt_usd(s.mean_cost_usd),
+            ]
         )
-    console.print(t)
+    print_fitted(console, cols, rows, wide=wide, title="Summary")
     console.print(Text(CAPTION, style="dim"))
     stages = sorted({st for s in sums.values() for st in s.mean_stage_ms}, key=stage_sort_key)
     if not stages:
         return
-    st_t = Table(title="Mean ms per stage", header_style="bold", box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0))
-    st_t.add_column("stage", no_wrap=True)
-    for name in sums:
-        st_t.add_column(name, justify="right", max_width=16, overflow="ellipsis")
-    for st in stages:
-        st_t.add_row(st, *(_ms(s.mean_stage_ms.get(st)) for s in sums.values()))
-    st_t.add_row(
-        Text("total", style="bold"), *(_ms(sum(s.mean_stage_ms.values()) or None) for s in sums.values())
+    st_cols = [Col("stage", justify="left", text=True, min_width=7)]
+    st_cols += [Col(_wrap_header(name), priority=i + 1) for i, name in enumerate(sums)]
+    st_rows: list[list[Cell]] = [
+        [st, *(_ms(s.mean_stage_ms.get(st)) for s in sums.values())] for st in stages
+    ]
+    st_rows.append(
+        [Text("total", style="bold"), *(_ms(sum(s.mean_stage_ms.values()) or None) for s in sums.values())]
     )
-    console.print(st_t)
+    print_fitted(console, st_cols, st_rows, wide=wide, title="Mean ms per stage")
 
 
-def print_paths(console: Console, records: Sequence[TurnRecord]) -> None:
+def _wrap_header(name: str, width: int = 14) -> str:
+    """A configuration label as a column header of at most ``width`` characters a line."""
+    import textwrap
+
+    return "\n".join(textwrap.wrap(name, width, break_on_hyphens=False)) or name
+
+
+def print_paths(console: Console, records: Sequence[TurnRecord], wide: bool = False) -> None:
     """Per-path summary: which strategy served how many turns, how fast, at what waste, cost, quality."""
     by_path: dict[str, list[TurnRecord]] = {}
     for r in records:
@@ -138,25 +164,35 @@ def print_paths(console: Console, records: Sequence[TurnRecord]) -> None:
         r.wasted_tokens or r.premature_endpoint or r.barge_in_stop_ms is not None for r in records
     ):
         return
-    t = Table(title="By path", header_style="bold", box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0))
-    for h in ("path", "turns", "p50 ms", "wasted tok", "$/turn", "quality (modelled)", "premature", "false hits",
-              "barge-in stop ms"):  # fmt: skip
-        t.add_column(h, justify="left" if h == "path" else "right", no_wrap=True)
+    cols = [
+        Col("path", justify="left", text=True, min_width=5),
+        Col("turns"),
+        Col("p50\nms"),
+        Col("wasted\ntok", priority=3),
+        Col("$/turn", priority=2),
+        Col("quality\n(mod)", priority=4),
+        Col("prema-\nture", priority=5),
+        Col("false\nhits", priority=6),
+        Col("barge-in\nstop ms", priority=1),
+    ]
+    rows: list[list[Cell]] = []
     for path, recs in sorted(by_path.items()):
         s = summarise(recs)
         stops = [r.barge_in_stop_ms for r in recs if r.barge_in_stop_ms is not None]
-        t.add_row(
-            path,
-            str(len(recs)),
-            _ms(s.p50_ms),
-            str(sum(r.wasted_tokens for r in recs)),
-            fmt_usd(s.mean_cost_usd),
-            "–" if s.mean_quality is None else f"{s.mean_quality:.2f}",
-            str(sum(r.premature_endpoint for r in recs)),
-            str(sum(r.false_hit for r in recs)),
-            _ms(sum(stops) / len(stops)) if stops else "–",
+        rows.append(
+            [
+                path,
+                str(len(recs)),
+                _ms(s.p50_ms),
+                str(sum(r.wasted_tokens for r in recs)),
+                fmt_usd(s.mean_cost_usd),
+                "–" if s.mean_quality is None else f"{s.mean_quality:.2f}",
+                str(sum(r.premature_endpoint for r in recs)),
+                str(sum(r.false_hit for r in recs)),
+                _ms(sum(stops) / len(stops)) if stops else "–",
+            ]
         )
-    console.print(t)
+    print_fitted(console, cols, rows, wide=wide, title="By path")
     hits = [r for r in records if r.path == "cache"]
     lookups = len(hits) + sum(1 for r in records if r.route.endswith("(cache miss)"))
     if lookups:
@@ -179,32 +215,38 @@ PREDICTED = (
 )
 
 
-def print_predictions(console: Console, records: Sequence[TurnRecord], budget_ms: float = 800.0) -> None:
+def print_predictions(
+    console: Console, records: Sequence[TurnRecord], budget_ms: float = 800.0, wide: bool = False
+) -> None:
     """Predicted turns (records built by TurnPrediction.as_record): latency, path and the largest parts."""
-    t = Table(title=f"Predicted turns (budget {budget_ms:.0f} ms)", header_style="bold", box=box.SIMPLE_HEAD,
-              padding=(0, 1, 0, 0))  # fmt: skip
-    for h in (
-        "session",
-        "#",
-        "user said",
-        "pred ms",
-        "ok",
-        "path",
-        "q (mod)",
-        "$/turn",
-        "largest parts (ms)",
-    ):
-        t.add_column(h, justify="right" if h in ("#", "pred ms", "q (mod)", "$/turn") else "left", no_wrap=True,
-                     max_width=20 if h in ("user said", "session") else None, overflow="ellipsis")  # fmt: skip
-    for r in records:
-        over = (r.predicted_ms or 0) > budget_ms
-        t.add_row(
-            r.session, str(r.turn), r.user_text, _ms(r.predicted_ms),
-            Text("✗", style="bold red") if over else Text("✓", style="bold green"),
+    cols = [
+        Col("session", priority=5, justify="left", text=True, min_width=6, max_width=24),
+        Col("#"),
+        Col("user said", priority=6, justify="left", text=True, min_width=10, max_width=48),
+        Col("pred\nms"),
+        Col("ok", justify="center"),
+        Col("path", priority=3, justify="left", text=True, min_width=5),
+        Col("q\n(mod)", priority=4),
+        Col("$/turn", priority=2),
+        Col("largest parts (ms)", priority=1, justify="left", text=True, min_width=14),
+    ]
+    rows: list[list[Cell]] = [
+        [
+            r.session,
+            str(r.turn),
+            r.user_text,
+            _ms(r.predicted_ms),
+            _ok(r.predicted_ms, budget_ms),
             r.path + ("!" if r.premature_endpoint else ""),
-            "–" if r.quality is None else f"{r.quality:.2f}", f"{r.cost_usd:.5f}", top_parts(r, 2),
-        )  # fmt: skip
-    console.print(t)
+            "–" if r.quality is None else f"{r.quality:.2f}",
+            fmt_usd(r.cost_usd),
+            largest_parts(r, 2),
+        ]
+        for r in records
+    ]
+    title = f"Predicted turns (budget {budget_ms:.0f} ms)"
+    c, rw, t = _one_session(cols, rows, records, title)
+    print_fitted(console, c, rw, wide=wide, title=t)
     s = summarise(records)
     console.print(
         f"p50 {_ms(s.p50_ms)} ms · p90 {_ms(s.p90_ms)} · p99 {_ms(s.p99_ms)} · within {budget_ms:.0f} ms "
@@ -213,3 +255,56 @@ def print_predictions(console: Console, records: Sequence[TurnRecord], budget_ms
         highlight=False,
     )
     console.print(Text(PREDICTED, style="dim"))
+
+
+COMPARE_CAPTION = (
+    "latency measured on the client clock over MQTT; cost and quality modelled from catalog prices/benchmarks"
+)
+
+
+def print_compare(
+    console: Console,
+    rows: Sequence[CompareRow],
+    names: Sequence[str],
+    heading: str,
+    title: str,
+    *,
+    expected: int | None = None,
+    caption: str = COMPARE_CAPTION,
+    wide: bool = False,
+) -> None:
+    """One row per configuration: percentiles, budget shares, modelled cost and quality, the largest stages."""
+    budgets = {r.budget_ms for r in rows}
+    budget = budgets.pop() if len(budgets) == 1 else None
+    cols = [
+        Col(heading, justify="left", text=True, min_width=24, max_width=30),
+        Col("p50\nms"),
+        Col("p90\nms", priority=2),
+        Col("p99\nms", priority=4),
+        Col(f"≤{budget:.0f}\nms" if budget else "in\nbudget"),
+        Col("<200\nms", priority=6),
+        Col("$ per\n1k turns", priority=1),
+        Col("quality\nmodelled", priority=5),
+        Col("largest stages\n(mean ms)", priority=3, justify="left", text=True, min_width=12),
+    ]
+    out: list[list[Cell]] = []
+    for name, r in zip(names, rows, strict=True):
+        share_style = "green" if r.within_budget >= 0.9 else "red" if r.within_budget < 0.5 else "yellow"
+        planned = max(r.turns, expected or 0)
+        out.append(
+            [
+                name + (f" ({r.answered}/{planned})" if r.answered < planned else ""),
+                Text(_ms(r.p50_ms), style=("green" if r.fits else "red") + (" bold" if r.best_p50 else "")),
+                _ms(r.p90_ms),
+                _ms(r.p99_ms),
+                Text(f"{r.within_budget * 100:.0f}%", style=share_style),
+                f"{r.under_200ms * 100:.0f}%",
+                Text(fmt_usd(r.cost_per_1k_usd), style="bold cyan" if r.cheapest else ""),
+                Text(
+                    "—" if r.quality is None else f"{r.quality * 100:.0f}%",
+                    style="bold cyan" if r.best_quality else "",
+                ),
+                Parts(tuple(f"{st} {v:,.0f}" for st, v in r.top_stages(3))),
+            ]
+        )
+    print_fitted(console, cols, out, wide=wide, title=title, caption=caption)

@@ -1,0 +1,206 @@
+"""Terminal tables that fit the real terminal: numbers whole, text wrapped, columns dropped by priority.
+
+The contract every table printed by the CLI follows (``cli_hardware`` can adopt it by building its rows
+as :class:`Col` + cells and calling :func:`print_fitted`):
+
+* The width is the console's (rich reads the real terminal, ``COLUMNS`` when piped, 80 by default).
+* Numeric columns (``text=False``) are never wrapped or cut: a number is shown in full or not at all.
+* Text columns (``text=True``) wrap at word boundaries (``overflow="fold"`` for long tokens) and give up
+  their width first; each keeps at least ``min_width`` characters.
+* When even that does not fit, whole columns are dropped, the highest ``priority`` number first (0 = never
+  dropped), and a dim note under the table names what was hidden and that ``--wide`` shows it.
+* ``wide=True`` keeps every column on one line each and renders at the table's natural width, wider than
+  the terminal if need be (for piping into ``less -S`` or a file).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from rich import box
+from rich.console import Console, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+
+@dataclass(frozen=True)
+class Parts:
+    """A text cell made of items that must not be split (``"agent ttft 1,115"``): joined by ``sep`` on one
+    line when they fit the column, else greedily onto several lines, breaking only between items."""
+
+    items: tuple[str, ...]
+    sep: str = ", "
+
+    def one_line(self) -> str:
+        return self.sep.join(self.items)
+
+    def lines(self, width: int) -> str:
+        out: list[str] = []
+        for it in self.items:
+            if out and len(out[-1]) + len(self.sep) + len(it) <= width:
+                out[-1] += self.sep + it
+            else:
+                out.append(it)
+        return "\n".join(out) or "—"
+
+
+Cell = str | Text | Parts
+SEP = 1  # SIMPLE_HEAD draws a one-space column separator; no outer edge, no padding
+
+
+@dataclass(frozen=True)
+class Col:
+    header: str  # may hold a line break: "p50\nms"
+    priority: int = 0  # 0: never dropped; larger numbers are dropped first when the terminal is narrow
+    justify: Literal["left", "right", "center"] = "right"
+    text: bool = False  # free text: may wrap; numbers (text=False) are shown whole
+    min_width: int = 8  # a text column's narrowest width
+    max_width: int | None = None  # a text column's widest (None: as wide as its longest cell)
+
+
+def _cell_width(c: Cell) -> int:
+    if isinstance(c, Parts):
+        return len(c.one_line())
+    t = c if isinstance(c, Text) else Text(c)
+    return max((t.cell_len if "\n" not in t.plain else max(Text(x).cell_len for x in t.plain.split("\n"))), 0)
+
+
+def natural_width(col: Col, cells: Sequence[Cell]) -> int:
+    head = max(len(h) for h in col.header.split("\n"))
+    return max([head, *(_cell_width(c) for c in cells)])
+
+
+def _header_min(col: Col) -> int:
+    """A text column's header words must not split mid-word."""
+    return max(len(w) for line in col.header.split("\n") for w in line.split() or [""])
+
+
+def choose_columns(cols: Sequence[Col], rows: Sequence[Sequence[Cell]], width: int) -> list[int]:
+    """Indices of the columns to show in ``width`` characters: drop by descending priority until the
+    numeric columns at full width plus the text columns at their minimum fit."""
+    keep = list(range(len(cols)))
+    nat = [natural_width(c, [r[i] for r in rows]) for i, c in enumerate(cols)]
+
+    def need(idx: list[int]) -> int:
+        total = 0
+        for i in idx:
+            c = cols[i]
+            w = min(nat[i], max(c.min_width, _header_min(c))) if c.text else nat[i]
+            total += w + SEP
+        return total - SEP
+
+    while need(keep) > width:
+        droppable = [i for i in keep if cols[i].priority > 0]
+        if not droppable:
+            break
+        keep.remove(max(droppable, key=lambda i: (cols[i].priority, i)))
+    return keep
+
+
+def text_widths(
+    cols: Sequence[Col], rows: Sequence[Sequence[Cell]], keep: Sequence[int], width: int
+) -> dict[int, int]:
+    """The width each kept text column gets from what the numbers leave: the narrowest columns whole
+    first (up to their natural or maximum width) as long as the others keep their minimum; never below a
+    column's minimum (a Parts column's minimum is its longest item)."""
+    nat = {i: natural_width(cols[i], [r[i] for r in rows]) for i in keep}
+    text = [i for i in keep if cols[i].text]
+    left = width - sum(nat[i] + SEP for i in keep if not cols[i].text) - SEP * max(0, len(text) - 1)
+    # a Parts column needs its longest item, so that no part is split when the room exists
+    item = {i: max([0, *(len(x) for r in rows if isinstance(r[i], Parts) for x in r[i].items)]) for i in text}
+    lo = {i: max(item[i], min(nat[i], max(cols[i].min_width, _header_min(cols[i])))) for i in text}
+    hi = {i: max(lo[i], min(nat[i], cols[i].max_width or nat[i])) for i in text}
+    out: dict[int, int] = {}
+    order = sorted(
+        text, key=lambda i: hi[i]
+    )  # narrow first: served whole while the others keep their minimum
+    for k, i in enumerate(order):
+        rest = sum(lo[j] for j in order[k + 1 :])
+        out[i] = max(lo[i], min(hi[i], left - rest))
+        left -= out[i]
+    return out
+
+
+def _render(c: Cell, w: int | None) -> str | Text:
+    if isinstance(c, Parts):
+        return c.one_line() if w is None else c.lines(w)
+    return c
+
+
+def fitted_table(
+    cols: Sequence[Col],
+    rows: Sequence[Sequence[Cell]],
+    width: int,
+    *,
+    wide: bool = False,
+    title: str | None = None,
+    caption: str | None = None,
+) -> tuple[Table, list[str]]:
+    """The table for ``width`` columns and the headers of the columns it had to hide."""
+    keep = list(range(len(cols))) if wide else choose_columns(cols, rows, width)
+    text_w = {} if wide else text_widths(cols, rows, keep, width)
+    t = Table(
+        title=title,
+        title_justify="left",
+        header_style="bold",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        padding=(0, 0, 0, 0),
+        caption=caption,
+        caption_justify="left",
+        caption_style="dim",
+        min_width=min(width, len(title)) if title else None,  # a title never wraps above a narrow table
+    )
+    for i in keep:
+        c = cols[i]
+        if c.text and not wide:
+            t.add_column(
+                c.header,
+                justify=c.justify,
+                min_width=min(natural_width(c, [r[i] for r in rows]), max(c.min_width, _header_min(c))),
+                max_width=text_w[i],
+                overflow="fold",
+                ratio=None,
+            )
+        else:
+            t.add_column(
+                c.header,
+                justify=c.justify,
+                no_wrap=True,
+                min_width=natural_width(c, [r[i] for r in rows]) if not c.text else None,
+            )
+    for r in rows:
+        t.add_row(*(_render(r[i], text_w.get(i)) for i in keep))
+    hidden = [cols[i].header.replace("\n", " ") for i in range(len(cols)) if i not in keep]
+    return t, hidden
+
+
+def print_fitted(
+    console: Console,
+    cols: Sequence[Col],
+    rows: Sequence[Sequence[Cell]],
+    *,
+    wide: bool = False,
+    title: str | None = None,
+    caption: str | None = None,
+) -> None:
+    """Print a fitted table (see the module docstring) and, if columns were hidden, a note naming them."""
+    table, hidden = fitted_table(cols, rows, console.width, wide=wide, title=title, caption=caption)
+    print_wide(console, table, wide)
+    if hidden:
+        console.print(
+            Text(f"hidden at {console.width} columns: {', '.join(hidden)} (--wide shows all)", style="dim")
+        )
+
+
+def print_wide(console: Console, renderable: RenderableType, wide: bool) -> None:
+    """Print at the console width, or — with ``wide`` — at the renderable's natural width."""
+    if not wide:
+        console.print(renderable)
+        return
+    from rich.measure import Measurement
+
+    need = Measurement.get(console, console.options.update_width(10_000), renderable).maximum
+    console.print(renderable, width=max(console.width, need), crop=False)
