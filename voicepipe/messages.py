@@ -270,7 +270,14 @@ class Envelope(BaseModel):
     @classmethod
     def model_json_schema(cls, *args: Any, **kw: Any) -> dict[str, Any]:  # type: ignore[override]
         """The wire schema: one variant per message type, each with its payload model."""
-        return _WIRE.json_schema(*args, **kw)
+        schema = _WIRE.json_schema(*args, **kw)
+        return {
+            "$schema": "https://json-schema.org/draft/2020-12/schema",
+            "title": "Envelope",
+            "description": f"A voicepipe bus message (schema version {SCHEMA_VERSION}): routing facts, the "
+            "causal chain of spans, and the typed payload of its type.",
+            **schema,
+        }
 
 
 _VARIANTS = tuple(
