@@ -523,3 +523,29 @@ def test_fix_panel_names_the_largest_part_of_the_misses() -> None:
     for label, recs in runs.items():
         (st, wh), ms, _ = largest_part([r for r in recs if not r.within_budget])
         assert f"{st} · {wh}, {ms:,.0f} ms" in panel, label
+
+
+def test_report_layout_structure_holds_without_a_browser() -> None:
+    """The structural half of the overflow check (runs where no browser is installed): every table sits in
+    a box that scrolls sideways, every chart scales down with the page, and every bar label drawn fits its
+    label column (cut with an ellipsis, the whole label kept as a tooltip)."""
+    runs = make_runs()
+    runs = {
+        f"{LONG}-{k}": [r.model_copy(update={"session": f"{LONG}-{r.session}"}) for r in v]
+        for k, v in runs.items()
+    }
+    html = render_html(runs, {k: {} for k in runs}, budget_ms=BUDGET)
+    assert ".scroll { overflow-x:auto" in html
+    assert html.count("<table>") == html.count('<div class="scroll"><table>') > 0
+    svgs = re.findall(r"<svg [^>]*>", html)
+    assert svgs and all("max-width:100%" in s for s in svgs)
+    from voicepipe.report.svg import text_width
+
+    for x, label in re.findall(
+        r'<text x="([\d.]+)" y="[\d.]+" text-anchor="end" fill="#222">([^<]*)</text>', html
+    ):
+        assert text_width(label) <= float(x) + 1, label  # right-aligned at x: starts at or right of 0
+    assert any(
+        label.endswith("…")
+        for _, label in re.findall(r'<text x="([\d.]+)"[^>]*fill="#222">([^<]*)</text>', html)
+    )
