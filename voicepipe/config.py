@@ -352,6 +352,10 @@ def apply_set(data: dict[str, Any], assignment: str) -> None:
     keys = [k for k in path.strip().split(".") if k]
     if not keys:
         raise UserError("--set", f"{assignment!r}: empty field path")
+    if keys == ["broker", "password"]:  # the value would show in ps, shell history and compare labels
+        raise UserError(
+            "--set", "broker.password: give it with --password-file or $VOICEPIPE_BROKER_PASSWORD"
+        )
     node = data
     for k in keys[:-1]:
         nxt = node.get(k)
