@@ -181,3 +181,11 @@ def test_password_is_refused_on_the_command_line_without_echoing_it():
         with pytest.raises(UserError) as ei:
             load_config(None, sets)
         assert "--password-file" in str(ei.value) and "hunter2" not in str(ei.value)
+
+
+def test_insecure_only_by_the_flag(tmp_path):
+    from voicepipe.config import BrokerOverrides
+
+    with pytest.raises(UserError, match="only the --insecure flag"):
+        load_config(None, ["broker.insecure=true"], "mqtts://h:8883")
+    assert load_config(None, [], BrokerOverrides(url="mqtts://h:8883", insecure=True)).broker.insecure
