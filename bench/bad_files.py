@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -61,6 +62,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("bench/results/bad_files.json"))
     args = ap.parse_args()
+    load_before = round(os.getloadavg()[0], 2)
     command = typer.main.get_command(app)
     typer.testing._get_command = lambda _app: command  # build the click command once
     runner = typer.testing.CliRunner()
@@ -130,6 +132,7 @@ def main() -> None:
             t.add_row(
                 kind, cmd, str(len(rs)), f"{ok}/{len(rs)}", f"{p50:.1f}", f"{worst['ms']:.1f}", worst["file"]
             )
+    con.print(f"load average (1 min) before the run: {load_before} on {os.cpu_count()} CPUs")
     con.print(t)
     t2 = Table(
         title="real processes (python -m voicepipe.cli): wall time incl. start-up", title_justify="left"
@@ -146,7 +149,8 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(
         json.dumps(
-            {"machine": platform.platform(), "python": platform.python_version(), "summary": summary,
+            {"machine": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
+             "load_average_1m_before": load_before, "summary": summary,
              "processes": procs, "startup_floor": floor, "predict_at_text_bound_s": round(bound_s, 3), "text_bound_chars": MAX_TEXT,
              "rows": [{k: v for k, v in r.items() if k != "path"} for r in rows]},
             indent=1,

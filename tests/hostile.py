@@ -180,8 +180,13 @@ CONFIGS = [
     cfg("ca-without-url", "broker.ca_file", "broker:\n  ca_file: /etc/hostname\n"),
     cfg(
         "ca-on-plain-mqtt",
-        "broker.insecure: TLS options need an mqtts://",
-        "broker:\n  url: mqtt://127.0.0.1:1883\n  insecure: true\n",
+        "broker.ca_file: TLS options need an mqtts://",
+        "broker:\n  url: mqtt://127.0.0.1:1883\n  ca_file: /etc/hostname\n",
+    ),
+    cfg(
+        "insecure-in-a-file",
+        "broker.insecure: only the --insecure flag",
+        "broker:\n  url: mqtts://127.0.0.1:8883\n  insecure: true\n",
     ),
     cfg(
         "missing-ca",

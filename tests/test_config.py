@@ -174,3 +174,18 @@ def test_broker_address_hides_the_password():
         BrokerAddress.parse("mqtt://u:hunter2@h:notaport")
     assert "hunter2" not in str(ei.value) and "u:***@h" in str(ei.value)
     assert BrokerAddress.parse("mqtts://h").port == 8883 and BrokerAddress.parse("mqtts://h").tls
+
+
+def test_password_is_refused_on_the_command_line_without_echoing_it():
+    for sets in (["broker.password=hunter2"], ["broker.url=mqtt://h:1", "broker.password=hunter2"]):
+        with pytest.raises(UserError) as ei:
+            load_config(None, sets)
+        assert "--password-file" in str(ei.value) and "hunter2" not in str(ei.value)
+
+
+def test_insecure_only_by_the_flag(tmp_path):
+    from voicepipe.config import BrokerOverrides
+
+    with pytest.raises(UserError, match="only the --insecure flag"):
+        load_config(None, ["broker.insecure=true"], "mqtts://h:8883")
+    assert load_config(None, [], BrokerOverrides(url="mqtts://h:8883", insecure=True)).broker.insecure

@@ -102,7 +102,8 @@ class BrokerConfig(Strict):
     ca_file: str | None = None  # PEM CA bundle that signed the broker's certificate (default: system CAs)
     cert_file: str | None = None  # client certificate (PEM), for brokers that require one
     key_file: str | None = None  # its unencrypted private key (PEM), unless inside cert_file
-    insecure: bool = False  # TLS without verifying the broker's certificate (--insecure); never a default
+    # TLS without verifying the broker's certificate: set only by the --insecure flag, never from a file
+    insecure: bool = False
     qos: Literal[0, 1] = 1  # design.md §3: QoS 1 for turn-critical messages
     probe: bool = True  # round-trip probe at start that detects Nagle stalls
     probe_warn_ms: Ms = 15.0
@@ -365,6 +366,10 @@ def apply_set(data: dict[str, Any], assignment: str) -> None:
     keys = [k for k in path.strip().split(".") if k]
     if not keys:
         raise UserError("--set", f"{assignment!r}: empty field path")
+    if keys == ["broker", "password"]:  # the value would show in ps, shell history and compare labels
+        raise UserError(
+            "--set", "broker.password: give it with --password-file or $VOICEPIPE_BROKER_PASSWORD"
+        )
     node = data
     for k in keys[:-1]:
         nxt = node.get(k)
@@ -460,11 +465,14 @@ def load_config(
             data["broker"]["url"] = env_broker
     for s in sets:
         apply_set(data, s)
+    where = source if not sets else f"{source} (with --set)"
+    if isinstance(data.get("broker"), dict) and data["broker"].get("insecure") is not False:
+        # a shared config file must not switch certificate checks off for whoever runs it
+        raise UserError(where, "broker.insecure: only the --insecure flag turns certificate verification off")
     if overrides.fields() and isinstance(data.get("broker"), dict):
         data["broker"].update(overrides.fields())
         if overrides.password_file:
             data["broker"]["password"] = None  # the command line's password file wins over the config's
-    where = source if not sets else f"{source} (with --set)"
     try:
         cfg = PipelineConfig.model_validate(data)
     except ValidationError as exc:

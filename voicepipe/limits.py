@@ -18,8 +18,9 @@ from pydantic import Field
 # 2-core box (pure-Python PyYAML ~1 s), so a rejection or a parse stays well inside a second.
 MAX_FILE_BYTES = 256 * 1024
 # Values in a document after expanding every alias (an alias bomb is a few lines that expand to billions
-# of values). A 256 KiB file written out by hand holds at most ~130,000 values (``[1,1,1,...]``).
-MAX_YAML_VALUES = 250_000
+# of values). The largest legitimate file (1,000 turns of ~10 values) holds ~10,000; counting stops at the
+# bound, so refusing a bomb costs ~0.1 s.
+MAX_YAML_VALUES = 100_000
 # Nesting depth of a document; the deepest legitimate config is 5 levels (router.rules.N.when.intent).
 MAX_YAML_DEPTH = 32
 # A password file holds one line.
