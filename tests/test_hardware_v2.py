@@ -270,7 +270,7 @@ def test_json_file_output(tmp_path):
 def test_shipped_defaults_are_the_full_data_fit():
     rep = val.run()
     for name, value in rep.theta_all.items():
-        assert getattr(hm.DEFAULT_EFFICIENCY, name) == pytest.approx(value, abs=0.01), name
+        assert getattr(hm.DEFAULT_EFFICIENCY, name) == pytest.approx(value, rel=0.03, abs=0.005), name
 
 
 def test_pipeline_config_takes_own_device_and_model_for_agent_and_council(tmp_path):

@@ -13,7 +13,8 @@ HBM devices (GPUs, TPUs), per chip of a tensor-parallel group of ``tp``::
     t_comp = (2·P_matmul·T / peak(precision) + 4·L·H·hd·(q·K + n·(m + n/2)) / peak(bf16)) / (tp · MFU · w)
     t_comm = [tp > 1] · 2·L · (α(tp) + 2·(tp−1)/tp · T·hidden·2 B / (link_BW · η_link))
     α(tp)  = α_2 · (1 + g·log2(tp/2))                       (α_2: the device's measured-class latency)
-    t_step = max(t_mem, t_comp) + t_comm + L·t_layer + L_moe·t_route + t_step_fixed   (stack: t_layer, t_step_fixed)
+    t_step = max(t_mem, t_comp) + t_comm + L·(t_layer + τ) + L_moe·t_route + t_step_fixed
+             (stack: t_layer, t_step_fixed; fitted: τ, the per-layer cost beyond the stack's)
 
 SRAM machines (Cerebras wafers, Groq chips) are not bandwidth-bound at small batch; the token walks
 through the layers and across the chips holding them::
@@ -27,7 +28,7 @@ embedding table is not streamed (one row per token) unless it is tied to the out
 TTFT adds the stack's per-request cost to the prefill step. A batch whose KV does not fit runs as many
 sequences as fit (:func:`predict` says ``fits: false`` and the effective batch).
 
-The efficiency constants η_mem, MFU, η_wq, η_moe are fitted (:mod:`voicepipe.hardware.validate`); every
+The constants η_mem, MFU, η_wq, η_moe and τ are fitted (:mod:`voicepipe.hardware.validate`); every
 step is first split into raw parts (:class:`StepParts`, seconds at efficiency 1) that :func:`combine`
 turns into time, so the fit evaluates thousands of constant sets over all points in one numpy call.
 """
@@ -64,10 +65,11 @@ class Efficiency:
     """Efficiency factors, one set for every HBM device (η_mem, MFU, η_wq, η_moe fitted; see docs §2)."""
 
     # fitted on every point of data/validation.yaml (`voicepipe hardware validate`; docs §2 and §3)
-    eta_mem: float = 0.61  # share of HBM bandwidth a native decode step streams (published 0.6-0.92)
+    eta_mem: float = 0.65  # share of HBM bandwidth a native decode step streams (published 0.6-0.92)
     mfu: float = 0.64  # share of dense peak FLOP/s in matmul-heavy work (published 0.3-0.7)
     eta_wq: float = 1.0  # weight-only kernels' efficiency relative to native ones (dequant in the loop)
     eta_moe: float = 1.0  # expert (grouped-GEMM) streaming efficiency relative to dense GEMV + routing
+    layer_s: float = 15e-6  # per layer per step on HBM devices beyond the stack's own gaps (launch, sync)
     ar_growth: float = 0.5  # all-reduce latency growth per doubling of the TP group beyond 2
     moe_route_s: float = 20e-6  # per MoE layer per step: router, top-k, permute, grouped-GEMM launches
     link_eff: float = 0.45  # share of link bandwidth NCCL reaches at 0.1-10 MB messages
@@ -76,7 +78,7 @@ class Efficiency:
 
 
 DEFAULT_EFFICIENCY = Efficiency()
-FITTED = ("eta_mem", "mfu", "eta_wq", "eta_moe")  # the constants validate fits; the rest are set
+FITTED = ("eta_mem", "mfu", "eta_wq", "eta_moe", "layer_s")  # the constants validate fits; the rest are set
 
 
 @dataclass(frozen=True)
@@ -320,6 +322,7 @@ class StepParts:
     flops_s: FArray  # FLOPs per chip / peak
     comm_s: FArray  # all-reduces (latency + bandwidth), set constants
     fixed_s: FArray  # stack per-step and per-layer costs (SRAM: per-layer time, sweep)
+    layers: FArray  # layers whose fitted per-layer cost τ applies (HBM: all; SRAM: none)
     weight_only: bool | NDArray[np.bool_]
     sram: bool | NDArray[np.bool_]
 
@@ -418,6 +421,7 @@ def step_parts(
             + m.layers * (stk.layer_overhead_us + np.where(n > 0, stk.prefill_layer_overhead_us, 0.0)) * 1e-6
             + m.routed_layers * eff.moe_route_s
             + stk.step_overhead_us * 1e-6,
+            layers=zero + m.layers,
             weight_only=dev.weight_only(system.precision),
             sram=False,
         )
@@ -431,13 +435,19 @@ def step_parts(
         flops_s=flops_s,
         comm_s=zero + (system.chips - 1) * float(dev.hop_us or 0) * 1e-6,
         fixed_s=zero + m.layers * float(dev.layer_us or 0) * 1e-6 + sweep,
+        layers=zero,
         weight_only=False,
         sram=True,
     )
 
 
 def combine(
-    parts: StepParts, eta_mem: ArrayLike, mfu: ArrayLike, eta_wq: ArrayLike, eta_moe: ArrayLike
+    parts: StepParts,
+    eta_mem: ArrayLike,
+    mfu: ArrayLike,
+    eta_wq: ArrayLike,
+    eta_moe: ArrayLike,
+    layer_s: ArrayLike = 0.0,
 ) -> tuple[FArray, FArray, FArray]:
     """(memory, compute, total) seconds from raw parts and efficiencies (arrays broadcast: the fit
     passes a column of candidate constants against a row of points)."""
@@ -449,7 +459,11 @@ def combine(
     compute = parts.flops_s / (np.asarray(mfu, dtype=float) * w)
     # HBM: the roofline's max; SRAM: the token walks layers, so its parts add up
     busy = np.where(parts.sram, memory + compute, np.maximum(memory, compute))
-    return memory, compute, busy + parts.comm_s + parts.fixed_s
+    return (
+        memory,
+        compute,
+        busy + parts.comm_s + parts.fixed_s + parts.layers * np.asarray(layer_s, dtype=float),
+    )
 
 
 def step_time(
@@ -471,8 +485,8 @@ def step_time(
         prefill_cached=prefill_cached,
     )
     e = system.eff
-    memory, compute, total = combine(parts, e.eta_mem, e.mfu, e.eta_wq, e.eta_moe)
-    return StepTime(memory, compute, parts.comm_s, parts.fixed_s, total)
+    memory, compute, total = combine(parts, e.eta_mem, e.mfu, e.eta_wq, e.eta_moe, e.layer_s)
+    return StepTime(memory, compute, parts.comm_s, parts.fixed_s + parts.layers * e.layer_s, total)
 
 
 def mixed_step_s(
