@@ -310,3 +310,17 @@ def test_offload_tier_only_when_no_width_holds_the_weights_in_hbm():
     assert s70.chips == 4 and hm.weight_split(s70)[1] == 0
     gh = hm.make_system(cat.device("gh200"), cat.model("llama-3.1-70b"))
     assert gh.chips == 1 and hm.weight_split(gh)[1] > 0
+
+
+def test_stack_without_gqa_sharing_rereads_kv_per_query_head():
+    old, new = cat.stack("trtllm-v0.6"), cat.stack("trtllm")
+    assert not old.gqa_kv_shared and new.gqa_kv_shared
+    gqa = [system("h100-sxm", "llama-2-70b", tp=4, precision="fp8", stack=s) for s in (old, new)]
+    kv_old, kv_new = (float(hm.step_parts(s, 64, 64 * 2048).kv_s) for s in gqa)
+    # decode reads grow by the group size (64 query heads / 8 KV heads), the newly written tokens do not
+    assert 7.5 * kv_new < kv_old < 8.0 * kv_new
+    mha = [system("h100-sxm", "llama-2-7b", tp=1, precision="fp8", stack=s) for s in (old, new)]
+    assert float(hm.step_parts(mha[0], 64, 64 * 2048).kv_s) == float(hm.step_parts(mha[1], 64, 64 * 2048).kv_s)
+    # prefill attention (context FMHA) is not affected
+    pre = [float(hm.step_parts(s, 0, 0, prefill_tokens=2048).kv_s) for s in gqa]
+    assert pre[0] == pre[1]

@@ -171,6 +171,11 @@ class ModelSpec(BaseModel):
         return float(self.vocab * self.hidden)
 
     @property
+    def gqa_group(self) -> float:
+        """Query heads per KV head (1 for MHA and for MLA, whose latent every head reads once)."""
+        return 1.0 if self.kv_dim is not None else self.heads / self.kv_heads
+
+    @property
     def kv_elems_per_token(self) -> int:
         """KV-cache elements stored per token, all layers (GQA-aware; MLA via ``kv_dim``)."""
         per_layer = self.kv_dim if self.kv_dim is not None else 2 * self.kv_heads * self.head_dim
@@ -189,6 +194,8 @@ class Stack(BaseModel):
     prefill_layer_overhead_us: float = Field(ge=0)  # extra per layer when a step prefills (eager launches)
     request_overhead_ms: float = Field(ge=0)  # per request, on TTFT: tokenise, admit, first sample, API
     multi_chip: Literal["tensor", "pipeline"] = "tensor"  # how it spreads a model over several chips
+    # False: the decode attention kernel reads a GQA group's shared KV head once per query head
+    gqa_kv_shared: bool = True
     sources: dict[str, str]
 
     @model_validator(mode="after")
@@ -198,6 +205,8 @@ class Stack(BaseModel):
             for f in ("step_overhead_us", "layer_overhead_us", "request_overhead_ms")
             if not self.sources.get(f)
         ]
+        if not self.gqa_kv_shared and not self.sources.get("gqa_kv_shared"):
+            missing.append("gqa_kv_shared")
         if missing:
             raise ValueError(f"no source for {', '.join(missing)}")
         return self

@@ -388,8 +388,10 @@ def step_parts(
     attn_dim = m.heads * m.head_dim
     linear = 2.0 * matmul_params(m) * tokens
     attention = 4.0 * m.layers * attn_dim * (q * kv + n * (c + n / (2.0 * ps)))
-    kv_bytes = (kv + np.where(n > 0, c, 0.0) + tokens) * kvb
     stk = system.serving
+    # a decode kernel that does not share a GQA group's KV head reads it once per query head
+    reread = 1.0 if stk.gqa_kv_shared else m.gqa_group
+    kv_bytes = (reread * kv + np.where(n > 0, c, 0.0) + tokens) * kvb
     # tensor parallelism splits every step's work over the chips; a pipeline (llama.cpp's layer split)
     # runs the chips in turn, so a step costs one chip's time for all the work plus the hops between
     pipeline = dev.kind == "hbm" and stk.multi_chip == "pipeline" and system.chips > 1
