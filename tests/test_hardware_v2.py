@@ -324,3 +324,16 @@ def test_stack_without_gqa_sharing_rereads_kv_per_query_head():
     # prefill attention (context FMHA) is not affected
     pre = [float(hm.step_parts(s, 0, 0, prefill_tokens=2048).kv_s) for s in gqa]
     assert pre[0] == pre[1]
+
+
+def test_attention_dp_splits_the_mla_cache_by_sequence_and_replicates_attention_weights():
+    import dataclasses
+
+    tp = system("h200-sxm", "deepseek-r1", tp=8, precision="fp8")
+    dp = dataclasses.replace(tp, attention_dp=True)
+    assert hm.kv_shards(tp.model, 8) == 1 and hm.kv_shards(tp.model, 8, attention_dp=True) == 8
+    assert hm.max_sequences(dp, 3072) > 4 * hm.max_sequences(tp, 3072)  # less the attention copies
+    a, b = hm.step_parts(tp, 256, 256 * 2048), hm.step_parts(dp, 256, 256 * 2048)
+    assert float(b.kv_s) == pytest.approx(float(a.kv_s) / 8)
+    assert float(b.dense_s) > float(a.dense_s)  # every chip streams the whole attention weights
+    assert hm.weight_split(dp)[0] > hm.weight_split(tp)[0]

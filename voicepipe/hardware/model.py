@@ -130,6 +130,9 @@ class System:
     eff: Efficiency = field(default=DEFAULT_EFFICIENCY)
     kv_precision: str | None = None  # None: default_kv_precision(precision)
     stack: Stack | None = None  # None: the catalog's default stack
+    # attention data parallelism (TensorRT-LLM/SGLang "attention DP" for MLA models): each chip runs the
+    # attention of its own 1/chips of the sequences with a full copy of the attention weights
+    attention_dp: bool = False
 
     @property
     def name(self) -> str:
@@ -193,9 +196,20 @@ def matmul_params(model: ModelSpec) -> float:
 # ---------------------------------------------------------------- capacity
 
 
-def kv_shards(model: ModelSpec, chips: int) -> int:
-    """How many ways the KV cache splits across a TP group (KV heads can't split further; MLA: none)."""
+def kv_shards(model: ModelSpec, chips: int, attention_dp: bool = False) -> int:
+    """How many ways the KV cache splits across a group: by sequence under attention DP (every chip
+    holds its own sequences' cache), else by KV head (heads can't split further; an MLA latent: none)."""
+    if attention_dp:
+        return chips
     return 1 if model.kv_dim is not None else max(1, min(chips, model.kv_heads))
+
+
+def attention_params(model: ModelSpec) -> float:
+    """Attention projection params, all layers: Q and O (heads × head_dim each), K and V (GQA heads, or
+    the MLA latent projection, ``hidden × kv_dim``). Low-rank factors of MLA are not counted separately."""
+    qo = 2 * model.heads * model.head_dim
+    kv = model.kv_dim if model.kv_dim is not None else 2 * model.kv_heads * model.head_dim
+    return float(model.layers * model.hidden * (qo + kv))
 
 
 def weight_split(system: System) -> tuple[float, float]:
@@ -206,6 +220,8 @@ def weight_split(system: System) -> tuple[float, float]:
     """
     dev = system.device
     per_chip = weight_bytes(system.model, system.precision) / system.chips
+    if system.attention_dp:  # a full copy of the attention weights on every chip
+        per_chip += attention_params(system.model) * bytes_per_param(system.precision) * (1 - 1 / system.chips)
     usable = dev.capacity_bytes * system.eff.usable_memory
     if per_chip <= usable or dev.offload_gb is None:
         return per_chip, 0.0
@@ -230,7 +246,7 @@ def max_sequences(system: System, context: int) -> int:
         if not weights_fit(system):
             return 0
         free = dev.capacity_bytes * system.eff.usable_memory - weight_split(system)[0]
-        per_seq = context * kv_bytes_per_token(m, system.kv) / kv_shards(m, system.chips)
+        per_seq = context * kv_bytes_per_token(m, system.kv) / kv_shards(m, system.chips, system.attention_dp)
     else:
         free = system.chips * dev.capacity_bytes * system.eff.usable_sram - weight_bytes(m, system.precision)
         per_seq = context * kv_bytes_per_token(m, system.kv)
@@ -411,10 +427,12 @@ def step_parts(
             ring = 2.0 * (tp - 1) / tp * tokens * m.hidden * 2.0 / link
             comm = allreduces_per_step(m, tp) * (allreduce_latency_s(dev, tp, eff) + ring) + zero
         offload_bw = float(dev.offload_bw_tbs or 1.0) * 1e12
-        weights_s = (dense_p + expert_p) * bpp / par
+        # attention DP: every chip streams the whole attention weights, not a 1/tp slice of them
+        replicated = attention_params(m) * (1.0 - 1.0 / par) if system.attention_dp else 0.0
+        weights_s = ((dense_p + expert_p) / par + replicated) * bpp
         return StepParts(
-            kv_s=kv_bytes / (1 if pipeline else kv_shards(m, tp)) / bw + zero,
-            dense_s=dense_p * bpp / par * hbm_share / bw + zero,
+            kv_s=kv_bytes / (1 if pipeline else kv_shards(m, tp, system.attention_dp)) / bw + zero,
+            dense_s=(dense_p / par + replicated) * bpp * hbm_share / bw + zero,
             expert_s=expert_p * bpp / par * hbm_share / bw + zero,
             spill_s=weights_s * (1.0 - hbm_share) / offload_bw + zero,
             flops_s=flops_s,

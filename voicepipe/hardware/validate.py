@@ -75,6 +75,7 @@ class Point(BaseModel):
     )  # 0: pure decode (llama-bench tg); None: unpublished
     output_tokens: int | None = Field(default=None, ge=1)
     stack: str
+    attention_dp: bool = False  # the source runs attention data-parallel (each chip its own sequences)
     metric: Metric
     value: float = Field(gt=0)
     date: str
@@ -156,7 +157,9 @@ def prepare(p: Point) -> Prepared:
             return Prepared(
                 p, reason=f"{p.chips} chips exceed {dev.key}'s tensor-parallel group ({dev.max_tp})"
             )
-        system = System(dev, mdl, p.precision, p.chips, DEFAULT_EFFICIENCY, p.kv_precision, stk)
+        system = System(
+            dev, mdl, p.precision, p.chips, DEFAULT_EFFICIENCY, p.kv_precision, stk, p.attention_dp
+        )
         batch = min(asked, max_sequences(system, ctx_max))
         if batch < 1:
             return Prepared(p, reason=f"weights do not fit {p.chips} x {dev.key} at {p.precision}")
