@@ -337,3 +337,13 @@ def test_attention_dp_splits_the_mla_cache_by_sequence_and_replicates_attention_
     assert float(b.kv_s) == pytest.approx(float(a.kv_s) / 8)
     assert float(b.dense_s) > float(a.dense_s)  # every chip streams the whole attention weights
     assert hm.weight_split(dp)[0] > hm.weight_split(tp)[0]
+
+
+def test_per_sequence_host_cost_grows_with_the_batch():
+    v0, v1 = cat.stack("vllm-v0"), cat.stack("vllm")
+    assert v0.seq_overhead_us > 0 and v1.seq_overhead_us == 0
+    old, new = (system("h100-sxm", "llama-3.1-8b", tp=1, stack=s) for s in (v0, v1))
+    gap = [float(hm.decode_step_s(old, b, 1024) - hm.decode_step_s(new, b, 1024)) for b in (1, 64, 256)]
+    assert gap[0] == pytest.approx(v0.seq_overhead_us * 1e-6)
+    assert gap[2] == pytest.approx(256 * v0.seq_overhead_us * 1e-6)
+    assert gap[0] < gap[1] < gap[2]

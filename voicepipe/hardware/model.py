@@ -69,7 +69,7 @@ class Efficiency:
     mfu: float = 0.64  # share of dense peak FLOP/s in matmul-heavy work (published 0.3-0.7)
     eta_wq: float = 1.0  # weight-only kernels' efficiency relative to native ones (dequant in the loop)
     eta_moe: float = 1.0  # expert (grouped-GEMM) streaming efficiency relative to dense GEMV + routing
-    layer_s: float = 15e-6  # per layer per step on HBM devices beyond the stack's own gaps (launch, sync)
+    layer_s: float = 13e-6  # per layer per step on HBM devices beyond the stack's own gaps (launch, sync)
     ar_growth: float = 0.5  # all-reduce latency growth per doubling of the TP group beyond 2
     moe_route_s: float = 20e-6  # per MoE layer per step: router, top-k, permute, grouped-GEMM launches
     link_eff: float = 0.45  # share of link bandwidth NCCL reaches at 0.1-10 MB messages
@@ -440,7 +440,9 @@ def step_parts(
             fixed_s=zero
             + m.layers * (stk.layer_overhead_us + np.where(n > 0, stk.prefill_layer_overhead_us, 0.0)) * 1e-6
             + m.routed_layers * eff.moe_route_s
-            + stk.step_overhead_us * 1e-6,
+            + stk.step_overhead_us * 1e-6
+            # host work per running sequence (schedule, prepare inputs, sample, detokenise)
+            + (d + np.where(n > 0, ps, 0.0)) * stk.seq_overhead_us * 1e-6,
             layers=zero + m.layers,
             weight_only=dev.weight_only(system.precision),
             sram=False,
