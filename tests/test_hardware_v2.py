@@ -347,3 +347,18 @@ def test_per_sequence_host_cost_grows_with_the_batch():
     assert gap[0] == pytest.approx(v0.seq_overhead_us * 1e-6)
     assert gap[2] == pytest.approx(256 * v0.seq_overhead_us * 1e-6)
     assert gap[0] < gap[1] < gap[2]
+
+
+def test_loaded_server_itl_includes_newcomers_prefill():
+    base = dict(
+        id="x", device="h100-sxm", chips=2, model="llama-3.1-70b", precision="fp8", prompt_tokens=5000,
+        output_tokens=500, stack="nim", value=1.0, date="2025", source="s", tier=2,
+    )  # fmt: skip
+    loaded = val.prepare(val.Point(**base, batch=25, metric="itl_ms"))
+    static = val.prepare(val.Point(**base, batch=25, metric="e2e_latency_s"))
+    assert loaded.decode is not None and static.decode is not None
+    assert float(loaded.decode.flops_s) > 1.5 * float(static.decode.flops_s)  # 250 prompt tokens a step
+    alone = val.prepare(val.Point(**base, batch=1, metric="itl_ms"))
+    assert alone.decode is not None
+    assert float(alone.decode.flops_s) == float(hm.step_parts(hm.System(
+        cat.device("h100-sxm"), cat.model("llama-3.1-70b"), "fp8", 2, stack=cat.stack("nim")), 1, 5250).flops_s)

@@ -10,7 +10,9 @@ is then a closed-form function of those parts and the constants θ = (η_mem, MF
     tpot_ms, itl_ms = t_d             tok_s_user = 1/t_d        ttft_ms = t_p
     tok_s_total = B·O / (t_p + O·t_d)          e2e_latency_s, e2el_ms = t_p + (O − 1)·t_d
 
-(B is the batch that fits when the published one does not.) The fit minimises the mean absolute log
+(B is the batch that fits when the published one does not.) A per-token metric at concurrency B > 1 is
+a loaded server's mean step: besides B decodes it prefills B·P/O prompt tokens (every request brings P
+prompt tokens per O output tokens), on average half-way into their prompt. The fit minimises the mean absolute log
 error over the training points inside published ranges (a coarse grid, then a pattern search), with a
 weak pull towards published mid-range values so constants no training point constrains stay there.
 Candidate θ are evaluated in one numpy broadcast, so a fit takes tens of milliseconds and
@@ -54,6 +56,8 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "eta_moe": (0.35, 1.0),
     "layer_s": (1e-6, 60e-6),
 }
+# per-token metrics of a server under steady concurrent load (the others time whole static batches)
+STEADY_STATE = ("tpot_ms", "itl_ms", "tok_s_user")
 DEFAULT_PROMPT, DEFAULT_OUTPUT = 1024, 256  # where a source publishes no lengths (as `hardware predict`)
 SATURATED = 512  # cap on "as many as fit" for a saturated server (trtllm-bench/vLLM throughput runs)
 PRIOR_WEIGHT = 0.002  # weak pull to published mid-range values: decides only what the data leave free
@@ -164,7 +168,14 @@ def prepare(p: Point) -> Prepared:
         if batch < 1:
             return Prepared(p, reason=f"weights do not fit {p.chips} x {dev.key} at {p.precision}")
     ctx = prompt + out / 2.0
-    decode = step_parts(system, batch, batch * ctx)
+    if p.metric in STEADY_STATE and batch > 1:
+        # a loaded server's mean step also prefills newcomers: B requests of P prompt and O output
+        # tokens bring B·P/O prompt tokens per step, on average half-way into their prompt
+        decode = step_parts(
+            system, batch, batch * ctx, prefill_tokens=batch * prompt / out, prefill_cached=prompt / 2.0
+        )
+    else:
+        decode = step_parts(system, batch, batch * ctx)
     # all B prompts in one prefill pass: B·P tokens through the weights, attention per prompt (P²/2 each)
     prefill = step_parts(system, 0, 0, prefill_tokens=batch * max(prompt, 1), prefill_seqs=batch)
     return Prepared(
