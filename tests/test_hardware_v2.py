@@ -320,7 +320,9 @@ def test_stack_without_gqa_sharing_rereads_kv_per_query_head():
     # decode reads grow by the group size (64 query heads / 8 KV heads), the newly written tokens do not
     assert 7.5 * kv_new < kv_old < 8.0 * kv_new
     mha = [system("h100-sxm", "llama-2-7b", tp=1, precision="fp8", stack=s) for s in (old, new)]
-    assert float(hm.step_parts(mha[0], 64, 64 * 2048).kv_s) == float(hm.step_parts(mha[1], 64, 64 * 2048).kv_s)
+    assert float(hm.step_parts(mha[0], 64, 64 * 2048).kv_s) == float(
+        hm.step_parts(mha[1], 64, 64 * 2048).kv_s
+    )
     # prefill attention (context FMHA) is not affected
     pre = [float(hm.step_parts(s, 0, 0, prefill_tokens=2048).kv_s) for s in gqa]
     assert pre[0] == pre[1]
@@ -360,5 +362,10 @@ def test_loaded_server_itl_includes_newcomers_prefill():
     assert float(loaded.decode.flops_s) > 1.5 * float(static.decode.flops_s)  # 250 prompt tokens a step
     alone = val.prepare(val.Point(**base, batch=1, metric="itl_ms"))
     assert alone.decode is not None
-    assert float(alone.decode.flops_s) == float(hm.step_parts(hm.System(
-        cat.device("h100-sxm"), cat.model("llama-3.1-70b"), "fp8", 2, stack=cat.stack("nim")), 1, 5250).flops_s)
+    assert float(alone.decode.flops_s) == float(
+        hm.step_parts(
+            hm.System(cat.device("h100-sxm"), cat.model("llama-3.1-70b"), "fp8", 2, stack=cat.stack("nim")),
+            1,
+            5250,
+        ).flops_s
+    )

@@ -8,13 +8,18 @@ tokens. ``T = d·q + n`` tokens go through the weights.
 HBM devices (GPUs, TPUs), per chip of a tensor-parallel group of ``tp``::
 
     w      = η_wq if the precision is weight-only on this device (dequantised in-kernel), else 1
-    t_mem  = (KV(K + m + T)/shards + W_dense/tp / w + W_exp(T)/tp / (w·η_moe)) / (η_mem · BW)
+    t_mem  = (KV(r·K + m + T)/shards + W_dense/tp / w + W_exp(T)/tp / (w·η_moe)) / (η_mem · BW)
              + W_spill/tp / BW_offload
     t_comp = (2·P_matmul·T / peak(precision) + 4·L·H·hd·(q·K + n·(m + n/2)) / peak(bf16)) / (tp · MFU · w)
     t_comm = [tp > 1] · 2·L · (α(tp) + 2·(tp−1)/tp · T·hidden·2 B / (link_BW · η_link))
     α(tp)  = α_2 · (1 + g·log2(tp/2))                       (α_2: the device's measured-class latency)
     t_step = max(t_mem, t_comp) + t_comm + L·(t_layer + τ) + L_moe·t_route + t_step_fixed
-             (stack: t_layer, t_step_fixed; fitted: τ, the per-layer cost beyond the stack's)
+             + (sequences in the step)·t_seq
+             (stack: t_layer, t_step_fixed, t_seq; fitted: τ, the per-layer cost beyond the stack's)
+
+``r`` is 1, or the GQA group (query heads per KV head) for a stack whose decode attention reads a shared
+KV head once per query head (TensorRT-LLM before v0.7). ``shards`` is min(tp, KV heads) (an MLA latent:
+1), or tp under attention data parallelism, where every chip also holds the full attention weights.
 
 SRAM machines (Cerebras wafers, Groq chips) are not bandwidth-bound at small batch; the token walks
 through the layers and across the chips holding them::
@@ -221,7 +226,9 @@ def weight_split(system: System) -> tuple[float, float]:
     dev = system.device
     per_chip = weight_bytes(system.model, system.precision) / system.chips
     if system.attention_dp:  # a full copy of the attention weights on every chip
-        per_chip += attention_params(system.model) * bytes_per_param(system.precision) * (1 - 1 / system.chips)
+        per_chip += (
+            attention_params(system.model) * bytes_per_param(system.precision) * (1 - 1 / system.chips)
+        )
     usable = dev.capacity_bytes * system.eff.usable_memory
     if per_chip <= usable or dev.offload_gb is None:
         return per_chip, 0.0
