@@ -270,7 +270,7 @@ def test_json_file_output(tmp_path):
 def test_shipped_defaults_are_the_full_data_fit():
     rep = val.run()
     for name, value in rep.theta_all.items():
-        assert getattr(hm.DEFAULT_EFFICIENCY, name) == pytest.approx(value, abs=0.01), name
+        assert getattr(hm.DEFAULT_EFFICIENCY, name) == pytest.approx(value, rel=0.03, abs=0.005), name
 
 
 def test_pipeline_config_takes_own_device_and_model_for_agent_and_council(tmp_path):
@@ -310,3 +310,62 @@ def test_offload_tier_only_when_no_width_holds_the_weights_in_hbm():
     assert s70.chips == 4 and hm.weight_split(s70)[1] == 0
     gh = hm.make_system(cat.device("gh200"), cat.model("llama-3.1-70b"))
     assert gh.chips == 1 and hm.weight_split(gh)[1] > 0
+
+
+def test_stack_without_gqa_sharing_rereads_kv_per_query_head():
+    old, new = cat.stack("trtllm-v0.6"), cat.stack("trtllm")
+    assert not old.gqa_kv_shared and new.gqa_kv_shared
+    gqa = [system("h100-sxm", "llama-2-70b", tp=4, precision="fp8", stack=s) for s in (old, new)]
+    kv_old, kv_new = (float(hm.step_parts(s, 64, 64 * 2048).kv_s) for s in gqa)
+    # decode reads grow by the group size (64 query heads / 8 KV heads), the newly written tokens do not
+    assert 7.5 * kv_new < kv_old < 8.0 * kv_new
+    mha = [system("h100-sxm", "llama-2-7b", tp=1, precision="fp8", stack=s) for s in (old, new)]
+    assert float(hm.step_parts(mha[0], 64, 64 * 2048).kv_s) == float(
+        hm.step_parts(mha[1], 64, 64 * 2048).kv_s
+    )
+    # prefill attention (context FMHA) is not affected
+    pre = [float(hm.step_parts(s, 0, 0, prefill_tokens=2048).kv_s) for s in gqa]
+    assert pre[0] == pre[1]
+
+
+def test_attention_dp_splits_the_mla_cache_by_sequence_and_replicates_attention_weights():
+    import dataclasses
+
+    tp = system("h200-sxm", "deepseek-r1", tp=8, precision="fp8")
+    dp = dataclasses.replace(tp, attention_dp=True)
+    assert hm.kv_shards(tp.model, 8) == 1 and hm.kv_shards(tp.model, 8, attention_dp=True) == 8
+    assert hm.max_sequences(dp, 3072) > 4 * hm.max_sequences(tp, 3072)  # less the attention copies
+    a, b = hm.step_parts(tp, 256, 256 * 2048), hm.step_parts(dp, 256, 256 * 2048)
+    assert float(b.kv_s) == pytest.approx(float(a.kv_s) / 8)
+    assert float(b.dense_s) > float(a.dense_s)  # every chip streams the whole attention weights
+    assert hm.weight_split(dp)[0] > hm.weight_split(tp)[0]
+
+
+def test_per_sequence_host_cost_grows_with_the_batch():
+    v0, v1 = cat.stack("vllm-v0"), cat.stack("vllm")
+    assert v0.seq_overhead_us > 0 and v1.seq_overhead_us == 0
+    old, new = (system("h100-sxm", "llama-3.1-8b", tp=1, stack=s) for s in (v0, v1))
+    gap = [float(hm.decode_step_s(old, b, 1024) - hm.decode_step_s(new, b, 1024)) for b in (1, 64, 256)]
+    assert gap[0] == pytest.approx(v0.seq_overhead_us * 1e-6)
+    assert gap[2] == pytest.approx(256 * v0.seq_overhead_us * 1e-6)
+    assert gap[0] < gap[1] < gap[2]
+
+
+def test_loaded_server_itl_includes_newcomers_prefill():
+    base = dict(
+        id="x", device="h100-sxm", chips=2, model="llama-3.1-70b", precision="fp8", prompt_tokens=5000,
+        output_tokens=500, stack="nim", value=1.0, date="2025", source="s", tier=2,
+    )  # fmt: skip
+    loaded = val.prepare(val.Point(**base, batch=25, metric="itl_ms"))
+    static = val.prepare(val.Point(**base, batch=25, metric="e2e_latency_s"))
+    assert loaded.decode is not None and static.decode is not None
+    assert float(loaded.decode.flops_s) > 1.5 * float(static.decode.flops_s)  # 250 prompt tokens a step
+    alone = val.prepare(val.Point(**base, batch=1, metric="itl_ms"))
+    assert alone.decode is not None
+    assert float(alone.decode.flops_s) == float(
+        hm.step_parts(
+            hm.System(cat.device("h100-sxm"), cat.model("llama-3.1-70b"), "fp8", 2, stack=cat.stack("nim")),
+            1,
+            5250,
+        ).flops_s
+    )

@@ -171,6 +171,11 @@ class ModelSpec(BaseModel):
         return float(self.vocab * self.hidden)
 
     @property
+    def gqa_group(self) -> float:
+        """Query heads per KV head (1 for MHA and for MLA, whose latent every head reads once)."""
+        return 1.0 if self.kv_dim is not None else self.heads / self.kv_heads
+
+    @property
     def kv_elems_per_token(self) -> int:
         """KV-cache elements stored per token, all layers (GQA-aware; MLA via ``kv_dim``)."""
         per_layer = self.kv_dim if self.kv_dim is not None else 2 * self.kv_heads * self.head_dim
@@ -188,7 +193,10 @@ class Stack(BaseModel):
     layer_overhead_us: float = Field(ge=0)  # per layer per step: kernel gaps, norms, rotary
     prefill_layer_overhead_us: float = Field(ge=0)  # extra per layer when a step prefills (eager launches)
     request_overhead_ms: float = Field(ge=0)  # per request, on TTFT: tokenise, admit, first sample, API
+    seq_overhead_us: float = Field(default=0.0, ge=0)  # per running sequence per step, host side
     multi_chip: Literal["tensor", "pipeline"] = "tensor"  # how it spreads a model over several chips
+    # False: the decode attention kernel reads a GQA group's shared KV head once per query head
+    gqa_kv_shared: bool = True
     sources: dict[str, str]
 
     @model_validator(mode="after")
@@ -198,6 +206,10 @@ class Stack(BaseModel):
             for f in ("step_overhead_us", "layer_overhead_us", "request_overhead_ms")
             if not self.sources.get(f)
         ]
+        if self.seq_overhead_us > 0 and not self.sources.get("seq_overhead_us"):
+            missing.append("seq_overhead_us")
+        if not self.gqa_kv_shared and not self.sources.get("gqa_kv_shared"):
+            missing.append("gqa_kv_shared")
         if missing:
             raise ValueError(f"no source for {', '.join(missing)}")
         return self

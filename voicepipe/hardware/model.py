@@ -8,12 +8,18 @@ tokens. ``T = d·q + n`` tokens go through the weights.
 HBM devices (GPUs, TPUs), per chip of a tensor-parallel group of ``tp``::
 
     w      = η_wq if the precision is weight-only on this device (dequantised in-kernel), else 1
-    t_mem  = (KV(K + m + T)/shards + W_dense/tp / w + W_exp(T)/tp / (w·η_moe)) / (η_mem · BW)
+    t_mem  = (KV(r·K + m + T)/shards + W_dense/tp / w + W_exp(T)/tp / (w·η_moe)) / (η_mem · BW)
              + W_spill/tp / BW_offload
     t_comp = (2·P_matmul·T / peak(precision) + 4·L·H·hd·(q·K + n·(m + n/2)) / peak(bf16)) / (tp · MFU · w)
     t_comm = [tp > 1] · 2·L · (α(tp) + 2·(tp−1)/tp · T·hidden·2 B / (link_BW · η_link))
     α(tp)  = α_2 · (1 + g·log2(tp/2))                       (α_2: the device's measured-class latency)
-    t_step = max(t_mem, t_comp) + t_comm + L·t_layer + L_moe·t_route + t_step_fixed   (stack: t_layer, t_step_fixed)
+    t_step = max(t_mem, t_comp) + t_comm + L·(t_layer + τ) + L_moe·t_route + t_step_fixed
+             + (sequences in the step)·t_seq
+             (stack: t_layer, t_step_fixed, t_seq; fitted: τ, the per-layer cost beyond the stack's)
+
+``r`` is 1, or the GQA group (query heads per KV head) for a stack whose decode attention reads a shared
+KV head once per query head (TensorRT-LLM before v0.7). ``shards`` is min(tp, KV heads) (an MLA latent:
+1), or tp under attention data parallelism, where every chip also holds the full attention weights.
 
 SRAM machines (Cerebras wafers, Groq chips) are not bandwidth-bound at small batch; the token walks
 through the layers and across the chips holding them::
@@ -27,7 +33,7 @@ embedding table is not streamed (one row per token) unless it is tied to the out
 TTFT adds the stack's per-request cost to the prefill step. A batch whose KV does not fit runs as many
 sequences as fit (:func:`predict` says ``fits: false`` and the effective batch).
 
-The efficiency constants η_mem, MFU, η_wq, η_moe are fitted (:mod:`voicepipe.hardware.validate`); every
+The constants η_mem, MFU, η_wq, η_moe and τ are fitted (:mod:`voicepipe.hardware.validate`); every
 step is first split into raw parts (:class:`StepParts`, seconds at efficiency 1) that :func:`combine`
 turns into time, so the fit evaluates thousands of constant sets over all points in one numpy call.
 """
@@ -64,10 +70,11 @@ class Efficiency:
     """Efficiency factors, one set for every HBM device (η_mem, MFU, η_wq, η_moe fitted; see docs §2)."""
 
     # fitted on every point of data/validation.yaml (`voicepipe hardware validate`; docs §2 and §3)
-    eta_mem: float = 0.61  # share of HBM bandwidth a native decode step streams (published 0.6-0.92)
+    eta_mem: float = 0.65  # share of HBM bandwidth a native decode step streams (published 0.6-0.92)
     mfu: float = 0.64  # share of dense peak FLOP/s in matmul-heavy work (published 0.3-0.7)
     eta_wq: float = 1.0  # weight-only kernels' efficiency relative to native ones (dequant in the loop)
     eta_moe: float = 1.0  # expert (grouped-GEMM) streaming efficiency relative to dense GEMV + routing
+    layer_s: float = 13e-6  # per layer per step on HBM devices beyond the stack's own gaps (launch, sync)
     ar_growth: float = 0.5  # all-reduce latency growth per doubling of the TP group beyond 2
     moe_route_s: float = 20e-6  # per MoE layer per step: router, top-k, permute, grouped-GEMM launches
     link_eff: float = 0.45  # share of link bandwidth NCCL reaches at 0.1-10 MB messages
@@ -76,7 +83,7 @@ class Efficiency:
 
 
 DEFAULT_EFFICIENCY = Efficiency()
-FITTED = ("eta_mem", "mfu", "eta_wq", "eta_moe")  # the constants validate fits; the rest are set
+FITTED = ("eta_mem", "mfu", "eta_wq", "eta_moe", "layer_s")  # the constants validate fits; the rest are set
 
 
 @dataclass(frozen=True)
@@ -128,6 +135,9 @@ class System:
     eff: Efficiency = field(default=DEFAULT_EFFICIENCY)
     kv_precision: str | None = None  # None: default_kv_precision(precision)
     stack: Stack | None = None  # None: the catalog's default stack
+    # attention data parallelism (TensorRT-LLM/SGLang "attention DP" for MLA models): each chip runs the
+    # attention of its own 1/chips of the sequences with a full copy of the attention weights
+    attention_dp: bool = False
 
     @property
     def name(self) -> str:
@@ -191,9 +201,20 @@ def matmul_params(model: ModelSpec) -> float:
 # ---------------------------------------------------------------- capacity
 
 
-def kv_shards(model: ModelSpec, chips: int) -> int:
-    """How many ways the KV cache splits across a TP group (KV heads can't split further; MLA: none)."""
+def kv_shards(model: ModelSpec, chips: int, attention_dp: bool = False) -> int:
+    """How many ways the KV cache splits across a group: by sequence under attention DP (every chip
+    holds its own sequences' cache), else by KV head (heads can't split further; an MLA latent: none)."""
+    if attention_dp:
+        return chips
     return 1 if model.kv_dim is not None else max(1, min(chips, model.kv_heads))
+
+
+def attention_params(model: ModelSpec) -> float:
+    """Attention projection params, all layers: Q and O (heads × head_dim each), K and V (GQA heads, or
+    the MLA latent projection, ``hidden × kv_dim``). Low-rank factors of MLA are not counted separately."""
+    qo = 2 * model.heads * model.head_dim
+    kv = model.kv_dim if model.kv_dim is not None else 2 * model.kv_heads * model.head_dim
+    return float(model.layers * model.hidden * (qo + kv))
 
 
 def weight_split(system: System) -> tuple[float, float]:
@@ -204,6 +225,10 @@ def weight_split(system: System) -> tuple[float, float]:
     """
     dev = system.device
     per_chip = weight_bytes(system.model, system.precision) / system.chips
+    if system.attention_dp:  # a full copy of the attention weights on every chip
+        per_chip += (
+            attention_params(system.model) * bytes_per_param(system.precision) * (1 - 1 / system.chips)
+        )
     usable = dev.capacity_bytes * system.eff.usable_memory
     if per_chip <= usable or dev.offload_gb is None:
         return per_chip, 0.0
@@ -228,7 +253,7 @@ def max_sequences(system: System, context: int) -> int:
         if not weights_fit(system):
             return 0
         free = dev.capacity_bytes * system.eff.usable_memory - weight_split(system)[0]
-        per_seq = context * kv_bytes_per_token(m, system.kv) / kv_shards(m, system.chips)
+        per_seq = context * kv_bytes_per_token(m, system.kv) / kv_shards(m, system.chips, system.attention_dp)
     else:
         free = system.chips * dev.capacity_bytes * system.eff.usable_sram - weight_bytes(m, system.precision)
         per_seq = context * kv_bytes_per_token(m, system.kv)
@@ -320,6 +345,7 @@ class StepParts:
     flops_s: FArray  # FLOPs per chip / peak
     comm_s: FArray  # all-reduces (latency + bandwidth), set constants
     fixed_s: FArray  # stack per-step and per-layer costs (SRAM: per-layer time, sweep)
+    layers: FArray  # layers whose fitted per-layer cost τ applies (HBM: all; SRAM: none)
     weight_only: bool | NDArray[np.bool_]
     sram: bool | NDArray[np.bool_]
 
@@ -385,8 +411,10 @@ def step_parts(
     attn_dim = m.heads * m.head_dim
     linear = 2.0 * matmul_params(m) * tokens
     attention = 4.0 * m.layers * attn_dim * (q * kv + n * (c + n / (2.0 * ps)))
-    kv_bytes = (kv + np.where(n > 0, c, 0.0) + tokens) * kvb
     stk = system.serving
+    # a decode kernel that does not share a GQA group's KV head reads it once per query head
+    reread = 1.0 if stk.gqa_kv_shared else m.gqa_group
+    kv_bytes = (reread * kv + np.where(n > 0, c, 0.0) + tokens) * kvb
     # tensor parallelism splits every step's work over the chips; a pipeline (llama.cpp's layer split)
     # runs the chips in turn, so a step costs one chip's time for all the work plus the hops between
     pipeline = dev.kind == "hbm" and stk.multi_chip == "pipeline" and system.chips > 1
@@ -406,10 +434,12 @@ def step_parts(
             ring = 2.0 * (tp - 1) / tp * tokens * m.hidden * 2.0 / link
             comm = allreduces_per_step(m, tp) * (allreduce_latency_s(dev, tp, eff) + ring) + zero
         offload_bw = float(dev.offload_bw_tbs or 1.0) * 1e12
-        weights_s = (dense_p + expert_p) * bpp / par
+        # attention DP: every chip streams the whole attention weights, not a 1/tp slice of them
+        replicated = attention_params(m) * (1.0 - 1.0 / par) if system.attention_dp else 0.0
+        weights_s = ((dense_p + expert_p) / par + replicated) * bpp
         return StepParts(
-            kv_s=kv_bytes / (1 if pipeline else kv_shards(m, tp)) / bw + zero,
-            dense_s=dense_p * bpp / par * hbm_share / bw + zero,
+            kv_s=kv_bytes / (1 if pipeline else kv_shards(m, tp, system.attention_dp)) / bw + zero,
+            dense_s=(dense_p / par + replicated) * bpp * hbm_share / bw + zero,
             expert_s=expert_p * bpp / par * hbm_share / bw + zero,
             spill_s=weights_s * (1.0 - hbm_share) / offload_bw + zero,
             flops_s=flops_s,
@@ -417,7 +447,10 @@ def step_parts(
             fixed_s=zero
             + m.layers * (stk.layer_overhead_us + np.where(n > 0, stk.prefill_layer_overhead_us, 0.0)) * 1e-6
             + m.routed_layers * eff.moe_route_s
-            + stk.step_overhead_us * 1e-6,
+            + stk.step_overhead_us * 1e-6
+            # host work per running sequence (schedule, prepare inputs, sample, detokenise)
+            + (d + np.where(n > 0, ps, 0.0)) * stk.seq_overhead_us * 1e-6,
+            layers=zero + m.layers,
             weight_only=dev.weight_only(system.precision),
             sram=False,
         )
@@ -431,13 +464,19 @@ def step_parts(
         flops_s=flops_s,
         comm_s=zero + (system.chips - 1) * float(dev.hop_us or 0) * 1e-6,
         fixed_s=zero + m.layers * float(dev.layer_us or 0) * 1e-6 + sweep,
+        layers=zero,
         weight_only=False,
         sram=True,
     )
 
 
 def combine(
-    parts: StepParts, eta_mem: ArrayLike, mfu: ArrayLike, eta_wq: ArrayLike, eta_moe: ArrayLike
+    parts: StepParts,
+    eta_mem: ArrayLike,
+    mfu: ArrayLike,
+    eta_wq: ArrayLike,
+    eta_moe: ArrayLike,
+    layer_s: ArrayLike = 0.0,
 ) -> tuple[FArray, FArray, FArray]:
     """(memory, compute, total) seconds from raw parts and efficiencies (arrays broadcast: the fit
     passes a column of candidate constants against a row of points)."""
@@ -449,7 +488,11 @@ def combine(
     compute = parts.flops_s / (np.asarray(mfu, dtype=float) * w)
     # HBM: the roofline's max; SRAM: the token walks layers, so its parts add up
     busy = np.where(parts.sram, memory + compute, np.maximum(memory, compute))
-    return memory, compute, busy + parts.comm_s + parts.fixed_s
+    return (
+        memory,
+        compute,
+        busy + parts.comm_s + parts.fixed_s + parts.layers * np.asarray(layer_s, dtype=float),
+    )
 
 
 def step_time(
@@ -471,8 +514,8 @@ def step_time(
         prefill_cached=prefill_cached,
     )
     e = system.eff
-    memory, compute, total = combine(parts, e.eta_mem, e.mfu, e.eta_wq, e.eta_moe)
-    return StepTime(memory, compute, parts.comm_s, parts.fixed_s, total)
+    memory, compute, total = combine(parts, e.eta_mem, e.mfu, e.eta_wq, e.eta_moe, e.layer_s)
+    return StepTime(memory, compute, parts.comm_s, parts.fixed_s + parts.layers * e.layer_s, total)
 
 
 def mixed_step_s(

@@ -3,18 +3,20 @@
 ``data/validation.yaml`` lists published points (device, chips, model, precision, KV precision, batch,
 prompt/output tokens, stack, metric, value, source, tier). Each answerable point is reduced once to the
 raw parts of the engine steps its metric needs (:func:`voicepipe.hardware.model.step_parts`); a metric
-is then a closed-form function of those parts and the constants θ = (η_mem, MFU, η_wq, η_moe)::
+is then a closed-form function of those parts and the constants θ = (η_mem, MFU, η_wq, η_moe, τ)::
 
     decode   t_d = step(B sequences at context P + O/2)
     prefill  t_p = step(B prompts of P tokens at once) + stack request cost
     tpot_ms, itl_ms = t_d             tok_s_user = 1/t_d        ttft_ms = t_p
     tok_s_total = B·O / (t_p + O·t_d)          e2e_latency_s, e2el_ms = t_p + (O − 1)·t_d
 
-(B is the batch that fits when the published one does not.) The fit minimises the mean absolute log
-error over the training points by a coarse-to-fine grid over θ inside published ranges, with a weak pull
-towards published mid-range values so constants no training point constrains stay there. All candidate θ are
-evaluated in one numpy broadcast, so a fit takes milliseconds and leave-one-source-out (refit without
-every point of one source, predict that source) takes well under a second.
+(B is the batch that fits when the published one does not.) A per-token metric at concurrency B > 1 is
+a loaded server's mean step: besides B decodes it prefills B·P/O prompt tokens (every request brings P
+prompt tokens per O output tokens), on average half-way into their prompt. The fit minimises the mean absolute log
+error over the training points inside published ranges (a coarse grid, then a pattern search), with a
+weak pull towards published mid-range values so constants no training point constrains stay there.
+Candidate θ are evaluated in one numpy broadcast, so a fit takes tens of milliseconds and
+leave-one-source-out (refit without every point of one source, predict that source) about a second.
 """
 
 from __future__ import annotations
@@ -52,16 +54,14 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "mfu": (0.25, 0.80),
     "eta_wq": (0.35, 1.0),
     "eta_moe": (0.35, 1.0),
+    "layer_s": (1e-6, 60e-6),
 }
+# per-token metrics of a server under steady concurrent load (the others time whole static batches)
+STEADY_STATE = ("tpot_ms", "itl_ms", "tok_s_user")
 DEFAULT_PROMPT, DEFAULT_OUTPUT = 1024, 256  # where a source publishes no lengths (as `hardware predict`)
 SATURATED = 512  # cap on "as many as fit" for a saturated server (trtllm-bench/vLLM throughput runs)
-PRIOR_WEIGHT = 0.002
-PRIOR = {
-    "eta_mem": 0.80,
-    "mfu": 0.60,
-    "eta_wq": 0.70,
-    "eta_moe": 0.70,
-}  # published mid-ranges  # weak pull to the defaults: only decides constants the data leaves free
+PRIOR_WEIGHT = 0.002  # weak pull to published mid-range values: decides only what the data leave free
+PRIOR = {"eta_mem": 0.80, "mfu": 0.60, "eta_wq": 0.70, "eta_moe": 0.70, "layer_s": 10e-6}
 
 
 class Point(BaseModel):
@@ -79,6 +79,7 @@ class Point(BaseModel):
     )  # 0: pure decode (llama-bench tg); None: unpublished
     output_tokens: int | None = Field(default=None, ge=1)
     stack: str
+    attention_dp: bool = False  # the source runs attention data-parallel (each chip its own sequences)
     metric: Metric
     value: float = Field(gt=0)
     date: str
@@ -160,12 +161,21 @@ def prepare(p: Point) -> Prepared:
             return Prepared(
                 p, reason=f"{p.chips} chips exceed {dev.key}'s tensor-parallel group ({dev.max_tp})"
             )
-        system = System(dev, mdl, p.precision, p.chips, DEFAULT_EFFICIENCY, p.kv_precision, stk)
+        system = System(
+            dev, mdl, p.precision, p.chips, DEFAULT_EFFICIENCY, p.kv_precision, stk, p.attention_dp
+        )
         batch = min(asked, max_sequences(system, ctx_max))
         if batch < 1:
             return Prepared(p, reason=f"weights do not fit {p.chips} x {dev.key} at {p.precision}")
     ctx = prompt + out / 2.0
-    decode = step_parts(system, batch, batch * ctx)
+    if p.metric in STEADY_STATE and batch > 1:
+        # a loaded server's mean step also prefills newcomers: B requests of P prompt and O output
+        # tokens bring B·P/O prompt tokens per step, on average half-way into their prompt
+        decode = step_parts(
+            system, batch, batch * ctx, prefill_tokens=batch * prompt / out, prefill_cached=prompt / 2.0
+        )
+    else:
+        decode = step_parts(system, batch, batch * ctx)
     # all B prompts in one prefill pass: B·P tokens through the weights, attention per prompt (P²/2 each)
     prefill = step_parts(system, 0, 0, prefill_tokens=batch * max(prompt, 1), prefill_seqs=batch)
     return Prepared(
@@ -235,20 +245,25 @@ def _loss(b: Batch, theta: FArray) -> FArray:
     return err + PRIOR_WEIGHT * prior
 
 
-def fit(b: Batch, rounds: int = 6, steps: int = 5) -> FArray:
-    """θ minimising the loss: a ``steps``⁴ grid over BOUNDS, then finer grids around the best."""
+def fit(b: Batch, start_steps: int = 3, tol: float = 1e-3) -> FArray:
+    """θ minimising the loss inside BOUNDS: the best of a coarse ``start_steps``^k grid, then a pattern
+    search (each round tries ± one step along every axis at once, halving the step when none helps)."""
     lo = np.array([BOUNDS[k][0] for k in FITTED])
     hi = np.array([BOUNDS[k][1] for k in FITTED])
-    best = (lo + hi) / 2.0
-    span = hi - lo
-    for _ in range(rounds):
-        axes = [
-            np.clip(np.linspace(c - s / 2, c + s / 2, steps), a, z)
-            for c, s, a, z in zip(best, span, lo, hi, strict=True)
-        ]
-        grid = np.stack(np.meshgrid(*axes, indexing="ij"), axis=-1).reshape(-1, len(FITTED))
-        best = grid[int(np.argmin(_loss(b, grid)))]
-        span = span * 2.0 / (steps - 1)
+    axes = [np.linspace(a, z, start_steps + 2)[1:-1] for a, z in zip(lo, hi, strict=True)]
+    grid = np.stack(np.meshgrid(*axes, indexing="ij"), axis=-1).reshape(-1, len(FITTED))
+    losses = _loss(b, grid)
+    best, best_loss = grid[int(np.argmin(losses))], float(losses.min())
+    step = (hi - lo) / (start_steps + 1) / 2.0
+    moves = np.concatenate([np.diag(np.ones(len(FITTED))), -np.diag(np.ones(len(FITTED)))])
+    while np.any(step / (hi - lo) > tol):
+        cand = np.clip(best + moves * step, lo, hi)
+        cl = _loss(b, cand)
+        i = int(np.argmin(cl))
+        if cl[i] < best_loss - 1e-12:
+            best, best_loss = cand[i], float(cl[i])
+        else:
+            step = step / 2.0
     return best
 
 
@@ -295,7 +310,7 @@ def run() -> Report:
         for x, v in zip(test, predicted(batch_of(test), theta)[0], strict=True):
             loso[x.point.id] = float(v)
     rows = tuple(Row(x.point, loso.get(x.point.id), x.reason) for x in prepared)
-    return Report(rows, dict(zip(FITTED, (round(float(v), 3) for v in theta_all), strict=True)), len(sources))
+    return Report(rows, dict(zip(FITTED, (float(f"{v:.3g}") for v in theta_all), strict=True)), len(sources))
 
 
 def _short(url: str) -> str:
@@ -309,7 +324,9 @@ def summary_lines(rep: Report) -> list[str]:
         return f"median {np.median(errs) * 100:.1f} %, worst {errs.max() * 100:.1f} % over {len(errs)} points"
 
     unanswered = sum(1 for r in rep.rows if r.predicted is None)
-    theta = ", ".join(f"{k} {v:g}" for k, v in rep.theta_all.items())
+    theta = ", ".join(
+        f"{k} {v * 1e6:.3g} µs" if k.endswith("_s") else f"{k} {v:g}" for k, v in rep.theta_all.items()
+    )
     return [
         f"leave-one-source-out absolute error, tier 1: {stat(rep.errors(1))}",
         f"leave-one-source-out absolute error, all tiers: {stat(rep.errors())}",
