@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests.conftest import fast_config
 from voicepipe.runner import run_pipeline
 from voicepipe.scenario import CacheEntry, Scenario, Turn
@@ -126,6 +128,9 @@ async def test_draft_refine_speaks_the_draft_and_pays_for_the_refine():
     draft = (await run_pipeline(fast_config(*common, "council.aggregation=draft-refine"), [scen], 1)).records[
         0
     ]
-    assert abs(draft.measured_ms - first.measured_ms) < 60  # the draft is spoken as fast as `first`
+    # the draft is spoken as fast as `first`: the same modelled chain (measured times differ by the tax of two
+    # separate live runs, which a loaded box can push past any tight margin)
+    assert draft.predicted_ms == pytest.approx(first.predicted_ms, abs=1.0)
+    assert abs(draft.measured_ms - first.measured_ms) < 250
     assert draft.cost_usd > first.cost_usd  # the refine call on the judge's backend is paid for
     assert draft.quality == first.quality  # quality of what was heard
