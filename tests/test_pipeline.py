@@ -80,7 +80,13 @@ async def test_malformed_messages_are_dead_lettered_and_the_run_completes(mosqui
             await c.publish(
                 "voicepipe/dl1/tiny-0/route", json.dumps({"v": 1, "type": "route"}).encode(), qos=1
             )
-            wrong = {"v": 1, "type": "control.cancel", "run": "dl1", "session": "tiny-0", "payload": {"reason": "heard"}}
+            wrong = {
+                "v": 1,
+                "type": "control.cancel",
+                "run": "dl1",
+                "session": "tiny-0",
+                "payload": {"reason": "heard"},
+            }
             await c.publish("voicepipe/dl1/tiny-0/asr/final", json.dumps(wrong).encode(), qos=1)
 
     async def collect(ready: asyncio.Event) -> None:

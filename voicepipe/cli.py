@@ -387,7 +387,9 @@ def compare(
     otel: Annotated[Path | None, typer.Option("--otel", help="Per-turn spans as OTLP/JSON traces.")] = None,
     predict: Annotated[
         bool,
-        typer.Option("--predict", help="Predict on virtual time instead of running (no waiting; for large grids)."),
+        typer.Option(
+            "--predict", help="Predict on virtual time instead of running (no waiting; for large grids)."
+        ),
     ] = False,
 ) -> None:
     """Run the same scenarios under several configurations: one row each with latency, budget share, cost.

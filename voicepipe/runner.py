@@ -228,7 +228,9 @@ async def run_pipeline(
             if on_ready:
                 on_ready(result)
 
-        await play_sessions(stack, stages, spread_slots(cfg, scenarios, sessions), result, before=wait_external)
+        await play_sessions(
+            stack, stages, spread_slots(cfg, scenarios, sessions), result, before=wait_external
+        )
     return result
 
 
