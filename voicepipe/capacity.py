@@ -314,7 +314,8 @@ class Limit:
             return f"{self.label}: p90 is over {b} already at {at} — no tested load fits"
         ok = f"{self.largest_ok.load.value:g} {unit}"
         if self.first_over is None:
-            return f"{self.label}: p90 inside {b} at every tested load, up to {ok} (p90 {_ms(self.largest_ok.p90_ms)} ms)"
+            p90 = _ms(self.largest_ok.p90_ms)
+            return f"{self.label}: {ok}, the largest load tested, keep p90 inside {b} (p90 {p90} ms)"
         est = f" (≈ {self.crossing:,.0f} by linear interpolation)" if self.crossing is not None else ""
         return (
             f"{self.label}: up to {ok} keep p90 inside {b} (p90 {_ms(self.largest_ok.p90_ms)} ms); "
