@@ -197,9 +197,7 @@ def register(cli: ModuleType) -> None:
     ) -> None:
         """How many concurrent conversations (or calls per minute) keep p90 inside the budget, per configuration.
 
-        Runs the pipeline's own stages on virtual time at each load level: p50/p90/p99, share within budget,
-        queue wait and busy share of each shared device, decode rate per user, cost per hour; then the answer
-        line per configuration. Modelled — no bus tax.
+        Runs the pipeline's own stages on virtual time at each load level: p50/p90/p99, share within budget, queue wait and busy share of each shared device, decode rate per user, cost per hour; then the answer line per configuration. Modelled: no bus tax.
         """
         from voicepipe.compare import plan_variants
         from voicepipe.config import load_config
