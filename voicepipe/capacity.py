@@ -258,13 +258,23 @@ def run_level(
     wall = time.perf_counter() - wall
     if res.first_error:
         raise ValueError(res.first_error)
+    return level_of(label, cfg, load, p, res, t0, replies, wall)
+
+
+def level_of(
+    label: str, cfg: PipelineConfig, load: Load, p: Plan, res: RunResult, t0: int,
+    replies: list[_Reply] | None = None, wall_s: float = 0.0, latency: str = "measured_ms",
+) -> Level:  # fmt: skip
+    """A load level's statistics from a run of plan ``p`` started at ``t0`` (virtual or live): the turns
+    whose end of speech is in the plan's window. ``latency``: the record field summarised (a live run's
+    ``predicted_ms`` is its modelled part)."""
     lo_rel, hi_rel = p.window_ns
     last = max((r.end_of_speech_ns or 0) for r in res.records) if res.records else t0
     lo, hi = t0 + lo_rel, min(t0 + hi_rel, last + 1)
     counted = [r for r in res.records if r.end_of_speech_ns is not None and lo <= r.end_of_speech_ns < hi]
     if not counted:  # a window too short for a single turn: use them all
         counted, lo, hi = res.records, t0, last + 1
-    ms = [r.measured_ms for r in counted if r.measured_ms is not None]
+    ms = [v for r in counted if (v := getattr(r, latency)) is not None]
     window_s = max(hi - lo, 1.0) / NS
     budget = cfg.budget_ms
     return Level(
@@ -276,12 +286,11 @@ def run_level(
         p50_ms=percentile(ms, 50),
         p90_ms=percentile(ms, 90),
         p99_ms=percentile(ms, 99),
-        within_budget=sum(1 for r in counted if r.measured_ms is not None and r.measured_ms <= budget)
-        / len(counted),
-        cost_per_hour_usd=sum(r.cost_usd for r in counted) / window_s * 3600 if window_s > 0 else 0.0,
+        within_budget=sum(1 for v in ms if v <= budget) / len(counted) if counted else 0.0,
+        cost_per_hour_usd=sum(r.cost_usd for r in counted) / window_s * 3600,
         window_s=window_s,
-        devices=_devices(counted, replies, lo, hi),
-        wall_s=wall,
+        devices=_devices(counted, replies or [], lo, hi),
+        wall_s=wall_s,
         stage_errors=res.stage_errors,
     )
 
@@ -305,7 +314,8 @@ class Limit:
             return f"{self.label}: p90 is over {b} already at {at} — no tested load fits"
         ok = f"{self.largest_ok.load.value:g} {unit}"
         if self.first_over is None:
-            return f"{self.label}: p90 inside {b} at every tested load, up to {ok} (p90 {_ms(self.largest_ok.p90_ms)} ms)"
+            p90 = _ms(self.largest_ok.p90_ms)
+            return f"{self.label}: {ok}, the largest load tested, keep p90 inside {b} (p90 {p90} ms)"
         est = f" (≈ {self.crossing:,.0f} by linear interpolation)" if self.crossing is not None else ""
         return (
             f"{self.label}: up to {ok} keep p90 inside {b} (p90 {_ms(self.largest_ok.p90_ms)} ms); "

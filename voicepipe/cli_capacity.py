@@ -40,16 +40,21 @@ def _devices_cell(lv: Level, attr: str, fmt: str) -> str:
 
 
 def capacity_table(levels: Sequence[Level], budget_ms: float, title: str) -> Table:
-    several = len({lv.label for lv in levels}) > 1
+    from voicepipe.compare import display_names
+
+    labels = list(dict.fromkeys(lv.label for lv in levels))
+    several = len(labels) > 1
+    heading, names = display_names(labels)
+    short = dict(zip(labels, names, strict=True))
     t = Table(title=title, header_style="bold", box=box.SIMPLE_HEAD, caption=MODELLED, padding=(0, 1, 0, 0))
-    heads = [*(["config"] if several else []), "load", "turns", "p50", "p90", "p99", f"≤{budget_ms:g}",
+    heads = [*([heading] if several else []), "load", "turns", "p50", "p90", "p99", f"≤{budget_ms:g}",
              "queue ms", "tok/s/user", "busy", "$/hour"]  # fmt: skip
     for h in heads:
-        t.add_column(h, justify="left" if h in ("config", "load") else "right", no_wrap=h != "config")
+        t.add_column(h, justify="left" if h in (heading, "load") else "right", no_wrap=h != heading)
     for lv in levels:
         over = lv.p90_ms is None or lv.p90_ms > budget_ms
         t.add_row(
-            *([lv.label] if several else []), lv.load.label, str(lv.turns), _ms(lv.p50_ms),
+            *([short[lv.label]] if several else []), lv.load.label, str(lv.turns), _ms(lv.p50_ms),
             f"[bold red]{_ms(lv.p90_ms)}[/]" if over else f"[green]{_ms(lv.p90_ms)}[/]", _ms(lv.p99_ms),
             f"{lv.within_budget * 100:.0f}%", _devices_cell(lv, "queue_mean_ms", ".1f"),
             _devices_cell(lv, "user_tok_s", ".0f"), _devices_cell(lv, "busy_share", ".0%"),
@@ -192,9 +197,7 @@ def register(cli: ModuleType) -> None:
     ) -> None:
         """How many concurrent conversations (or calls per minute) keep p90 inside the budget, per configuration.
 
-        Runs the pipeline's own stages on virtual time at each load level: p50/p90/p99, share within budget,
-        queue wait and busy share of each shared device, decode rate per user, cost per hour; then the answer
-        line per configuration. Modelled — no bus tax.
+        Runs the pipeline's own stages on virtual time at each load level: p50/p90/p99, share within budget, queue wait and busy share of each shared device, decode rate per user, cost per hour; then the answer line per configuration. Modelled: no bus tax.
         """
         from voicepipe.compare import plan_variants
         from voicepipe.config import load_config

@@ -259,10 +259,17 @@ class Envelope(BaseModel):
         """A new envelope around an already validated payload (built without validating it again)."""
         if not isinstance(payload, Payload | TurnRecord):
             raise TypeError(f"not a message payload: {type(payload).__name__}")
-        return cls.model_construct(
-            type=type_of(payload), run=run, session=session, turn=turn, id=next_id(), sent_ns=clock.now_ns(),
-            spans=spans or [], payload=payload, v=SCHEMA_VERSION,
-        )  # fmt: skip
+        # what model_construct does, without its per-field default handling (this is the bus's hot path)
+        env = object.__new__(cls)
+        fields = {
+            "v": SCHEMA_VERSION, "type": type_of(payload), "run": run, "session": session, "turn": turn,
+            "id": next_id(), "sent_ns": clock.now_ns(), "spans": spans or [], "payload": payload,
+        }  # fmt: skip
+        object.__setattr__(env, "__dict__", fields)
+        object.__setattr__(env, "__pydantic_fields_set__", set(_ALL_FIELDS))
+        object.__setattr__(env, "__pydantic_extra__", None)
+        object.__setattr__(env, "__pydantic_private__", None)
+        return env
 
     def to_bytes(self) -> bytes:
         return self.model_dump_json().encode()
@@ -280,6 +287,7 @@ class Envelope(BaseModel):
         }
 
 
+_ALL_FIELDS = frozenset(Envelope.model_fields)
 _VARIANTS = tuple(
     create_model(
         f"{model.__name__}Message",

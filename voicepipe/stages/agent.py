@@ -146,19 +146,18 @@ class Agent(Stage):
         super().__init__(*a, **kw)
         self.backends = {n: self.ctx.backends.get(spec) for n, spec in self.cfg.agent.backends().items()}
         self.history: dict[str, int] = {}
-        self.running: dict[tuple[str, Any], Generation] = {}  # (session, task key)
-        self.wasted: dict[tuple[str, int], tuple[int, float]] = {}  # tokens, USD
+        self.running: dict[str, dict[Any, Generation]] = {}  # session -> task key -> request
+        self.wasted: dict[str, dict[int, tuple[int, float]]] = {}  # session -> turn -> (tokens, USD)
         self.on("route", self.route)
         self.on("control.cancel", self.cancelled)
 
     def forget(self, session: str) -> None:
         self.history.pop(session, None)
-        for d in (self.running, self.wasted):
-            for k in [k for k in d if k[0] == session]:
-                del d[k]
+        self.running.pop(session, None)
+        self.wasted.pop(session, None)
 
     async def on_script(self, env: Envelope) -> None:
-        self.wasted.pop((env.session, env.turn - 2), None)
+        self.wasted.get(env.session, {}).pop(env.turn - 2, None)
 
     async def cancelled(self, env: Envelope) -> None:
         """Stop generating: a preemptive attempt that did not match, a withdrawn segment, a barge-in.
@@ -173,18 +172,20 @@ class Agent(Stage):
         else:
             seg = p.segment
             match = lambda k: k[0] == env.turn and (seg is None or k[1] == seg)  # noqa: E731
-        for (session, key), gen in list(self.running.items()):
-            if session == env.session and match(key):
-                self._waste(session, env.turn, gen)
-                del self.running[(session, key)]
+        running = self.running.get(env.session, {})
+        for key, gen in list(running.items()):
+            if match(key):
+                self._waste(env.session, env.turn, gen)
+                del running[key]
         self.cancel(env.session, match)
 
     def _waste(self, session: str, turn: int, gen: Generation) -> None:
         """Count what a cancelled request had already cost: its prompt and the tokens made by now."""
         made = tokens_by(gen.stream, len(gen.tokens), now_ns())
         gen.stream.cancel()
-        tokens, usd = self.wasted.get((session, turn), (0, 0.0))
-        self.wasted[(session, turn)] = (
+        wasted = self.wasted.setdefault(session, {})
+        tokens, usd = wasted.get(turn, (0, 0.0))
+        wasted[turn] = (
             tokens + made,
             usd + request_cost(gen.backend, gen.prompt, gen.cached, made),
         )
@@ -201,7 +202,7 @@ class Agent(Stage):
         if self.is_dropped(env):
             return
         if p.target == Target.COMMIT:
-            gen = self.running.get((env.session, (env.turn, "pre", p.attempt)))
+            gen = self.running.get(env.session, {}).get((env.turn, "pre", p.attempt))
             if gen is not None and not gen.commit.is_set():
                 gen.commit_env = env
                 gen.commit.set()
@@ -217,7 +218,7 @@ class Agent(Stage):
         if not p.hold:
             gen.commit.set()
             self._remember(env, gen)
-        self.running[(env.session, key)] = gen
+        self.running.setdefault(env.session, {})[key] = gen
         self.spawn(env.session, key, self._run(env, gen, key))
 
     def _start(self, env: Envelope, script: TurnScript, agent: str) -> Generation:
@@ -234,7 +235,7 @@ class Agent(Stage):
 
     async def _run(self, env: Envelope, gen: Generation, key: Any) -> None:
         def meta_of(head: Envelope) -> TurnMeta:
-            wasted_tokens, wasted_usd = self.wasted.get((env.session, env.turn), (0, 0.0))
+            wasted_tokens, wasted_usd = self.wasted.get(env.session, {}).get(env.turn, (0, 0.0))
             prompt, cached, output = gen.billed()
             return TurnMeta(
                 backend=gen.backend.name,
@@ -252,6 +253,7 @@ class Agent(Stage):
         except EndpointError as exc:  # a real model failed: the turn fails with the reason, the run goes on
             await fail_turn(self, env, str(exc))
         finally:
-            if self.running.get((env.session, key)) is gen:
-                del self.running[(env.session, key)]
+            running = self.running.get(env.session)
+            if running is not None and running.get(key) is gen:
+                del running[key]
             gen.stream.cancel()

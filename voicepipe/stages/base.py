@@ -48,13 +48,14 @@ class Stage:
         self.ready = asyncio.Event()
         self.handlers: dict[str, Handler] = {}
         # the scripted turns (turn.script: reference reply, hints) of stages that subscribe to them
-        self.scripts: dict[tuple[str, int], TurnScript] = {}
+        # per session (so ending one session never scans the others): turn -> script
+        self.scripts: dict[str, dict[int, TurnScript]] = {}
         if "turn/script" in self.channels:
             self.on("turn.script", self._script)
         # segments the ASR withdrew (the user resumed after a premature endpoint), and effects on the
         # conversation (history, learned answers) that wait for the turn to be over
-        self.dropped: set[tuple[str, int, int]] = set()
-        self.pending: dict[tuple[str, int, int], list[Callable[[], None]]] = {}
+        self.dropped: dict[str, set[tuple[int, int]]] = {}  # session -> (turn, segment)
+        self.pending: dict[str, dict[tuple[int, int], list[Callable[[], None]]]] = {}
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -65,9 +66,9 @@ class Stage:
                 self.end_session(env.session)
                 continue
             if env.type == "control.cancel" and env.payload.reason == CancelReason.USER_RESUMED:
-                key = (env.session, env.turn, env.payload.segment or 0)
-                self.dropped.add(key)
-                self.pending.pop(key, None)
+                key = (env.turn, env.payload.segment or 0)
+                self.dropped.setdefault(env.session, set()).add(key)
+                self.pending.get(env.session, {}).pop(key, None)
             handler = self.handlers.get(env.type)
             if handler is None:
                 continue
@@ -126,36 +127,39 @@ class Stage:
     def end_session(self, session: str) -> None:
         for task in self.tasks.pop(session, {}).values():
             task.cancel()
-        for d in (self.scripts, self.pending):
-            for k in [k for k in d if k[0] == session]:
-                del d[k]
-        self.dropped = {k for k in self.dropped if k[0] != session}
+        for d in (self.scripts, self.pending, self.dropped):
+            d.pop(session, None)
         self.forget(session)
 
     async def _script(self, env: Envelope) -> None:
-        self.scripts.pop((env.session, env.turn - 2), None)  # keep this turn and the one before
-        self.scripts[(env.session, env.turn)] = env.payload
-        for key in [k for k in self.pending if k[0] == env.session and k[1] < env.turn]:
-            for effect in self.pending.pop(key):
+        scripts = self.scripts.setdefault(env.session, {})
+        scripts.pop(env.turn - 2, None)  # keep this turn and the one before
+        scripts[env.turn] = env.payload
+        pending = self.pending.get(env.session, {})
+        for key in [k for k in pending if k[0] < env.turn]:
+            for effect in pending.pop(key):
                 effect()  # the earlier turn is over: what it taught the conversation now counts
-        self.dropped = {k for k in self.dropped if k[0] != env.session or k[1] >= env.turn - 1}
+        dropped = self.dropped.get(env.session)
+        if dropped:
+            self.dropped[env.session] = {k for k in dropped if k[0] >= env.turn - 1}
         await self.on_script(env)
 
     def is_dropped(self, env: Envelope) -> bool:
         """Is this message about a segment the ASR withdrew (premature endpoint)?"""
-        return (env.session, env.turn, env.payload.segment) in self.dropped
+        dropped = self.dropped.get(env.session)
+        return bool(dropped) and (env.turn, env.payload.segment) in dropped
 
     def after_turn(self, env: Envelope, effect: Callable[[], None]) -> None:
         """Apply ``effect`` once the turn is over (next turn's script), unless its segment is withdrawn."""
         if not self.is_dropped(env):
-            key = (env.session, env.turn, env.payload.segment)
-            self.pending.setdefault(key, []).append(effect)
+            key = (env.turn, env.payload.segment)
+            self.pending.setdefault(env.session, {}).setdefault(key, []).append(effect)
 
     async def on_script(self, env: Envelope) -> None:
         """A new scripted turn arrived (stages that need more than ``self.scripts`` override)."""
 
     def script_of(self, env: Envelope) -> TurnScript | None:
-        return self.scripts.get((env.session, env.turn))
+        return self.scripts.get(env.session, {}).get(env.turn)
 
     def forget(self, session: str) -> None:
         """Drop per-session state (stages with state override)."""

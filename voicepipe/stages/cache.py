@@ -62,15 +62,14 @@ class Cache(Stage):
         self.learned: LRU[str, Entry] = LRU(c.capacity)
         for e in c.entries:
             self.fixed.update(prerendered(list(e.get("questions", [])), str(e.get("answer", ""))))
-        self.spec: dict[tuple[str, int], Speculation] = {}
+        self.spec: dict[str, dict[int, Speculation]] = {}  # session -> turn -> speculative render
         self.stats = Stats()
         self.on("asr.partial", self.partial)
         self.on("route", self.route)
 
     def forget(self, session: str) -> None:
         self.per_session.pop(session, None)
-        for k in [k for k in self.spec if k[0] == session]:
-            del self.spec[k]
+        self.spec.pop(session, None)
 
     def lookup(self, session: str, text: str) -> tuple[float, Entry | None]:
         own = self.per_session.get(session, {})
@@ -83,19 +82,20 @@ class Cache(Stage):
             self.per_session.setdefault(env.session, {}).update(prerendered(e.questions, e.answer))
 
     async def partial(self, env: Envelope) -> None:
-        key = (env.session, env.turn)
         p: Partial = env.payload  # type: ignore[assignment]
         score, entry = self.lookup(env.session, p.text)
         if entry is None or entry.prerendered or score < self.cfg.cache.partial_threshold:
             return
-        cur = self.spec.get(key)
+        cur = self.spec.get(env.session, {}).get(env.turn)
         if cur and cur.answer == entry.answer:
             return
         rng = rng_for(self.cfg.seed, env.session, env.turn, "cache-render")
         render = self.cfg.tts.ttfb_ms.sample_ms(rng)
         if cur:
             self._wasted(cur)
-        self.spec[key] = Speculation(entry.answer, now_ns() + round(render * 1e6), render)
+        self.spec.setdefault(env.session, {})[env.turn] = Speculation(
+            entry.answer, now_ns() + round(render * 1e6), render
+        )
         self.stats.speculations += 1
 
     def _wasted(self, s: Speculation) -> None:
@@ -124,13 +124,12 @@ class Cache(Stage):
     async def _serve(self, env: Envelope, p: Route) -> None:
         cfg = self.cfg.cache
         t0 = now_ns()
-        key = (env.session, env.turn)
         text = p.text
         lookup = round(cfg.lookup_ms * 1e6)
         spans = [*env.spans, Span(stage="cache", what="lookup", start_ns=t0, dur_ns=lookup)]
         self.stats.lookups += 1
         score, entry = self.lookup(env.session, text)
-        spec = self.spec.pop(key, None)
+        spec = self.spec.get(env.session, {}).pop(env.turn, None)
         await sleep_until_ns(t0 + lookup)
         if entry is None or score < cfg.threshold:
             if spec:

@@ -61,7 +61,7 @@ class TTS(Stage):
 
     def __init__(self, *a, **kw) -> None:
         super().__init__(*a, **kw)
-        self.replies: dict[tuple[str, int, int], Reply] = {}
+        self.replies: dict[str, dict[tuple[int, int], Reply]] = {}  # session -> (turn, segment) -> reply
         self.on("reply.text", self.text)
         self.on("control.cancel", self.cancelled)
         self.on("user.speech_start", self.barge_in)
@@ -73,20 +73,21 @@ class TTS(Stage):
     async def _stop(self, env: Envelope) -> None:
         await sleep_until_ns(now_ns() + round(self.cfg.tts.barge_in_detect_ms * 1e6))
         self.cancel(env.session, lambda k: k[0] == env.turn)
-        for k in [k for k in self.replies if k[:2] == (env.session, env.turn)]:
-            del self.replies[k]
+        replies = self.replies.get(env.session, {})
+        for k in [k for k in replies if k[0] == env.turn]:
+            del replies[k]
         await self.bus.publish(self.reply(env, Cancel(reason=CancelReason.BARGE_IN), []))
 
     def forget(self, session: str) -> None:
-        for k in [k for k in self.replies if k[0] == session]:
-            del self.replies[k]
+        self.replies.pop(session, None)
 
     async def cancelled(self, env: Envelope) -> None:
         seg = env.payload.segment
         self.cancel(env.session, lambda k: k[0] == env.turn and (seg is None or k[1] == seg))
-        for k in [k for k in self.replies if k[:2] == (env.session, env.turn)]:
-            if seg is None or k[2] == seg:
-                del self.replies[k]
+        replies = self.replies.get(env.session, {})
+        for k in [k for k in replies if k[0] == env.turn]:
+            if seg is None or k[1] == seg:
+                del replies[k]
 
     async def text(self, env: Envelope) -> None:
         arrived = now_ns()
@@ -95,11 +96,12 @@ class TTS(Stage):
         p: ReplyText = env.payload  # type: ignore[assignment]
         seg = p.segment
         key = (env.session, env.turn, seg)
-        r = self.replies.get(key)
+        replies = self.replies.setdefault(env.session, {})
+        r = replies.get(key[1:])
         if r is None:
             if p.seq != 0:
                 return  # tail of a reply we already dropped (cancelled)
-            r = self.replies[key] = Reply()
+            r = replies[key[1:]] = Reply()
             self.spawn(env.session, (env.turn, seg), self._speak(env, r, key))
         r.pending.extend(p.text.split())
         final = p.final
@@ -136,4 +138,4 @@ class TTS(Stage):
                 if last:
                     return
         finally:
-            self.replies.pop(key, None)
+            self.replies.get(key[0], {}).pop(key[1:], None)

@@ -1,0 +1,102 @@
+"""Live at N sessions on a shared simulated device vs ``capacity`` at N: do they agree within the tax?
+
+Plans one load level (N conversation slots, voicepipe.capacity.plan), runs it twice with the same plan:
+on virtual time (capacity's engine: in-memory bus, zero hops) and live (real time, every stage its own
+MQTT client on a spawned mosquitto with TCP_NODELAY, PATH must find it). Both are summarised over the
+same window by voicepipe.capacity.level_of. Prints p50/p90 of capacity, of the live run's measured
+voice-to-voice (client clock), of its modelled part (predicted_ms) and of its pipeline tax (measured −
+predicted), and writes JSON. Agreement: |live measured − capacity| at p50 and p90 within the live tax at
+that percentile.
+
+    python bench/live_vs_capacity.py [--sessions 50] [--scenario cafe-order] [--backend a100-40gb/llama-3.1-70b]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import platform
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from voicepipe.brokers import Mosquitto
+from voicepipe.bus import BrokerAddress
+from voicepipe.capacity import Load, conversation_s, level_of, plan, run_level
+from voicepipe.clock import now_ns
+from voicepipe.config import load_config
+from voicepipe.records import percentile
+from voicepipe.runner import RunResult, build_stages, mqtt_connector, needed_stages, play_sessions
+from voicepipe.scenario import load_scenario
+from voicepipe.stages.base import RunContext
+
+
+async def live(cfg, slots, url: str) -> tuple[RunResult, int]:
+    ctx = RunContext(run=f"lvc{time.monotonic_ns() % 100000:x}", cfg=cfg)
+    result = RunResult(run=ctx.run, broker=url)
+    stages = build_stages(mqtt_connector(BrokerAddress.parse(url), ctx), ctx, needed_stages(cfg),
+                          on_record=result.records.append)  # fmt: skip
+    t0 = now_ns()
+    async with contextlib.AsyncExitStack() as stack:
+        await play_sessions(stack, stages, slots, result)
+    return result, t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sessions", type=int, default=50)
+    ap.add_argument("--scenario", default="cafe-order")
+    ap.add_argument("--backend", default="a100-40gb/llama-3.1-70b")
+    ap.add_argument("--out", type=Path, default=Path("bench/results/live_vs_capacity.json"))
+    args = ap.parse_args()
+    cfg = load_config(None, [f"agent.backend={args.backend}"])
+    sc = load_scenario(args.scenario)
+    d = conversation_s(cfg, [sc])
+    load = Load("sessions", args.sessions)
+    cap = run_level(args.backend, cfg, [sc], load, conv_s=d)
+    p = plan(load, [sc], d, cfg.seed, 10)
+    broker = Mosquitto()
+    broker.start()
+    try:
+        res, t0 = asyncio.run(live(cfg, p.slots, broker.url))
+    finally:
+        broker.stop()
+    meas = level_of(args.backend, cfg, load, p, res, t0, latency="measured_ms")
+    pred = level_of(args.backend, cfg, load, p, res, t0, latency="predicted_ms")
+    lo, hi = t0 + p.window_ns[0], t0 + p.window_ns[1]
+    tax = [r.tax_ms for r in res.records if r.tax_ms is not None and lo <= (r.end_of_speech_ns or 0) < hi]
+    tax50, tax90 = percentile(tax, 50), percentile(tax, 90)
+    agree = {
+        "p50": abs(meas.p50_ms - cap.p50_ms) <= tax50 if tax50 is not None else False,
+        "p90": abs(meas.p90_ms - cap.p90_ms) <= tax90 if tax90 is not None else False,
+    }
+    out = {
+        "what": f"live at {args.sessions} sessions vs capacity at {args.sessions} (same plan, same window)",
+        "measured": "live: client clock over mosquitto (nodelay), real time; capacity: modelled, virtual time",
+        "scenario": args.scenario, "backend": args.backend, "conversation_s": d,
+        "capacity": cap.to_json(), "live_measured": meas.to_json(), "live_predicted": pred.to_json(),
+        "tax_p50_ms": tax50, "tax_p90_ms": tax90, "agree_within_tax": agree,
+        "live_stage_errors": res.stage_errors, "live_deadletters": res.deadletters,
+        "machine": {"python": platform.python_version(), "platform": platform.platform()},
+    }  # fmt: skip
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    t = Table(title=f"live vs capacity — {args.scenario}, {args.sessions} sessions, {args.backend}")
+    for h in ("", "turns", "p50 ms", "p90 ms"):
+        t.add_column(h, justify="left" if not h else "right")
+    t.add_row("capacity (modelled, virtual time)", str(cap.turns), f"{cap.p50_ms:.0f}", f"{cap.p90_ms:.0f}")
+    t.add_row("live measured (mosquitto)", str(meas.turns), f"{meas.p50_ms:.0f}", f"{meas.p90_ms:.0f}")
+    t.add_row(
+        "live modelled part (predicted_ms)", str(pred.turns), f"{pred.p50_ms:.0f}", f"{pred.p90_ms:.0f}"
+    )
+    t.add_row("live pipeline tax", str(len(tax)), f"{tax50:.1f}", f"{tax90:.1f}")
+    Console().print(t)
+    print(f"agree within the measured tax: p50 {agree['p50']}, p90 {agree['p90']}; wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

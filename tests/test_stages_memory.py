@@ -1,0 +1,83 @@
+"""Stage unit tests on the in-memory bus and the virtual clock: one stage, scripted messages, exact times."""
+
+from __future__ import annotations
+
+import asyncio
+
+from tests.conftest import fast_config
+from voicepipe.clock import now_ns, run_virtual
+from voicepipe.membus import MemoryBroker
+from voicepipe.messages import CancelReason, Envelope, Final, Route, Target, TurnScript, UserWord
+from voicepipe.stages.asr import ASR
+from voicepipe.stages.base import RunContext
+from voicepipe.stages.router import Router
+
+MS = 1_000_000
+
+
+async def _run(stage_cls, cfg, feed, listen: tuple[str, ...]) -> list[tuple[int, Envelope]]:
+    """Start one stage, play ``feed`` (at_ns, envelope) into the bus, return what it published, with times."""
+    broker = MemoryBroker("t")
+    stage = stage_cls(broker.connect(stage_cls.name), RunContext(run="t", cfg=cfg))
+    probe = broker.connect("probe")
+    await probe.subscribe(*listen)
+    task = asyncio.create_task(stage.run())
+    await stage.ready.wait()
+    got: list[tuple[int, Envelope]] = []
+
+    async def collect() -> None:
+        async for _, env in probe.messages():
+            got.append((now_ns(), env))
+
+    reader = asyncio.create_task(collect())
+    for at, env in feed:
+        await asyncio.sleep(max(0, at - now_ns()) / 1e9)
+        await probe.publish(env)
+    await asyncio.sleep(5)
+    reader.cancel()
+    task.cancel()
+    await stage.shutdown()
+    return got
+
+
+def _words(texts: list[str], starts_ms: list[int], dur_ms: int = 200) -> list[tuple[int, Envelope]]:
+    out = []
+    for i, (w, s) in enumerate(zip(texts, starts_ms, strict=True)):
+        word = UserWord(
+            text=w, dur_ns=dur_ms * MS, index=i, pause_before=False, last_word=i == len(texts) - 1
+        )
+        out.append((s * MS, Envelope.of(word, "t", "s-0", 0)))
+    return out
+
+
+def test_asr_endpoints_after_the_silence_and_withdraws_a_premature_segment():
+    cfg = fast_config("asr.silence_ms=300", "asr.finalize_ms=50")
+    script = TurnScript(user="a b c", reply="ok", words=3)
+    # "a" "b", then a 400 ms pause (> 300 ms silence: premature endpoint), then "c"
+    feed = [(0, Envelope.of(script, "t", "s-0", 0)), *_words(["a", "b", "c"], [10, 210, 810])]
+    got = run_virtual(_run(ASR, cfg, feed, ("asr/final", "control/cancel")))
+    finals = [(t, e.payload) for t, e in got if isinstance(e.payload, Final)]
+    cancels = [e.payload for _, e in got if e.type == "control.cancel"]
+    # segment 0 ends at 410 ms (end of "b"), +300 silence, +50 finalise = 760 ms: published before "c"
+    assert finals[0] == (760 * MS, Final(text="a b", words=2, segment=0))
+    assert [c.reason for c in cancels] == [CancelReason.USER_RESUMED] and cancels[0].segment == 0
+    # the turn goes on as segment 1 with all the words: 1010 + 300 + 50
+    assert finals[1] == (1360 * MS, Final(text="a b c", words=3, segment=1))
+    spans = next(e.spans for t, e in got if t == 1360 * MS)
+    assert [(s.what, s.dur_ns // MS) for s in spans] == [("endpoint wait", 300), ("finalise", 50)]
+
+
+def test_router_sends_each_final_to_the_rule_that_matches():
+    cfg = fast_config("router.policy=rules", "router.rules=[{when: {keywords: [menu]}, to: council}]",
+                      "router.default=agent:main", "council.members=[groq-lpu/llama-3.1-8b]")  # fmt: skip
+    feed = [
+        (0, Envelope.of(Final(text="show me the menu", words=4, segment=0), "t", "s-0", 0)),
+        (MS, Envelope.of(Final(text="a latte please", words=3, segment=0), "t", "s-0", 1)),
+    ]
+    got = run_virtual(_run(Router, cfg, feed, ("route",)))
+    routes = [e.payload for _, e in got]
+    assert [(r.target, r.route) for r in routes] == [
+        (Target.COUNCIL, "rule 0"),
+        (Target.AGENT, "rules default"),
+    ]
+    assert isinstance(routes[1], Route) and routes[1].agent == "main"
