@@ -3,7 +3,7 @@
 A backend answers two questions:
 
 * ``predict(req, rng)`` — pure: the modelled timing of one request on an otherwise idle backend
-  (TTFT and time per output token). The analytic predictor and the live run's ``predicted_ms`` use it.
+  (TTFT and time per output token). The virtual-time predictor and the live run's ``predicted_ms`` use it.
 * ``start(req, t0_ns, rng)`` — live: a :class:`TokenStream` whose ``token_time(i)`` sleeps until token
   ``i`` exists (on the shared monotonic clock) and returns that instant. A shared-device backend
   (continuous batching, queueing) realises contention here; an empirical one just follows its prediction.

@@ -4,7 +4,7 @@ Model: take the turns that missed the budget, average their breakdown per ``(sta
 the largest. Each stage has a small set of concrete changes that act on it (a faster LLM backend for
 ``agent``/``council``; smart endpointing for ``asr``; on-device audio (the shipped fast-lane config) for
 ``transport``; the pre-rendered answer cache for ``tts``). Every candidate is *predicted* with the
-analytic model (:func:`voicepipe.predict.predict`, no run) on the same scenarios, and the one with the
+virtual-time predictor (:func:`voicepipe.predict.predict`, no live run) on the same scenarios, and the one with the
 most turns within budget (then the lowest p50) that beats the current prediction is named, with its
 predicted numbers and the command that runs it. Nothing here is canned: a part or a candidate that does
 not help is never suggested; when none helps, the line says so.

@@ -433,7 +433,7 @@ def _fixes(
         "fixes",
         "What would fix the misses",
         "From the breakdown of the turns that missed: the part that held them longest, and the change to it "
-        "that the analytic model predicts helps most (try it with the command shown).",
+        "that the virtual-time predictor says helps most (try it with the command shown).",
         "".join(items),
     )
 

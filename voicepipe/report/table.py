@@ -210,9 +210,7 @@ def print_paths(console: Console, records: Sequence[TurnRecord], wide: bool = Fa
     )
 
 
-PREDICTED = (
-    "PREDICTED by the analytic model: the live pipeline's modelled spans with zero bus hops; nothing was run"
-)
+PREDICTED = "PREDICTED: the pipeline's own stages on virtual time, zero bus hops; nothing was run live"
 
 
 def print_predictions(
