@@ -70,11 +70,11 @@ class Efficiency:
     """Efficiency factors, one set for every HBM device (η_mem, MFU, η_wq, η_moe fitted; see docs §2)."""
 
     # fitted on every point of data/validation.yaml (`voicepipe hardware validate`; docs §2 and §3)
-    eta_mem: float = 0.65  # share of HBM bandwidth a native decode step streams (published 0.6-0.92)
+    eta_mem: float = 0.79  # share of the device's sustained (STREAM-like) bandwidth a native decode step streams
     mfu: float = 0.64  # share of dense peak FLOP/s in matmul-heavy work (published 0.3-0.7)
     eta_wq: float = 1.0  # weight-only kernels' efficiency relative to native ones (dequant in the loop)
     eta_moe: float = 1.0  # expert (grouped-GEMM) streaming efficiency relative to dense GEMV + routing
-    layer_s: float = 13e-6  # per layer per step on HBM devices beyond the stack's own gaps (launch, sync)
+    layer_s: float = 10e-6  # per layer per step on HBM devices beyond the stack's own gaps (launch, sync)
     ar_growth: float = 0.5  # all-reduce latency growth per doubling of the TP group beyond 2
     moe_route_s: float = 20e-6  # per MoE layer per step: router, top-k, permute, grouped-GEMM launches
     link_eff: float = 0.45  # share of link bandwidth NCCL reaches at 0.1-10 MB messages
@@ -422,7 +422,7 @@ def step_parts(
     # weights' matmuls run at the precision's rate; attention (scores, values) in 16-bit math
     flops_s = (linear / dev.peak_flops(system.precision) + attention / dev.peak_flops("bf16")) / par + zero
     if dev.kind == "hbm":
-        bw = float(dev.mem_bw_tbs or 0) * 1e12
+        bw = dev.stream_bytes_s  # sustained (microbenchmarked) bandwidth; η_mem is the kernels' share of it
         tp = system.chips
         link = float(dev.link_gbs or 0) * 1e9 * eff.link_eff
         in_hbm, spilled = weight_split(system)
@@ -693,3 +693,9 @@ def predict(
 def ridge_point(device: Device, precision: str = "bf16") -> float:
     """Arithmetic intensity (FLOP/byte) where compute time equals memory time: peak / bandwidth."""
     return device.peak_flops(precision) / (float(device.mem_bw_tbs or 0) * 1e12)
+
+
+def sustained_ridge_point(device: Device, precision: str = "bf16") -> float:
+    """The ridge point the step model uses: sustained matmul FLOP/s over sustained bandwidth (before
+    the fitted MFU and η_mem)."""
+    return device.peak_flops(precision) / device.stream_bytes_s
