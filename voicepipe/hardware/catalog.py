@@ -31,6 +31,9 @@ PRECISIONS: dict[str, float] = {
 # share of the datasheet bandwidth a STREAM-like kernel sustains where no measurement is recorded: the
 # median of the devices with a `stream_bw_tbs` in data/devices.yaml (0.72-0.93; docs §2)
 STREAM_SHARE_DEFAULT = 0.85
+# share of the datasheet dense peak a matmul microbenchmark sustains where none is recorded: the median of
+# the recorded `matmul_tflops` (Maximum Achievable Matmul FLOPS, 0.51-0.97; docs §2)
+MAMF_SHARE_DEFAULT = 0.77
 KV_PRECISIONS = ("bf16", "fp16", "fp8", "int8", "fp4")  # KV-cache element formats serving stacks offer
 
 
@@ -49,6 +52,9 @@ class Device(BaseModel):
     # sustained bandwidth a published STREAM-like microbenchmark reaches on this device (None: not
     # published; STREAM_SHARE_DEFAULT of the datasheet figure is assumed)
     stream_bw_tbs: float | None = Field(default=None, gt=0)
+    # dense matmul FLOP/s a published microbenchmark reaches, per precision (TFLOPS; absent precisions:
+    # MAMF_SHARE_DEFAULT of the datasheet peak)
+    matmul_tflops: dict[str, float] = Field(default_factory=dict)
     link_gbs: float | None = Field(default=None, gt=0)
     max_tp: int = Field(default=1, ge=1)
     allreduce_us: float | None = Field(default=None, gt=0)  # small-message all-reduce latency at tp 2
@@ -83,6 +89,7 @@ class Device(BaseModel):
             for f in ("allreduce_us", "offload_gb", "offload_bw_tbs", "stream_bw_tbs")
             if getattr(self, f) is not None
         ]
+        numeric += ["matmul_tflops"] if self.matmul_tflops else []
         unsourced = [f for f in numeric if not self.sources.get(f)]
         if unsourced:
             raise ValueError(f"no source for {', '.join(unsourced)}")
@@ -91,6 +98,14 @@ class Device(BaseModel):
     def peak_flops(self, precision: str) -> float:
         """Dense FLOP/s per chip for matmuls at ``precision`` (weight-only formats fall back to bf16)."""
         return self.peak_tflops.get(precision, self.peak_tflops["bf16"]) * 1e12
+
+    def matmul_flops(self, precision: str) -> float:
+        """Sustained dense matmul FLOP/s at ``precision`` (weight-only formats run at the bf16 rate): the
+        published microbenchmark figure, else the datasheet peak times MAMF_SHARE_DEFAULT."""
+        rate = precision if precision in self.peak_tflops else "bf16"
+        if rate in self.matmul_tflops:
+            return self.matmul_tflops[rate] * 1e12
+        return self.peak_flops(rate) * MAMF_SHARE_DEFAULT
 
     def weight_only(self, precision: str) -> bool:
         """True when ``precision`` has no math of its own here: weights are dequantised to bf16 in-kernel."""

@@ -70,11 +70,11 @@ class Efficiency:
     """Efficiency factors, one set for every HBM device (η_mem, MFU, η_wq, η_moe fitted; see docs §2)."""
 
     # fitted on every point of data/validation.yaml (`voicepipe hardware validate`; docs §2 and §3)
-    eta_mem: float = 0.79  # share of the device's sustained (STREAM-like) bandwidth a native decode step streams
-    mfu: float = 0.64  # share of dense peak FLOP/s in matmul-heavy work (published 0.3-0.7)
+    eta_mem: float = 0.80  # share of the device's sustained (STREAM-like) bandwidth a native decode step streams
+    mfu: float = 0.77  # share of the device's sustained (microbenchmarked) matmul FLOP/s a serving step reaches
     eta_wq: float = 1.0  # weight-only kernels' efficiency relative to native ones (dequant in the loop)
     eta_moe: float = 1.0  # expert (grouped-GEMM) streaming efficiency relative to dense GEMV + routing
-    layer_s: float = 10e-6  # per layer per step on HBM devices beyond the stack's own gaps (launch, sync)
+    layer_s: float = 11e-6  # per layer per step on HBM devices beyond the stack's own gaps (launch, sync)
     ar_growth: float = 0.5  # all-reduce latency growth per doubling of the TP group beyond 2
     moe_route_s: float = 20e-6  # per MoE layer per step: router, top-k, permute, grouped-GEMM launches
     link_eff: float = 0.45  # share of link bandwidth NCCL reaches at 0.1-10 MB messages
@@ -420,7 +420,8 @@ def step_parts(
     pipeline = dev.kind == "hbm" and stk.multi_chip == "pipeline" and system.chips > 1
     par = 1 if pipeline else system.chips
     # weights' matmuls run at the precision's rate; attention (scores, values) in 16-bit math
-    flops_s = (linear / dev.peak_flops(system.precision) + attention / dev.peak_flops("bf16")) / par + zero
+    # sustained (microbenchmarked) matmul rates; MFU is the share of them a serving step reaches
+    flops_s = (linear / dev.matmul_flops(system.precision) + attention / dev.matmul_flops("bf16")) / par + zero
     if dev.kind == "hbm":
         bw = dev.stream_bytes_s  # sustained (microbenchmarked) bandwidth; η_mem is the kernels' share of it
         tp = system.chips
@@ -698,4 +699,4 @@ def ridge_point(device: Device, precision: str = "bf16") -> float:
 def sustained_ridge_point(device: Device, precision: str = "bf16") -> float:
     """The ridge point the step model uses: sustained matmul FLOP/s over sustained bandwidth (before
     the fitted MFU and η_mem)."""
-    return device.peak_flops(precision) / device.stream_bytes_s
+    return device.matmul_flops(precision) / device.stream_bytes_s
