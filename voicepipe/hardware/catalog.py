@@ -101,10 +101,13 @@ class Device(BaseModel):
 
     def matmul_flops(self, precision: str) -> float:
         """Sustained dense matmul FLOP/s at ``precision`` (weight-only formats run at the bf16 rate): the
-        published microbenchmark figure, else the datasheet peak times MAMF_SHARE_DEFAULT."""
+        published microbenchmark figure, else the datasheet peak times the share the device's measured
+        bf16 matmul reaches, else times MAMF_SHARE_DEFAULT."""
         rate = precision if precision in self.peak_tflops else "bf16"
         if rate in self.matmul_tflops:
             return self.matmul_tflops[rate] * 1e12
+        if "bf16" in self.matmul_tflops:  # an unmeasured precision at the share the bf16 matmul reaches
+            return self.peak_flops(rate) * self.matmul_tflops["bf16"] / self.peak_tflops["bf16"]
         return self.peak_flops(rate) * MAMF_SHARE_DEFAULT
 
     def weight_only(self, precision: str) -> bool:
