@@ -70,8 +70,12 @@ class Efficiency:
     """Efficiency factors, one set for every HBM device (η_mem, MFU, η_wq, η_moe fitted; see docs §2)."""
 
     # fitted on every point of data/validation.yaml (`voicepipe hardware validate`; docs §2 and §3)
-    eta_mem: float = 0.80  # share of the device's sustained (STREAM-like) bandwidth a native decode step streams
-    mfu: float = 0.77  # share of the device's sustained (microbenchmarked) matmul FLOP/s a serving step reaches
+    eta_mem: float = (
+        0.80  # share of the device's sustained (STREAM-like) bandwidth a native decode step streams
+    )
+    mfu: float = (
+        0.77  # share of the device's sustained (microbenchmarked) matmul FLOP/s a serving step reaches
+    )
     eta_wq: float = 1.0  # weight-only kernels' efficiency relative to native ones (dequant in the loop)
     eta_moe: float = 1.0  # expert (grouped-GEMM) streaming efficiency relative to dense GEMV + routing
     layer_s: float = 11e-6  # per layer per step on HBM devices beyond the stack's own gaps (launch, sync)
@@ -421,7 +425,9 @@ def step_parts(
     par = 1 if pipeline else system.chips
     # weights' matmuls run at the precision's rate; attention (scores, values) in 16-bit math
     # sustained (microbenchmarked) matmul rates; MFU is the share of them a serving step reaches
-    flops_s = (linear / dev.matmul_flops(system.precision) + attention / dev.matmul_flops("bf16")) / par + zero
+    flops_s = (
+        linear / dev.matmul_flops(system.precision) + attention / dev.matmul_flops("bf16")
+    ) / par + zero
     if dev.kind == "hbm":
         bw = dev.stream_bytes_s  # sustained (microbenchmarked) bandwidth; η_mem is the kernels' share of it
         tp = system.chips
