@@ -8,14 +8,19 @@ tokens. ``T = d·q + n`` tokens go through the weights.
 HBM devices (GPUs, TPUs), per chip of a tensor-parallel group of ``tp``::
 
     w      = η_wq if the precision is weight-only on this device (dequantised in-kernel), else 1
-    t_mem  = (KV(r·K + m + T)/shards + W_dense/tp / w + W_exp(T)/tp / (w·η_moe)) / (η_mem · BW)
+    t_mem  = (KV(r·K + m + T)/shards + W_dense/tp / w + W_exp(T)/tp / (w·η_moe)) / (η_mem · BW_s)
              + W_spill/tp / BW_offload
-    t_comp = (2·P_matmul·T / peak(precision) + 4·L·H·hd·(q·K + n·(m + n/2)) / peak(bf16)) / (tp · MFU · w)
+    t_comp = (2·P_matmul·T / F_s(precision) + 4·L·H·hd·(q·K + n·(m + n/2)) / F_s(bf16)) / (tp · MFU · w)
     t_comm = [tp > 1] · 2·L · (α(tp) + 2·(tp−1)/tp · T·hidden·2 B / (link_BW · η_link))
     α(tp)  = α_2 · (1 + g·log2(tp/2))                       (α_2: the device's measured-class latency)
     t_step = max(t_mem, t_comp) + t_comm + L·(t_layer + τ) + L_moe·t_route + t_step_fixed
              + (sequences in the step)·t_seq
              (stack: t_layer, t_step_fixed, t_seq; fitted: τ, the per-layer cost beyond the stack's)
+
+``BW_s`` and ``F_s`` are the device's sustained bandwidth and matmul rate: published microbenchmark
+figures (STREAM-like triad/copy, maximum achievable matmul FLOPS) where the catalog records them, else a
+default share of the datasheet figure (the median of the recorded ones); η_mem and MFU are the shares
+of those sustained rates that a serving step reaches.
 
 ``r`` is 1, or the GQA group (query heads per KV head) for a stack whose decode attention reads a shared
 KV head once per query head (TensorRT-LLM before v0.7). ``shards`` is min(tp, KV heads) (an MLA latent:
