@@ -372,19 +372,18 @@ def test_loaded_server_itl_includes_newcomers_prefill():
 
 
 def test_sustained_bandwidth_and_matmul_rates_come_from_measurements_or_the_default_share():
-    h200, h100 = cat.device("h200-sxm"), cat.device("h100-sxm")
+    h200, h100, b200 = cat.device("h200-sxm"), cat.device("h100-sxm"), cat.device("b200")
     # a recorded microbenchmark is used as is; an unrecorded device gets the default share of its datasheet
     assert h200.stream_bytes_s == pytest.approx(h200.stream_bw_tbs * 1e12)  # type: ignore[operator]
-    assert h100.stream_bw_tbs is None
-    assert h100.stream_bytes_s == pytest.approx(3.35e12 * cat.STREAM_SHARE_DEFAULT)
+    assert b200.stream_bw_tbs is None
+    assert b200.stream_bytes_s == pytest.approx(8.0e12 * cat.STREAM_SHARE_DEFAULT)
     assert h100.matmul_flops("fp8") == pytest.approx(h100.matmul_tflops["fp8"] * 1e12)
     # weight-only formats run at the bf16 rate; an unmeasured precision at the bf16 share of its peak
     assert h100.matmul_flops("int4") == h100.matmul_flops("bf16")
     mi = cat.device("mi300x")
     share = mi.matmul_tflops["bf16"] / mi.peak_tflops["bf16"]
-    assert "fp8" not in mi.matmul_tflops and mi.matmul_flops("fp8") == pytest.approx(
-        mi.peak_flops("fp8") * share
-    )
+    assert "int8" not in mi.matmul_tflops
+    assert mi.matmul_flops("int8") == pytest.approx(mi.peak_flops("int8") * share)
     rtx = cat.device("rtx-4090")
     assert rtx.matmul_flops("bf16") == pytest.approx(rtx.peak_flops("bf16") * cat.MAMF_SHARE_DEFAULT)
     # the step's memory term scales with the sustained bandwidth, not the datasheet figure

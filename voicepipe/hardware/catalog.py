@@ -29,8 +29,8 @@ PRECISIONS: dict[str, float] = {
     "fp4": 4.5 / 8,
 }
 # share of the datasheet bandwidth a STREAM-like kernel sustains where no measurement is recorded: the
-# median of the devices with a `stream_bw_tbs` in data/devices.yaml (0.72-0.93; docs §2)
-STREAM_SHARE_DEFAULT = 0.85
+# median of the devices with a `stream_bw_tbs` in data/devices.yaml (recorded shares 0.72-0.93, median 0.86; docs §2)
+STREAM_SHARE_DEFAULT = 0.86
 # share of the datasheet dense peak a matmul microbenchmark sustains where none is recorded: the median of
 # the recorded `matmul_tflops` (Maximum Achievable Matmul FLOPS, 0.51-0.97; docs §2)
 MAMF_SHARE_DEFAULT = 0.77
