@@ -369,3 +369,50 @@ def test_loaded_server_itl_includes_newcomers_prefill():
             5250,
         ).flops_s
     )
+
+
+def test_sustained_bandwidth_and_matmul_rates_come_from_measurements_or_the_default_share():
+    h200, h100, b200 = cat.device("h200-sxm"), cat.device("h100-sxm"), cat.device("b200")
+    # a recorded microbenchmark is used as is; an unrecorded device gets the default share of its datasheet
+    assert h200.stream_bytes_s == pytest.approx(h200.stream_bw_tbs * 1e12)  # type: ignore[operator]
+    assert b200.stream_bw_tbs is None
+    assert b200.stream_bytes_s == pytest.approx(8.0e12 * cat.STREAM_SHARE_DEFAULT)
+    assert h100.matmul_flops("fp8") == pytest.approx(h100.matmul_tflops["fp8"] * 1e12)
+    # weight-only formats run at the bf16 rate; an unmeasured precision at the bf16 share of its peak
+    assert h100.matmul_flops("int4") == h100.matmul_flops("bf16")
+    mi = cat.device("mi300x")
+    share = mi.matmul_tflops["bf16"] / mi.peak_tflops["bf16"]
+    assert "int8" not in mi.matmul_tflops
+    assert mi.matmul_flops("int8") == pytest.approx(mi.peak_flops("int8") * share)
+    rtx = cat.device("rtx-4090")
+    assert rtx.matmul_flops("bf16") == pytest.approx(rtx.peak_flops("bf16") * cat.MAMF_SHARE_DEFAULT)
+    # the step's memory term scales with the sustained bandwidth, not the datasheet figure
+    s = hm.make_system(h200, cat.model("llama-3.1-8b"), "bf16", tp=1)
+    parts = hm.step_parts(s, 1, 1024)
+    dense_bytes = float(hm.weight_read_params(s.model, 1)) * 2.0
+    assert float(parts.dense_s) == pytest.approx(dense_bytes / h200.stream_bytes_s)
+
+
+def test_default_shares_are_the_median_of_the_recorded_measurements():
+    devs = [d for d in cat.devices().values() if d.kind == "hbm"]
+    bw = [d.stream_bw_tbs / d.mem_bw_tbs for d in devs if d.stream_bw_tbs is not None]  # type: ignore[operator]
+    mm = [d.matmul_tflops["bf16"] / d.peak_tflops["bf16"] for d in devs if "bf16" in d.matmul_tflops]
+    assert len(bw) >= 5 and len(mm) >= 5
+    assert abs(cat.STREAM_SHARE_DEFAULT - float(np.median(bw))) <= 0.02
+    assert abs(cat.MAMF_SHARE_DEFAULT - float(np.median(mm))) <= 0.02
+    # no share above the datasheet: a measurement is at most the peak it is measured against
+    assert max(bw) <= 1.0 and max(mm) <= 1.0
+
+
+def test_measured_rates_need_a_source(tmp_path):
+    dev = tmp_path / "dev.yaml"
+    dev.write_text(
+        DEVICE_YAML.replace(
+            "peak_tflops: {bf16: 400}\n", "peak_tflops: {bf16: 400}\nmatmul_tflops: {bf16: 300}\n"
+        )
+    )
+    with pytest.raises(ValueError, match=r"dev\.yaml: .*no source for matmul_tflops"):
+        cat.device(str(dev))
+    dev.write_text(DEVICE_YAML.replace("mem_bw_tbs: 2.0\n", "mem_bw_tbs: 2.0\nstream_bw_tbs: 1.7\n"))
+    with pytest.raises(ValueError, match=r"dev\.yaml: .*no source for stream_bw_tbs"):
+        cat.device(str(dev))

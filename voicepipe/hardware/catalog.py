@@ -28,6 +28,12 @@ PRECISIONS: dict[str, float] = {
     # fp4: NVFP4 = 4-bit E2M1 values + one FP8 scale per 16 (4.5 bits); MXFP4 (8-bit scale per 32) is 4.25
     "fp4": 4.5 / 8,
 }
+# share of the datasheet bandwidth a STREAM-like kernel sustains where no measurement is recorded: the
+# median of the devices with a `stream_bw_tbs` in data/devices.yaml (recorded shares 0.72-0.93, median 0.86; docs §2)
+STREAM_SHARE_DEFAULT = 0.86
+# share of the datasheet dense peak a matmul microbenchmark sustains where none is recorded: the median of
+# the recorded `matmul_tflops` (Maximum Achievable Matmul FLOPS, 0.51-0.97; docs §2)
+MAMF_SHARE_DEFAULT = 0.77
 KV_PRECISIONS = ("bf16", "fp16", "fp8", "int8", "fp4")  # KV-cache element formats serving stacks offer
 
 
@@ -43,6 +49,12 @@ class Device(BaseModel):
     # HBM devices
     memory_gb: float | None = Field(default=None, gt=0)
     mem_bw_tbs: float | None = Field(default=None, gt=0)
+    # sustained bandwidth a published STREAM-like microbenchmark reaches on this device (None: not
+    # published; STREAM_SHARE_DEFAULT of the datasheet figure is assumed)
+    stream_bw_tbs: float | None = Field(default=None, gt=0)
+    # dense matmul FLOP/s a published microbenchmark reaches, per precision (TFLOPS; absent precisions:
+    # MAMF_SHARE_DEFAULT of the datasheet peak)
+    matmul_tflops: dict[str, float] = Field(default_factory=dict)
     link_gbs: float | None = Field(default=None, gt=0)
     max_tp: int = Field(default=1, ge=1)
     allreduce_us: float | None = Field(default=None, gt=0)  # small-message all-reduce latency at tp 2
@@ -73,8 +85,11 @@ class Device(BaseModel):
             raise ValueError("offload_gb and offload_bw_tbs go together")
         numeric = [*need, "peak_tflops", "price_per_chip_hour"] + (["max_tp"] if self.kind == "hbm" else [])
         numeric += [
-            f for f in ("allreduce_us", "offload_gb", "offload_bw_tbs") if getattr(self, f) is not None
+            f
+            for f in ("allreduce_us", "offload_gb", "offload_bw_tbs", "stream_bw_tbs")
+            if getattr(self, f) is not None
         ]
+        numeric += ["matmul_tflops"] if self.matmul_tflops else []
         unsourced = [f for f in numeric if not self.sources.get(f)]
         if unsourced:
             raise ValueError(f"no source for {', '.join(unsourced)}")
@@ -84,9 +99,28 @@ class Device(BaseModel):
         """Dense FLOP/s per chip for matmuls at ``precision`` (weight-only formats fall back to bf16)."""
         return self.peak_tflops.get(precision, self.peak_tflops["bf16"]) * 1e12
 
+    def matmul_flops(self, precision: str) -> float:
+        """Sustained dense matmul FLOP/s at ``precision`` (weight-only formats run at the bf16 rate): the
+        published microbenchmark figure, else the datasheet peak times the share the device's measured
+        bf16 matmul reaches, else times MAMF_SHARE_DEFAULT."""
+        rate = precision if precision in self.peak_tflops else "bf16"
+        if rate in self.matmul_tflops:
+            return self.matmul_tflops[rate] * 1e12
+        if "bf16" in self.matmul_tflops:  # an unmeasured precision at the share the bf16 matmul reaches
+            return self.peak_flops(rate) * self.matmul_tflops["bf16"] / self.peak_tflops["bf16"]
+        return self.peak_flops(rate) * MAMF_SHARE_DEFAULT
+
     def weight_only(self, precision: str) -> bool:
         """True when ``precision`` has no math of its own here: weights are dequantised to bf16 in-kernel."""
         return precision not in self.peak_tflops and precision not in ("bf16", "fp16")
+
+    @property
+    def stream_bytes_s(self) -> float:
+        """Sustained HBM bandwidth (B/s): the published microbenchmark figure, else the datasheet
+        figure times STREAM_SHARE_DEFAULT (the median share of the recorded devices)."""
+        if self.stream_bw_tbs is not None:
+            return self.stream_bw_tbs * 1e12
+        return float(self.mem_bw_tbs or 0.0) * 1e12 * STREAM_SHARE_DEFAULT
 
     @property
     def capacity_bytes(self) -> float:

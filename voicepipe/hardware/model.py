@@ -8,14 +8,19 @@ tokens. ``T = d·q + n`` tokens go through the weights.
 HBM devices (GPUs, TPUs), per chip of a tensor-parallel group of ``tp``::
 
     w      = η_wq if the precision is weight-only on this device (dequantised in-kernel), else 1
-    t_mem  = (KV(r·K + m + T)/shards + W_dense/tp / w + W_exp(T)/tp / (w·η_moe)) / (η_mem · BW)
+    t_mem  = (KV(r·K + m + T)/shards + W_dense/tp / w + W_exp(T)/tp / (w·η_moe)) / (η_mem · BW_s)
              + W_spill/tp / BW_offload
-    t_comp = (2·P_matmul·T / peak(precision) + 4·L·H·hd·(q·K + n·(m + n/2)) / peak(bf16)) / (tp · MFU · w)
+    t_comp = (2·P_matmul·T / F_s(precision) + 4·L·H·hd·(q·K + n·(m + n/2)) / F_s(bf16)) / (tp · MFU · w)
     t_comm = [tp > 1] · 2·L · (α(tp) + 2·(tp−1)/tp · T·hidden·2 B / (link_BW · η_link))
     α(tp)  = α_2 · (1 + g·log2(tp/2))                       (α_2: the device's measured-class latency)
     t_step = max(t_mem, t_comp) + t_comm + L·(t_layer + τ) + L_moe·t_route + t_step_fixed
              + (sequences in the step)·t_seq
              (stack: t_layer, t_step_fixed, t_seq; fitted: τ, the per-layer cost beyond the stack's)
+
+``BW_s`` and ``F_s`` are the device's sustained bandwidth and matmul rate: published microbenchmark
+figures (STREAM-like triad/copy, maximum achievable matmul FLOPS) where the catalog records them, else a
+default share of the datasheet figure (the median of the recorded ones); η_mem and MFU are the shares
+of those sustained rates that a serving step reaches.
 
 ``r`` is 1, or the GQA group (query heads per KV head) for a stack whose decode attention reads a shared
 KV head once per query head (TensorRT-LLM before v0.7). ``shards`` is min(tp, KV heads) (an MLA latent:
@@ -70,8 +75,8 @@ class Efficiency:
     """Efficiency factors, one set for every HBM device (η_mem, MFU, η_wq, η_moe fitted; see docs §2)."""
 
     # fitted on every point of data/validation.yaml (`voicepipe hardware validate`; docs §2 and §3)
-    eta_mem: float = 0.65  # share of HBM bandwidth a native decode step streams (published 0.6-0.92)
-    mfu: float = 0.64  # share of dense peak FLOP/s in matmul-heavy work (published 0.3-0.7)
+    eta_mem: float = 0.77  # share of the sustained (STREAM-like) bandwidth a native decode step streams
+    mfu: float = 0.77  # share of the sustained (measured maximum) matmul FLOP/s a serving step reaches
     eta_wq: float = 1.0  # weight-only kernels' efficiency relative to native ones (dequant in the loop)
     eta_moe: float = 1.0  # expert (grouped-GEMM) streaming efficiency relative to dense GEMV + routing
     layer_s: float = 13e-6  # per layer per step on HBM devices beyond the stack's own gaps (launch, sync)
@@ -420,9 +425,12 @@ def step_parts(
     pipeline = dev.kind == "hbm" and stk.multi_chip == "pipeline" and system.chips > 1
     par = 1 if pipeline else system.chips
     # weights' matmuls run at the precision's rate; attention (scores, values) in 16-bit math
-    flops_s = (linear / dev.peak_flops(system.precision) + attention / dev.peak_flops("bf16")) / par + zero
+    # sustained (microbenchmarked) matmul rates; MFU is the share of them a serving step reaches
+    flops_s = (
+        linear / dev.matmul_flops(system.precision) + attention / dev.matmul_flops("bf16")
+    ) / par + zero
     if dev.kind == "hbm":
-        bw = float(dev.mem_bw_tbs or 0) * 1e12
+        bw = dev.stream_bytes_s  # sustained (microbenchmarked) bandwidth; η_mem is the kernels' share of it
         tp = system.chips
         link = float(dev.link_gbs or 0) * 1e9 * eff.link_eff
         in_hbm, spilled = weight_split(system)
@@ -693,3 +701,9 @@ def predict(
 def ridge_point(device: Device, precision: str = "bf16") -> float:
     """Arithmetic intensity (FLOP/byte) where compute time equals memory time: peak / bandwidth."""
     return device.peak_flops(precision) / (float(device.mem_bw_tbs or 0) * 1e12)
+
+
+def sustained_ridge_point(device: Device, precision: str = "bf16") -> float:
+    """The ridge point the step model uses: sustained matmul FLOP/s over sustained bandwidth (before
+    the fitted MFU and η_mem)."""
+    return device.matmul_flops(precision) / device.stream_bytes_s

@@ -51,7 +51,7 @@ Metric = Literal["tpot_ms", "ttft_ms", "itl_ms", "tok_s_user", "tok_s_total", "e
 # search box for each fitted constant: the published range (docs/hardware-model.md §2)
 BOUNDS: dict[str, tuple[float, float]] = {
     "eta_mem": (0.55, 0.95),
-    "mfu": (0.25, 0.80),
+    "mfu": (0.25, 1.0),
     "eta_wq": (0.35, 1.0),
     "eta_moe": (0.35, 1.0),
     "layer_s": (1e-6, 60e-6),
