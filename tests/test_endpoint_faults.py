@@ -42,7 +42,8 @@ def req(turn: int = 0, out: int = 12) -> LLMRequest:
 
 async def test_scenario_streams_the_models_own_text_with_measured_spans(server):
     prices = {"input_per_mtok": 1.0, "output_per_mtok": 2.0, "source": "test"}
-    res = await run_pipeline(fast_config(endpoint(server, prices=prices)), [tiny_scenario()], 1)
+    cfg = fast_config(endpoint(server, prices=prices), "client.playout=full")  # counts come at the end
+    res = await run_pipeline(cfg, [tiny_scenario()], 1)
     assert len(res.records) == 2 and res.stage_errors == 0 and res.open_tasks_after == 0
     for r in res.records:
         assert r.status == "ok", r
@@ -55,6 +56,10 @@ async def test_scenario_streams_the_models_own_text_with_measured_spans(server):
         # max_tokens is the reference reply's length; the server streams min(30, max_tokens) pieces
         assert r.output_tokens == min(30, len(tokens_of(tiny_scenario().turns[r.turn].reply)))
         assert r.cost_usd == pytest.approx((17 * 1.0 + r.output_tokens * 2.0) / 1e6)
+        m = r.endpoint  # the request's vLLM-style metrics, once the reply played out
+        assert m is not None and m.usage_reported and m.completion_tokens == r.output_tokens
+        assert m.ttft_ms == pytest.approx(agent[0].dur_ns / 1e6) and m.e2el_ms > m.ttft_ms
+        assert m.itl_ms_mean > 0 and m.tpot_ms > 0
         # no profile: the LLM time is measured, not predicted, so it lands in the tax
         assert r.tax_ms >= agent[0].dur_ns / 1e6 - 1
     body = server.seen[0].body

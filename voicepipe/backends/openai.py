@@ -314,16 +314,17 @@ class EndpointStream:
             if self.error:
                 raise EndpointError(self.error)
             n, done = len(self.pieces), self.done
+            if done and not "".join(self.pieces).strip():
+                raise EndpointError(f"{self.backend.cfg.host} sent no words")
             for end in cut(self.pieces) if n else []:
                 if end <= emitted:
                     continue
-                if end == n - 1 and not done:
-                    break  # the next piece may still extend this chunk
+                # a chunk is final once words follow it (so the last chunk, and TTS's last clause, has words)
+                if not done and not "".join(self.pieces[end + 1 :]).strip():
+                    break
                 emitted = end
                 yield end, done and end == n - 1
             if done:
-                if n == 0:
-                    raise EndpointError(f"{self.backend.cfg.host} sent no text")
                 return
             self._changed.clear()
             await self._changed.wait()
@@ -344,6 +345,20 @@ class EndpointStream:
                      modelled=False, predicted_ns=round(upto * p.tpot_s * 1e9) if p else None)
             )  # fmt: skip
         return out
+
+    def metrics(self) -> dict[str, Any]:
+        """The finished request's metrics (the fields of :class:`voicepipe.records.EndpointMetrics`)."""
+        s = self.stats
+        return {
+            "ttft_ms": s.ttft_ms,
+            "tpot_ms": s.tpot_ms,
+            "itl_ms_mean": float(np.mean(s.itl_ms)) if s.itl_ms else None,
+            "itl_ms_max": max(s.itl_ms) if s.itl_ms else None,
+            "e2el_ms": s.e2el_ms,
+            "prompt_tokens": s.prompt_tokens,
+            "completion_tokens": s.completion_tokens,
+            "usage_reported": s.usage_reported,
+        }
 
     def usage(self) -> tuple[int, int]:
         s = self.stats

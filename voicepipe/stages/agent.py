@@ -110,6 +110,8 @@ async def stream_reply(
         head = gen.commit_env if gen.commit_env is not None else env
         if meta is None or (final and isinstance(gen.stream, TextStream)):  # usage is known at the end
             meta = meta_of(head)
+            if final and isinstance(gen.stream, TextStream):
+                meta = {**meta, "endpoint": gen.stream.metrics()}
         payload = {
             "text": "".join(gen.tokens[start : end + 1]),
             "seq": seq,

@@ -14,11 +14,12 @@ import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from voicepipe.clock import now_ns, sleep_until_ns
 from voicepipe.measure import measure
 from voicepipe.messages import Envelope, Span
-from voicepipe.records import TurnRecord
+from voicepipe.records import EndpointMetrics, TurnRecord
 from voicepipe.scenario import Scenario, Turn
 from voicepipe.stages.base import Stage
 from voicepipe.text import plain, speak
@@ -43,6 +44,7 @@ class Listening:
     stopped_ns: int = 0  # when the reply audio stopped because of it
     reply: list[str] = field(default_factory=list)
     error: str = ""  # the reply failed (e.g. its endpoint dropped the stream)
+    final_meta: dict[str, Any] | None = None  # the last audio chunk's metadata (a real model's usage)
 
 
 class Client(Stage):
@@ -89,6 +91,7 @@ class Client(Stage):
         if not lis.first.done():
             lis.first.set_result((got, env))
         if env.payload.get("last"):
+            lis.final_meta = env.payload.get("meta")
             lis.done.set()
 
     # -- playing a conversation -------------------------------------------------------------------
@@ -158,6 +161,11 @@ class Client(Stage):
             )
         if lis.error and record.status == "ok":  # heard a part, then the reply's request failed
             record.status, record.error = "failed", lis.error
+        if record.status == "ok" and lis.final_meta and "endpoint" in lis.final_meta:
+            fin = lis.final_meta  # a real model's counts are known once its reply is over
+            record.endpoint = EndpointMetrics.model_validate(fin["endpoint"])
+            record.input_tokens, record.output_tokens = int(fin["input_tokens"]), int(fin["output_tokens"])
+            record.cost_usd = float(fin["cost_usd"])
         if self.on_record:
             self.on_record(record)
         payload = record.model_dump(mode="json")
