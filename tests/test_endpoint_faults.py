@@ -17,7 +17,7 @@ import yaml
 from tests.conftest import fast_config, tiny_scenario
 from tests.sse_server import SSEServer
 from voicepipe.backends import UnknownBackend, build_backend
-from voicepipe.backends.base import EndpointError, LLMRequest
+from voicepipe.backends.base import LLMRequest
 from voicepipe.config import load_config
 from voicepipe.errors import UserError
 from voicepipe.runner import run_pipeline
@@ -163,7 +163,7 @@ def test_spec_errors_are_one_line_naming_the_field(monkeypatch):
 
 async def test_predict_without_a_profile_says_how_to_get_one():
     b = build_backend("openai:http://127.0.0.1:9/v1#m")
-    with pytest.raises(EndpointError, match="voicepipe calibrate"):
+    with pytest.raises(UserError, match="voicepipe calibrate"):
         b.predict(req(), np.random.default_rng(0))
     with pytest.raises(UnknownBackend):
         build_backend({"endpoint": "http://127.0.0.1:9/v1"})

@@ -42,6 +42,7 @@ import numpy as np
 
 from voicepipe.backends.base import EndpointError, LLMRequest, Prices, Timing
 from voicepipe.clock import now_ns
+from voicepipe.errors import UserError
 from voicepipe.messages import Span
 
 DEFAULT_SYSTEM = "You are a voice assistant. Answer in one or two short spoken sentences."
@@ -430,9 +431,10 @@ class EndpointBackend:
 
     def predict(self, req: LLMRequest, rng: np.random.Generator) -> Timing:
         if self.profile is None:
-            raise EndpointError(
+            raise UserError(
+                "agent.backend",
                 f"{self.name} has no profile to predict with: `voicepipe calibrate {self.cfg.url} "
-                f"--model {self.cfg.model} --out my.yaml`, then add `profile: my.yaml` to the endpoint"
+                f"--model {self.cfg.model} --out my.yaml`, then add `profile: my.yaml` to the endpoint",
             )
         return self.profile.predict(req, rng)
 
