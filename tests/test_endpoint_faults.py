@@ -4,6 +4,7 @@ test_endpoint_llamacpp.py."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -167,3 +168,29 @@ async def test_predict_without_a_profile_says_how_to_get_one():
         b.predict(req(), np.random.default_rng(0))
     with pytest.raises(UnknownBackend):
         build_backend({"endpoint": "http://127.0.0.1:9/v1"})
+
+
+async def test_a_slow_consumer_still_gets_the_final_chunk(server):
+    """The reply may finish while the agent is busy publishing a chunk: no wake-up may be lost."""
+    from voicepipe.stages.agent import chunk_ends
+
+    server.token_ms = 0.0
+    b = build_backend(f"openai:{server.url}#m")
+    s = b.start(req(out=30), time.monotonic_ns(), np.random.default_rng(0))
+    got = []
+    async with asyncio.timeout(20):  # a lost wake-up hangs here
+        async for end, final in s.chunks(lambda toks: chunk_ends(toks, 4)):
+            got.append((end, final))
+            await asyncio.sleep(0.05)  # the stream ends meanwhile
+    assert got[-1] == (29, True) and [e for e, _ in got] == sorted({e for e, _ in got})
+
+
+@pytest.mark.parametrize("aggregation", ["first", "judge"])
+async def test_council_members_and_judge_can_be_endpoints(server, aggregation):
+    member = f"openai:{server.url}#m"
+    cfg = fast_config("router.policy=rules", "router.default=council", f"council.aggregation={aggregation}",
+                      f'council.members=["{member}", cerebras-llama-3.1-8b]', f"council.judge={member}")  # fmt: skip
+    res = await run_pipeline(cfg, [tiny_scenario(turns=2)], 1)
+    assert [r.status for r in res.records] == ["ok", "ok"] and res.stage_errors == 0
+    if aggregation == "judge":  # the judge's own words are spoken
+        assert all(r.reply_text.startswith("Word0") for r in res.records)

@@ -301,8 +301,10 @@ class EndpointStream:
         return len(self.pieces) > i
 
     async def token_time(self, i: int) -> int:
-        if await self._wait(i):
+        """Piece ``i``'s arrival; if the reply is shorter (or ``i`` < 0), its last piece's, once it ended."""
+        if i >= 0 and await self._wait(i):
             return self.times[i]
+        await self._wait(len(self.pieces) + (1 << 30))  # until the stream is over
         if self.error:
             raise EndpointError(self.error)
         if not self.times:
@@ -327,12 +329,21 @@ class EndpointStream:
                 yield end, done and end == n - 1
             if done:
                 return
-            self._changed.clear()
-            await self._changed.wait()
+            if len(self.pieces) == n and not self.done:  # nothing new while our consumer held the yield
+                self._changed.clear()
+                await self._changed.wait()
 
     def spans(self, upto_token: int) -> list[Span]:
-        if not self.times:
-            return []
+        if not self.times:  # nothing yet: the wait so far (the council reads where a request starts)
+            return [
+                Span(
+                    stage=self.stage,
+                    what="ttft",
+                    start_ns=self.t0_ns,
+                    dur_ns=max(0, now_ns() - self.t0_ns),
+                    modelled=False,
+                )
+            ]
         upto = min(upto_token, len(self.times) - 1)
         first = self.times[0]
         p = self.predicted
