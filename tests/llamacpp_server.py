@@ -94,7 +94,12 @@ def write_tiny_gguf(path: Path, seed: int = 0) -> Path:
 
     t("token_embd.weight", n_vocab, N_EMBD)
     w.add_tensor("output_norm.weight", np.ones(N_EMBD, dtype=np.float32))
-    t("output.weight", n_vocab, N_EMBD)
+    # output rows: word pieces 8x larger so replies are mostly words (with spaces: TTS gets clauses);
+    # end-of-sequence never likelier than the rest, so replies run to max_tokens
+    out = rng.standard_normal((n_vocab, N_EMBD)) * 0.05
+    out[3 + 256 :] *= 8.0
+    out[2] = 0.0
+    w.add_tensor("output.weight", out.astype(np.float32))
     for i in range(N_LAYER):
         w.add_tensor(f"blk.{i}.attn_norm.weight", np.ones(N_EMBD, dtype=np.float32))
         w.add_tensor(f"blk.{i}.ffn_norm.weight", np.ones(N_EMBD, dtype=np.float32))
@@ -131,9 +136,27 @@ class LlamaServer:
         return f"http://127.0.0.1:{self.port}/v1"
 
     def start(self, timeout_s: float = 120.0) -> LlamaServer:
-        cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(self.model), "--model_alias",
-               self.model_name, "--host", "127.0.0.1", "--port", str(self.port), "--n_ctx", str(N_CTX),
-               "--n_threads", str(self.threads), "--n_batch", "512"]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "llama_cpp.server",
+            "--model",
+            str(self.model),
+            "--model_alias",
+            self.model_name,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--n_ctx",
+            str(N_CTX),
+            "--n_threads",
+            str(self.threads),
+            "--n_batch",
+            "512",
+            "--interrupt_requests",
+            "False",
+        ]  # fmt: skip  (queue concurrent requests, don't cut them off)
         self._log = self.log_path.open("wb")
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)

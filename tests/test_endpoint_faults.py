@@ -4,6 +4,7 @@ test_endpoint_llamacpp.py."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -17,7 +18,7 @@ import yaml
 from tests.conftest import fast_config, tiny_scenario
 from tests.sse_server import SSEServer
 from voicepipe.backends import UnknownBackend, build_backend
-from voicepipe.backends.base import EndpointError, LLMRequest
+from voicepipe.backends.base import LLMRequest
 from voicepipe.config import load_config
 from voicepipe.errors import UserError
 from voicepipe.runner import run_pipeline
@@ -42,7 +43,8 @@ def req(turn: int = 0, out: int = 12) -> LLMRequest:
 
 async def test_scenario_streams_the_models_own_text_with_measured_spans(server):
     prices = {"input_per_mtok": 1.0, "output_per_mtok": 2.0, "source": "test"}
-    res = await run_pipeline(fast_config(endpoint(server, prices=prices)), [tiny_scenario()], 1)
+    cfg = fast_config(endpoint(server, prices=prices), "client.playout=full")  # counts come at the end
+    res = await run_pipeline(cfg, [tiny_scenario()], 1)
     assert len(res.records) == 2 and res.stage_errors == 0 and res.open_tasks_after == 0
     for r in res.records:
         assert r.status == "ok", r
@@ -55,6 +57,10 @@ async def test_scenario_streams_the_models_own_text_with_measured_spans(server):
         # max_tokens is the reference reply's length; the server streams min(30, max_tokens) pieces
         assert r.output_tokens == min(30, len(tokens_of(tiny_scenario().turns[r.turn].reply)))
         assert r.cost_usd == pytest.approx((17 * 1.0 + r.output_tokens * 2.0) / 1e6)
+        m = r.endpoint  # the request's vLLM-style metrics, once the reply played out
+        assert m is not None and m.usage_reported and m.completion_tokens == r.output_tokens
+        assert m.ttft_ms == pytest.approx(agent[0].dur_ns / 1e6) and m.e2el_ms > m.ttft_ms
+        assert m.itl_ms_mean > 0 and m.tpot_ms > 0
         # no profile: the LLM time is measured, not predicted, so it lands in the tax
         assert r.tax_ms >= agent[0].dur_ns / 1e6 - 1
     body = server.seen[0].body
@@ -158,7 +164,33 @@ def test_spec_errors_are_one_line_naming_the_field(monkeypatch):
 
 async def test_predict_without_a_profile_says_how_to_get_one():
     b = build_backend("openai:http://127.0.0.1:9/v1#m")
-    with pytest.raises(EndpointError, match="voicepipe calibrate"):
+    with pytest.raises(UserError, match="voicepipe calibrate"):
         b.predict(req(), np.random.default_rng(0))
     with pytest.raises(UnknownBackend):
         build_backend({"endpoint": "http://127.0.0.1:9/v1"})
+
+
+async def test_a_slow_consumer_still_gets_the_final_chunk(server):
+    """The reply may finish while the agent is busy publishing a chunk: no wake-up may be lost."""
+    from voicepipe.stages.agent import chunk_ends
+
+    server.token_ms = 0.0
+    b = build_backend(f"openai:{server.url}#m")
+    s = b.start(req(out=30), time.monotonic_ns(), np.random.default_rng(0))
+    got = []
+    async with asyncio.timeout(20):  # a lost wake-up hangs here
+        async for end, final in s.chunks(lambda toks: chunk_ends(toks, 4)):
+            got.append((end, final))
+            await asyncio.sleep(0.05)  # the stream ends meanwhile
+    assert got[-1] == (29, True) and [e for e, _ in got] == sorted({e for e, _ in got})
+
+
+@pytest.mark.parametrize("aggregation", ["first", "judge"])
+async def test_council_members_and_judge_can_be_endpoints(server, aggregation):
+    member = f"openai:{server.url}#m"
+    cfg = fast_config("router.policy=rules", "router.default=council", f"council.aggregation={aggregation}",
+                      f'council.members=["{member}", cerebras-llama-3.1-8b]', f"council.judge={member}")  # fmt: skip
+    res = await run_pipeline(cfg, [tiny_scenario(turns=2)], 1)
+    assert [r.status for r in res.records] == ["ok", "ok"] and res.stage_errors == 0
+    if aggregation == "judge":  # the judge's own words are spoken
+        assert all(r.reply_text.startswith("Word0") for r in res.records)

@@ -26,6 +26,15 @@ from voicepipe.runner import run_pipeline
 pytestmark = pytest.mark.endpoint
 
 
+def wait_for(pred, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.05)
+    return False
+
+
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory):
     why = available()
@@ -57,7 +66,8 @@ async def test_a_scenario_runs_end_to_end_with_measured_ttft_and_itl(llama):
         agent = {s.what: s for s in r.spans if s.stage == "agent"}
         assert set(agent) == {"ttft", "decode"} and not any(s.modelled for s in agent.values())
         assert agent["ttft"].dur_ns > 0 and agent["decode"].dur_ns > 0
-        assert r.input_tokens > 5 and r.output_tokens >= 1  # from the server's usage field
+        # llama-cpp-python 0.3 streams no usage chunk: output tokens are the pieces received
+        assert r.output_tokens >= 1
         assert r.reply_text and r.reply_text != tiny_scenario(turns=2).turns[r.turn].reply
     b = build_backend(json.loads(spec(llama).split("=", 1)[1]))
     assert b.kind == "endpoint"
@@ -103,24 +113,26 @@ def test_calibrate_writes_a_profile_that_run_then_uses(llama, tmp_path):
 
 
 async def test_cancel_stops_the_servers_generation(llama):
-    """llama.cpp serves one request at a time: if a cancelled request kept generating its 1,500 tokens,
+    """llama.cpp serves one request at a time: if a cancelled request kept generating its 600 tokens,
     the next request would wait for them. It must not (the server saw the disconnect)."""
     b = build_backend(json.loads(spec(llama, extra={"ignore_eos": True}).split("=", 1)[1]))
     rng = np.random.default_rng(0)
 
     def req(n: int) -> LLMRequest:
-        return LLMRequest("s", n, 20, 1500, 0, (("user", "hello"),))
+        return LLMRequest("s", n, 20, 600, 0, (("user", "hello"),))
 
     full = b.start(req(0), time.monotonic_ns(), rng)
     await full.wait_closed()
     full_s = b.log[-1].e2el_ms / 1e3
-    assert b.log[-1].completion_tokens == 1500
+    assert b.log[-1].completion_tokens >= 550  # pieces; a few byte tokens decode to nothing
 
     s = b.start(req(1), time.monotonic_ns(), rng)
     await s.token_time(3)
     s.cancel()
     await s.wait_closed()
-    assert b.log[-1].cancelled and 4 <= b.log[-1].completion_tokens < 1500
+    assert b.log[-1].cancelled and 4 <= b.log[-1].completion_tokens < 550
+    # uvicorn/sse-starlette log the client going away
+    assert wait_for(lambda: "Disconnected from client" in llama.log_path.read_text())
     nxt = b.start(LLMRequest("s", 2, 20, 4, 0, (("user", "hi"),)), time.monotonic_ns(), rng)
     await nxt.wait_closed()
     assert not b.log[-1].error

@@ -86,6 +86,7 @@ def summarise(stats: list[RequestStats], concurrency: int, duration_s: float) ->
         output_tokens=float(np.mean([s.completion_tokens for s in ok])),
         requests=len(ok),
         failed=len(stats) - len(ok),
+        usage_reported=all(s.usage_reported for s in ok),
         duration_s=duration_s,
         ttft_ms=stat([s.ttft_ms for s in ok if s.ttft_ms is not None]),
         tpot_ms=stat([s.tpot_ms for s in ok if s.tpot_ms is not None]),

@@ -175,6 +175,10 @@ def calibrate_cmd(
         )
         _write(out_path, dump_profile(prof))
         out.print(vllm_table(points, f"MEASURED: {cfg.host} {cfg.model} (client-side, warm-up excluded)"))
+        if not all(p.usage_reported for p in points):
+            out.print(
+                "note: the server sent no usage counts: prompt tokens are the length asked for, output tokens the streamed pieces"
+            )
         if versus:
             out.print(versus_table(against(versus, points), versus))
         out.print(

@@ -27,7 +27,7 @@ from pydantic import (
 )
 
 from voicepipe import clock
-from voicepipe.records import TurnRecord
+from voicepipe.records import EndpointMetrics, TurnRecord
 from voicepipe.spans import Span
 
 SCHEMA_VERSION = 1
@@ -156,6 +156,7 @@ class TurnMeta(BaseModel):
     false_hit: bool = False
     prerendered: bool = False
     members: list[str] = Field(default_factory=list)
+    endpoint: EndpointMetrics | None = None  # a real endpoint's request metrics, on the reply's last chunk
 
 
 class ReplyText(Payload):

@@ -25,6 +25,19 @@ class BreakdownPart(BaseModel):
     modelled: bool = True  # False for the measured rest (bus hops, scheduling)
 
 
+class EndpointMetrics(BaseModel):
+    """A real endpoint's request for this turn, measured on the client (vLLM's metric names)."""
+
+    ttft_ms: float | None = None  # request sent -> first text
+    tpot_ms: float | None = None  # (E2EL - TTFT) / (pieces - 1)
+    itl_ms_mean: float | None = None  # mean gap between streamed pieces
+    itl_ms_max: float | None = None
+    e2el_ms: float | None = None  # request sent -> last text
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    usage_reported: bool = False  # counts from the server's usage field (else: pieces received)
+
+
 class TurnRecord(BaseModel):
     run: str
     label: str = ""  # configuration label (compare); "" for a plain run
@@ -74,6 +87,8 @@ class TurnRecord(BaseModel):
             for k, v in span_metrics(self.spans, self.reply_text, self.output_tokens).items():
                 setattr(self, k, v)
         return self
+
+    endpoint: EndpointMetrics | None = None  # set when a real endpoint answered and the reply played out
 
     def stage_ms(self) -> dict[str, float]:
         out: dict[str, float] = {}

@@ -93,6 +93,8 @@ class TextStream(TokenStream, Protocol):
 
     def usage(self) -> tuple[int, int]: ...
 
+    def metrics(self) -> dict[str, object]: ...
+
 
 def tokens_by(stream: TokenStream, n: int, t_ns: int) -> int:
     """How many of a stream's ``n`` output tokens exist at ``t_ns`` (binary search on their instants)."""

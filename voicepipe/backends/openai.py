@@ -42,6 +42,7 @@ import numpy as np
 
 from voicepipe.backends.base import EndpointError, LLMRequest, Prices, Timing
 from voicepipe.clock import now_ns
+from voicepipe.errors import UserError
 from voicepipe.messages import Span
 
 DEFAULT_SYSTEM = "You are a voice assistant. Answer in one or two short spoken sentences."
@@ -300,8 +301,10 @@ class EndpointStream:
         return len(self.pieces) > i
 
     async def token_time(self, i: int) -> int:
-        if await self._wait(i):
+        """Piece ``i``'s arrival; if the reply is shorter (or ``i`` < 0), its last piece's, once it ended."""
+        if i >= 0 and await self._wait(i):
             return self.times[i]
+        await self._wait(len(self.pieces) + (1 << 30))  # until the stream is over
         if self.error:
             raise EndpointError(self.error)
         if not self.times:
@@ -314,23 +317,33 @@ class EndpointStream:
             if self.error:
                 raise EndpointError(self.error)
             n, done = len(self.pieces), self.done
+            if done and not "".join(self.pieces).strip():
+                raise EndpointError(f"{self.backend.cfg.host} sent no words")
             for end in cut(self.pieces) if n else []:
                 if end <= emitted:
                     continue
-                if end == n - 1 and not done:
-                    break  # the next piece may still extend this chunk
+                # a chunk is final once words follow it (so the last chunk, and TTS's last clause, has words)
+                if not done and not "".join(self.pieces[end + 1 :]).strip():
+                    break
                 emitted = end
                 yield end, done and end == n - 1
             if done:
-                if n == 0:
-                    raise EndpointError(f"{self.backend.cfg.host} sent no text")
                 return
-            self._changed.clear()
-            await self._changed.wait()
+            if len(self.pieces) == n and not self.done:  # nothing new while our consumer held the yield
+                self._changed.clear()
+                await self._changed.wait()
 
     def spans(self, upto_token: int) -> list[Span]:
-        if not self.times:
-            return []
+        if not self.times:  # nothing yet: the wait so far (the council reads where a request starts)
+            return [
+                Span(
+                    stage=self.stage,
+                    what="ttft",
+                    start_ns=self.t0_ns,
+                    dur_ns=max(0, now_ns() - self.t0_ns),
+                    modelled=False,
+                )
+            ]
         upto = min(upto_token, len(self.times) - 1)
         first = self.times[0]
         p = self.predicted
@@ -344,6 +357,20 @@ class EndpointStream:
                      modelled=False, predicted_ns=round(upto * p.tpot_s * 1e9) if p else None)
             )  # fmt: skip
         return out
+
+    def metrics(self) -> dict[str, Any]:
+        """The finished request's metrics (the fields of :class:`voicepipe.records.EndpointMetrics`)."""
+        s = self.stats
+        return {
+            "ttft_ms": s.ttft_ms,
+            "tpot_ms": s.tpot_ms,
+            "itl_ms_mean": float(np.mean(s.itl_ms)) if s.itl_ms else None,
+            "itl_ms_max": max(s.itl_ms) if s.itl_ms else None,
+            "e2el_ms": s.e2el_ms,
+            "prompt_tokens": s.prompt_tokens,
+            "completion_tokens": s.completion_tokens,
+            "usage_reported": s.usage_reported,
+        }
 
     def usage(self) -> tuple[int, int]:
         s = self.stats
@@ -415,9 +442,10 @@ class EndpointBackend:
 
     def predict(self, req: LLMRequest, rng: np.random.Generator) -> Timing:
         if self.profile is None:
-            raise EndpointError(
+            raise UserError(
+                "agent.backend",
                 f"{self.name} has no profile to predict with: `voicepipe calibrate {self.cfg.url} "
-                f"--model {self.cfg.model} --out my.yaml`, then add `profile: my.yaml` to the endpoint"
+                f"--model {self.cfg.model} --out my.yaml`, then add `profile: my.yaml` to the endpoint",
             )
         return self.profile.predict(req, rng)
 

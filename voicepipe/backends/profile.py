@@ -42,6 +42,9 @@ class Point(BaseModel):
     concurrency: int = Field(ge=1)
     prompt_tokens: float = Field(ge=0)  # mean prompt tokens the server counted (usage)
     output_tokens: float = Field(ge=0)  # mean completion tokens per request
+    # token counts from the server's usage field; False: it sent none (llama-cpp-python 0.3), so
+    # prompt_tokens is the length asked for and output_tokens the streamed pieces counted
+    usage_reported: bool = True
     requests: int = Field(ge=1)
     failed: int = Field(0, ge=0)
     duration_s: float = Field(gt=0)

@@ -29,6 +29,7 @@ from voicepipe.messages import (
     TurnMeta,
     TurnScript,
 )
+from voicepipe.records import EndpointMetrics
 from voicepipe.stages.base import Stage
 from voicepipe.text import CLAUSE_END, count_tokens, tokens_of
 
@@ -120,6 +121,10 @@ async def stream_reply(
         head = gen.commit_env if gen.commit_env is not None else env
         if meta is None or (final and isinstance(gen.stream, TextStream)):  # usage is known at the end
             meta = meta_of(head)
+            if final and isinstance(gen.stream, TextStream):
+                meta = meta.model_copy(
+                    update={"endpoint": EndpointMetrics.model_validate(gen.stream.metrics())}
+                )
         route: Route = head.payload  # type: ignore[assignment]
         text = ReplyText(
             text="".join(gen.tokens[start : end + 1]), seq=seq, final=final, words=route.words,

@@ -26,6 +26,7 @@ from voicepipe.messages import (
     SessionEnd,
     Span,
     SpeechStart,
+    TurnMeta,
     TurnScript,
     UserWord,
 )
@@ -54,6 +55,7 @@ class Listening:
     stopped_ns: int = 0  # when the reply audio stopped because of it
     reply: list[str] = field(default_factory=list)
     error: str = ""  # the reply failed (e.g. its endpoint dropped the stream)
+    final_meta: TurnMeta | None = None  # the last audio chunk's metadata (a real model's usage)
 
 
 class Client(Stage):
@@ -101,6 +103,7 @@ class Client(Stage):
         if not lis.first.done():
             lis.first.set_result((got, env))
         if p.last:
+            lis.final_meta = p.meta
             lis.done.set()
 
     # -- playing a conversation -------------------------------------------------------------------
@@ -166,6 +169,12 @@ class Client(Stage):
             await self.bus.publish(Envelope.of(Cancel(reason=CancelReason.HEARD), run, session, k))
         if lis.error and record.status == "ok":  # heard a part, then the reply's request failed
             record.status, record.error = "failed", lis.error
+        fin = lis.final_meta
+        if record.status == "ok" and fin is not None and fin.endpoint is not None:
+            # a real model's counts are known once its reply is over
+            record.endpoint = fin.endpoint
+            record.input_tokens, record.output_tokens = fin.input_tokens, fin.output_tokens
+            record.cost_usd = fin.cost_usd
         if self.on_record:
             self.on_record(record)
         await self.bus.publish(Envelope.of(record, run, session, k))
