@@ -166,6 +166,11 @@ class Client(Stage):
             await self.bus.publish(Envelope.of(Cancel(reason=CancelReason.HEARD), run, session, k))
         if lis.error and record.status == "ok":  # heard a part, then the reply's request failed
             record.status, record.error = "failed", lis.error
+        away = self.bus.disruption_ms(t_start - LEAD_NS, now_ns())  # the broker lost or stalled meanwhile
+        if away:
+            record.broker_outage_ms = away
+            if record.status == "timeout":
+                record.status, record.error = "failed", "broker outage"
         if self.on_record:
             self.on_record(record)
         await self.bus.publish(Envelope.of(record, run, session, k))
