@@ -15,6 +15,8 @@ CPU µs / (published + delivered). mosquitto's own CPU is not included (another 
 Only public entry points are used (``MqttBus``, ``run_pipeline``, ``Mosquitto``), so the same file measures an
 older checkout: ``PYTHONPATH=/path/to/old/checkout python bench/msgcost.py --label first-wave``.
 ``--loop asyncio|uvloop`` picks the event loop (default: uvloop where installed, like ``voicepipe run``).
+It also times the envelope codec (pydantic-core's JSON vs orjson + validation, when orjson is installed): the
+reason the wire path stays on pydantic-core.
 
     python bench/msgcost.py [--messages 4000] [--sessions 50] [--scenario rapid-fire] [--label NAME]
 """
@@ -113,6 +115,35 @@ async def pipeline(cfg: PipelineConfig, scenario: Scenario, sessions: int) -> di
     return {"turns": len(res.records), "ok": ok, "tax_p50_ms": tax[len(tax) // 2] if tax else float("nan")}
 
 
+def codec_us(n: int = 20000) -> dict[str, float]:
+    """µs per call of the envelope codec choices for a ``user.word`` with one span (timeit, this process)."""
+    import timeit
+
+    from voicepipe.messages import parse
+
+    word = UserWord(text="minutes", dur_ns=300_000_000, index=3, pause_before=False, last_word=False)
+    span = Span(stage="transport", what="uplink", start_ns=123_456_789, dur_ns=114_000_000)
+    env = Envelope.of(word, "run1", "s1", 2, [span])
+    body = env.to_bytes()
+    out = {
+        "encode pydantic-core to_json": timeit.timeit(env.to_bytes, number=n) / n * 1e6,
+        "decode+validate pydantic-core validate_json": timeit.timeit(lambda: parse(body), number=n) / n * 1e6,
+    }
+    try:
+        import orjson
+    except ImportError:
+        return out
+    from voicepipe.messages import _WIRE
+
+    out["encode orjson(model_dump)"] = (
+        timeit.timeit(lambda: orjson.dumps(env.model_dump()), number=n) / n * 1e6
+    )
+    out["decode+validate orjson.loads + validate_python"] = (
+        timeit.timeit(lambda: _WIRE.validate_python(orjson.loads(body)), number=n) / n * 1e6
+    )
+    return out
+
+
 def git_rev() -> str:
     import voicepipe
 
@@ -183,6 +214,8 @@ def cli() -> None:
     ap.add_argument("--spread-ms", type=float, default=1000.0)
     ap.add_argument("--loop", choices=("auto", "asyncio", "uvloop"), default="auto")
     ap.add_argument("--label", default="current")
+    ap.add_argument("--no-codec", action="store_true", help="skip the codec micro-benchmark (old checkouts)")
+    ap.add_argument("--code", default=None, help="what code was measured (default: git HEAD of voicepipe)")
     ap.add_argument("--out", type=Path, default=None, help="default bench/results/msgcost-LABEL.json")
     ap.add_argument("--compare", type=Path, default=None, help="an earlier result JSON to print beside")
     args = ap.parse_args()
@@ -195,6 +228,8 @@ def cli() -> None:
         except ImportError:
             kind = "asyncio"
     out = run_on(kind, args)
+    if args.code:
+        out["code"] = args.code
     rows = [("bus only", "bus"), (f"pipeline {args.scenario} x{args.sessions}", "pipeline")]
     old = json.loads(args.compare.read_text()) if args.compare else None
     head = f"{'workload':<30} {'messages':>9} {'CPU s':>7} {'µs/msg':>8}"
@@ -211,6 +246,11 @@ def cli() -> None:
         print(line)
     p = out["pipeline"]
     print(f"pipeline: {p['ok']}/{p['turns']} turns ok, tax p50 {p['tax_p50_ms']:.1f} ms")
+    if not args.no_codec:
+        out["codec_us"] = codec_us()
+        print("envelope codec, µs per call (timeit):")
+        for name, us in out["codec_us"].items():
+            print(f"  {name:<48} {us:6.1f}")
     dest = args.out or Path(f"bench/results/msgcost-{args.label}.json")
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_text(json.dumps(out, indent=2))

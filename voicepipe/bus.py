@@ -584,7 +584,7 @@ class MqttBus(Bus):
             raise self.fatal
         env.sent_ns = now_ns()
         q = self.qos if qos is None else qos
-        t, body = topic(self.run, env.session, channel_of(env.type)), env.__pydantic_serializer__.to_json(env)
+        t, body = topic(self.run, env.session, channel_of(env.type)), env.to_bytes()
         rc = self.client.publish_nowait(t, body, q)
         if q:  # kept a moment, to publish again after a broker restart that lost it
             recent = self._recent
