@@ -167,7 +167,12 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
 
         cfg = load_config(
             None,
-            ["client.playout=first_audio", f"client.start_spread_ms={args.spread_ms}", "broker.probe=false"],
+            [
+                "client.playout=first_audio",
+                f"client.start_spread_ms={args.spread_ms}",
+                "broker.probe=false",
+                *([f"broker.protocol={args.protocol}"] if args.protocol else []),
+            ],
             broker=mq.url,
         )
         scenario = load_scenario(args.scenario)
@@ -213,6 +218,7 @@ def cli() -> None:
     ap.add_argument("--scenario", default="rapid-fire")
     ap.add_argument("--spread-ms", type=float, default=1000.0)
     ap.add_argument("--loop", choices=("auto", "asyncio", "uvloop"), default="auto")
+    ap.add_argument("--protocol", default=None, help="broker.protocol for the pipeline (default: its own)")
     ap.add_argument("--label", default="current")
     ap.add_argument("--no-codec", action="store_true", help="skip the codec micro-benchmark (old checkouts)")
     ap.add_argument("--code", default=None, help="what code was measured (default: git HEAD of voicepipe)")

@@ -380,7 +380,6 @@ class LeanClient(aiomqtt.Client):
         self._waiter: asyncio.Future[None] | None = None
         self.inbox: deque[tuple[str, bytes]] = deque()
         self.unacked: dict[int, int] = {}  # QoS 1 mid -> when it was handed over (stall detection)
-        self._client.max_inflight_messages_set(1000)  # paho's default 20 would queue a busy stage's sends
         self._client.disable_logger()  # paho formats a debug line per packet otherwise (errors still raise)
 
     # -- connection life --------------------------------------------------------------------------
@@ -481,7 +480,16 @@ class LeanClient(aiomqtt.Client):
 
     def _on_publish(self, client: Any, userdata: Any, mid: int, *a: Any) -> None:
         self.unacked.pop(mid, None)
-        super()._on_publish(client, userdata, mid, *a)
+        if self._pending_publishes:  # someone awaits aiomqtt's own publish (retained markers)
+            super()._on_publish(client, userdata, mid, *a)
+
+    def _on_connect(self, client: Any, userdata: Any, flags: Any, rc: Any, properties: Any = None) -> None:
+        # QoS 1 messages in flight: as many as the broker takes (MQTT 5 Receive Maximum, which paho does not
+        # apply itself; stock mosquitto says 20); unlimited on 3.1.1 (paho's default 20 would hold a busy
+        # stage's sends back, and its limit check scans every unacknowledged message on each PUBACK)
+        most = getattr(properties, "ReceiveMaximum", 0) if properties is not None else 0
+        client._max_inflight_messages = 0 if not most or most >= 65535 else most  # its setter refuses now
+        super()._on_connect(client, userdata, flags, rc, properties)
 
     def _wake(self) -> None:
         w = self._waiter
