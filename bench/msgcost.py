@@ -19,6 +19,11 @@ It also times the envelope codec (pydantic-core's JSON vs orjson + validation, w
 reason the wire path stays on pydantic-core.
 
     python bench/msgcost.py [--messages 4000] [--sessions 50] [--scenario rapid-fire] [--label NAME]
+    python bench/msgcost.py --against /tmp/first-wave --against-code a2788ef --rounds 3
+
+``--against DIR`` (a checkout, e.g. ``git archive a2788ef voicepipe scenarios | tar -x -C DIR``) runs
+rounds of this checkout and that one one after the other, each in a fresh process, and prints the medians
+and their ratio to bench/results/msgcost.json: on a shared machine the load drifts between runs.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import contextlib
 import json
 import platform
 import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -211,6 +217,58 @@ def run_on(loop_kind: str, args: argparse.Namespace) -> dict[str, object]:
     return asyncio.run(main(args))
 
 
+def interleaved(args: argparse.Namespace) -> None:
+    """Rounds of (this checkout, the one at ``--against``) one after the other, each in a fresh process:
+    on a shared box the load drifts, so the ratio is taken from runs that saw the same load."""
+    import os
+    import statistics
+    import tempfile
+
+    here = Path(__file__).resolve()
+    runs: dict[str, list[dict]] = {"current": [], "against": []}
+    common = ["--messages", str(args.messages), "--sessions", str(args.sessions), "--scenario", args.scenario,
+              "--spread-ms", str(args.spread_ms), "--no-codec"]  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.rounds):
+            for who in ("current", "against"):
+                out = Path(tmp) / f"{who}-{r}.json"
+                env = dict(os.environ)
+                cmd = [sys.executable, str(here), *common, "--out", str(out), "--label", who]
+                if who == "against":
+                    env["PYTHONPATH"] = str(args.against)
+                    cmd += ["--loop", args.against_loop]
+                subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
+                runs[who].append(json.loads(out.read_text()))
+                print(f"round {r + 1}/{args.rounds} {who}: bus {runs[who][-1]['bus']['us_per_message']:.1f}"
+                      f" µs/msg, pipeline {runs[who][-1]['pipeline']['us_per_message']:.1f} µs/msg")  # fmt: skip
+    summary: dict[str, object] = {
+        "what": "CPU µs per MQTT PUBLISH sent or received (broker $SYS counts), medians of interleaved "
+        "rounds, each in a fresh process, spawned nodelay mosquitto; time.process_time",
+        "machine": platform.platform(),
+        "rounds": args.rounds,
+        "current": {"code": runs["current"][0]["code"], "loop": runs["current"][0]["loop"]},
+        "against": {"code": args.against_code or str(args.against), "loop": args.against_loop},
+    }
+    print(f"CPU per bus message, median of {args.rounds} interleaved rounds (measured)")
+    print(f"{'workload':<30} {'against µs/msg':>15} {'current µs/msg':>15} {'ratio':>6}")
+    for key, name in (("bus", "bus only"), ("pipeline", f"pipeline {args.scenario} x{args.sessions}")):
+        old = statistics.median(x[key]["us_per_message"] for x in runs["against"])
+        new = statistics.median(x[key]["us_per_message"] for x in runs["current"])
+        summary[key] = {
+            "against_us_per_message": old,
+            "current_us_per_message": new,
+            "ratio": old / new,
+            "rounds_against": [x[key]["us_per_message"] for x in runs["against"]],
+            "rounds_current": [x[key]["us_per_message"] for x in runs["current"]],
+        }
+        print(f"{name:<30} {old:>15.1f} {new:>15.1f} {old / new:>5.1f}x")
+    summary["codec_us"] = codec_us()
+    dest = args.out or Path("bench/results/msgcost.json")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(json.dumps(summary, indent=2))
+    print(f"wrote {dest}")
+
+
 def cli() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--messages", type=int, default=4000, help="envelopes in the bus-only workload")
@@ -224,7 +282,14 @@ def cli() -> None:
     ap.add_argument("--code", default=None, help="what code was measured (default: git HEAD of voicepipe)")
     ap.add_argument("--out", type=Path, default=None, help="default bench/results/msgcost-LABEL.json")
     ap.add_argument("--compare", type=Path, default=None, help="an earlier result JSON to print beside")
+    ap.add_argument("--against", type=Path, default=None, help="an older checkout: interleaved rounds vs it")
+    ap.add_argument("--against-loop", default="asyncio", help="event loop for the older checkout")
+    ap.add_argument("--against-code", default=None, help="what the older checkout is (for the JSON)")
+    ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
+    if args.against:
+        interleaved(args)
+        return
     kind = args.loop
     if kind == "auto":
         try:

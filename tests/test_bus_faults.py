@@ -171,3 +171,6 @@ def test_health_overlap_merges_outages_and_stalls():
     assert h.overlap_ns(0, 2000) == 300 + 100
     assert h.overlap_ns(250, 950) == 150 + 50
     assert h.overlap_ns(500, 800) == 0
+    # five clients losing the same broker are one outage in the summary
+    five = BrokerHealth(outages=[(0, 1_000_000_000 + i) for i in range(5)], reconnects=5)
+    assert five.summary()[0].startswith("broker connection lost 1 time(s) (longest 1.0 s, 5 client")
