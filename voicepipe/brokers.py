@@ -7,7 +7,9 @@
   ``set_tcp_nodelay true`` (without it small QoS 1 round trips stall 40+ ms on delayed ACKs) and an
   explicit ``max_queued_messages`` (mosquitto silently drops QoS 1 messages past it, default 1000).
   Optionally a TLS listener (:class:`ServerTLS`: ``mqtts://``), a password file (``users``) and an ACL
-  file (``acl_file``, e.g. docs/mosquitto-acl.conf) — what the security tests run against.
+  file (``acl_file``, e.g. docs/mosquitto-acl.conf) — what the security tests run against. For the fault
+  tests: ``persistence`` (sessions saved every second), :meth:`Mosquitto.kill` then ``start()`` again (a
+  crash and restart on the same port), :meth:`Mosquitto.pause`/``resume`` (SIGSTOP/SIGCONT).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import contextlib
 import logging
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -97,6 +100,7 @@ class Mosquitto:
         users: dict[str, str] | None = None,
         tls: ServerTLS | None = None,
         acl_file: str | Path | None = None,
+        persistence: bool = False,
     ) -> None:
         self.port = port or free_port()
         self.nodelay = nodelay
@@ -104,6 +108,7 @@ class Mosquitto:
         self.users = users or {}
         self.tls = tls
         self.acl_file = acl_file
+        self.persistence = persistence  # sessions and queued messages saved every second (restart tests)
         self.proc: subprocess.Popen[bytes] | None = None
         self._dir: tempfile.TemporaryDirectory[str] | None = None
 
@@ -133,7 +138,11 @@ class Mosquitto:
             f"set_tcp_nodelay {'true' if self.nodelay else 'false'}",
             f"max_queued_messages {self.max_queued}",
             "max_inflight_messages 0",
-            "persistence false",
+            *(
+                [f"persistence true\npersistence_location {workdir}/\nautosave_interval 1"]
+                if self.persistence
+                else ["persistence false"]
+            ),
             "log_dest stderr",  # errors only: why a start failed, without filling the pipe
             "log_type error",
         ]
@@ -154,7 +163,8 @@ class Mosquitto:
 
     def start(self, timeout_s: float = 10.0) -> None:
         exe = self.binary()
-        self._dir = tempfile.TemporaryDirectory(prefix="voicepipe-mosquitto-")
+        if self._dir is None:  # a restart keeps the directory: its config and persistence file
+            self._dir = tempfile.TemporaryDirectory(prefix="voicepipe-mosquitto-")
         workdir = Path(self._dir.name)
         conf = workdir / "mosquitto.conf"
         conf.write_text(self.config_text(workdir))
@@ -172,8 +182,25 @@ class Mosquitto:
         self.stop()
         raise RuntimeError(f"mosquitto did not listen on port {self.port} within {timeout_s} s")
 
+    def kill(self) -> None:
+        """SIGKILL, as a crash: no goodbye to clients, nothing saved; :meth:`start` again restarts it on
+        the same port with the same files."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(5)
+
+    def pause(self) -> None:
+        """SIGSTOP: connections stay open, nothing moves until :meth:`resume`."""
+        if self.proc:
+            self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.proc:
+            self.proc.send_signal(signal.SIGCONT)
+
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)  # a paused broker cannot act on SIGTERM
             self.proc.terminate()
             try:
                 self.proc.wait(5)

@@ -9,6 +9,13 @@ subscribed): :class:`MqttBus` (one aiomqtt client per stage, here) and
 
 MQTT: every client sets TCP_NODELAY (small QoS 1 messages otherwise wait on delayed ACKs). A stage subscribes to
 ``voicepipe/{run}/+/{channel}`` once and serves every session through that one subscription.
+
+The message path is lean (:class:`LeanClient`: no future, task or timer per message, one socket write per
+event-loop batch; bench/msgcost.py measures it) and survives the broker going away (:class:`MqttBus`:
+reconnect with backoff and jitter, persistent session, QoS 1 resend, resubscribe, replay after a restart,
+duplicates dropped by envelope id; :class:`BrokerHealth` records outages and stalls for the turns they
+hit; past ``outage_window_s`` :class:`BrokerOutage` ends the run). Validation happens here, where bytes
+enter from the network (:func:`voicepipe.messages.parse`); the in-memory bus passes validated objects.
 """
 
 from __future__ import annotations
@@ -16,11 +23,16 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import json
 import logging
+import math
+import random
 import socket
 import ssl
 import statistics
+import threading
 import time
+from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -28,6 +40,10 @@ from urllib.parse import unquote, urlparse
 
 import aiomqtt
 import structlog
+from aiomqtt.exceptions import MqttConnectError
+from paho.mqtt.client import MQTT_CLEAN_START_FIRST_ONLY
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
 from voicepipe.clock import now_ns
 from voicepipe.errors import UserError, redact_url
@@ -151,8 +167,27 @@ class BrokerAddress:
                 ) from None
         return ctx
 
-    def client(self, identifier: str | None = None, **kw: Any) -> aiomqtt.Client:
-        return aiomqtt.Client(
+    def client(
+        self,
+        identifier: str | None = None,
+        *,
+        lean: bool = False,
+        protocol: str = "3.1.1",
+        session_expiry_s: float | None = None,
+        **kw: Any,
+    ) -> aiomqtt.Client:
+        """An aiomqtt client for this address (TCP_NODELAY, TLS as configured). ``lean``: a
+        :class:`LeanClient` on a persistent session (resumed after a reconnect); ``protocol`` "5" speaks
+        MQTT 5 (clean start on the first connect only, session expiry ``session_expiry_s``)."""
+        if protocol == "5":
+            props = Properties(PacketTypes.CONNECT)
+            props.SessionExpiryInterval = math.ceil(session_expiry_s or 0) + 5 if lean else 0
+            kw.update(
+                protocol=aiomqtt.ProtocolVersion.V5, clean_start=MQTT_CLEAN_START_FIRST_ONLY, properties=props
+            )
+        elif lean:
+            kw["clean_session"] = False
+        return (LeanClient if lean else aiomqtt.Client)(
             self.host,
             self.port,
             username=self.username,
@@ -214,45 +249,379 @@ class Bus(abc.ABC):
     def messages(self) -> AsyncIterator[tuple[str, Envelope]]:
         """(channel, envelope) for every message received on the subscribed channels."""
 
+    def disruption_ms(self, start_ns: int, end_ns: int) -> float:
+        """How long within [start_ns, end_ns] the broker was unreachable or stalled (0 without a broker)."""
+        return 0.0
+
     async def deadletter(self, where: str, reason: str, body: bytes) -> None:
         self.deadletters += 1
         log.warning("deadletter", stage=self.name, topic=where, reason=reason)
 
 
-class MqttBus(Bus):
-    """A stage's own aiomqtt client."""
+class BrokerOutage(RuntimeError):
+    """The broker stayed unreachable longer than ``broker.outage_window_s``: the run ends (exit code 3)."""
 
-    def __init__(self, addr: BrokerAddress, run: str, name: str, qos: int = 1) -> None:
+
+@dataclass
+class BrokerHealth:
+    """What one run's bus clients saw of the broker: disconnections and stalls, on the monotonic clock.
+
+    An *outage* is a lost connection until the client is connected and subscribed again; a *stall* is a
+    connected broker that acknowledged no QoS 1 publish for ``stall_ns`` or longer (a paused or overloaded
+    broker). Every :class:`MqttBus` of a process shares one, so a turn can ask how much of its window the
+    broker was away, whichever client noticed.
+    """
+
+    stall_ns: int = 1_000_000_000
+    outages: list[tuple[int, int]] = field(default_factory=list)
+    stalls: list[tuple[int, int]] = field(default_factory=list)
+    reconnects: int = 0
+    down_since: dict[str, int] = field(default_factory=dict)  # client -> when it lost the broker
+
+    def overlap_ns(self, start_ns: int, end_ns: int) -> int:
+        """How long within [start_ns, end_ns] the broker was away (outages and stalls, merged)."""
+        now = now_ns()
+        spans = [*self.outages, *self.stalls, *((t, now) for t in self.down_since.values())]
+        cut = [(max(a, start_ns), min(b, end_ns)) for a, b in spans if b > start_ns and a < end_ns]
+        return sum(b - a for a, b in merged(cut))
+
+    def summary(self) -> list[str]:
+        """Warnings for the run's summary: what the broker's absences put into the measured tax."""
+        out = []
+        if self.outages:  # every client notices the same outage: one per merged interval
+            spans = merged(self.outages)
+            worst = max(b - a for a, b in spans) / 1e9
+            out.append(
+                f"broker connection lost {len(spans)} time(s) (longest {worst:.1f} s, {self.reconnects} "
+                "client reconnect(s)): turns during an outage include it in their latency and tax "
+                "(broker_outage_ms in their records)"
+            )
+        if self.stalls:
+            spans = merged(self.stalls)
+            worst = max(b - a for a, b in spans) / 1e9
+            out.append(
+                f"broker stalled {len(spans)} time(s) (longest {worst:.1f} s without acknowledging a QoS 1 "
+                "publish): the stall is in the measured tax of the turns it overlapped (broker_outage_ms "
+                "in their records), not the pipeline's cost"
+            )
+        return out
+
+
+def merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Overlapping (start, end) intervals joined, in order."""
+    out: list[tuple[int, int]] = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        elif b > a:
+            out.append((a, b))
+    return out
+
+
+class _BufferedSocket:
+    """paho's socket seen through two buffers, so one syscall serves many packets.
+
+    paho reads a packet in several ``recv`` calls (command byte, each length byte, body) and writes each
+    packet with its own ``send``. Here reads take up to 64 KiB from the kernel at once and serve paho from
+    memory; writes only collect, and :meth:`flush` sends them in one call once the event loop has run the
+    current batch of callbacks (every PUBLISH and PUBACK of that batch together).
+    """
+
+    __slots__ = ("rbuf", "rpos", "sock", "wbuf")
+
+    def __init__(self, sock: Any) -> None:
+        self.sock = sock
+        self.rbuf = b""
+        self.rpos = 0
+        self.wbuf: list[bytes] = []
+
+    def recv(self, n: int) -> bytes:
+        if self.rpos >= len(self.rbuf):
+            data = self.sock.recv(65536)  # BlockingIOError and TLS want-read pass through to paho
+            if not data:
+                return b""
+            self.rbuf, self.rpos = data, 0
+        start = self.rpos
+        self.rpos = min(start + n, len(self.rbuf))
+        return self.rbuf[start : self.rpos]
+
+    def buffered(self) -> int:
+        pend = getattr(self.sock, "pending", None)  # TLS: decrypted bytes the SSL object still holds
+        return len(self.rbuf) - self.rpos + (pend() if pend else 0)
+
+    def send(self, buf: bytes | bytearray | memoryview) -> int:
+        self.wbuf.append(bytes(buf))
+        return len(buf)
+
+    def flush(self) -> bool:
+        """Send what paho wrote; False when the kernel took only part (the rest waits for writability)."""
+        if not self.wbuf:
+            return True
+        data = self.wbuf[0] if len(self.wbuf) == 1 else b"".join(self.wbuf)
+        self.wbuf.clear()
+        try:
+            n = self.sock.send(data)
+        except (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
+            n = 0
+        if n < len(data):
+            self.wbuf.append(data[n:])
+            return False
+        return True
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.sock, name)
+
+
+class LeanClient(aiomqtt.Client):
+    """aiomqtt's client with a lean per-message path (aiomqtt >= 2.5, paho 2.x).
+
+    aiomqtt, per message: an ``asyncio.Event``, a ``wait_for`` task and its timeout timer for every QoS 1
+    publish; a thread-safe wake-up (a self-pipe write) to register the socket for writing; a task and an
+    ``asyncio.wait`` for every received message. Here instead: :meth:`publish_nowait` hands the message to
+    paho (which keeps QoS 1 messages until acknowledged and sends them again after a reconnect); writes
+    are flushed once per event-loop batch through :class:`_BufferedSocket`; received messages go into a
+    deque that :meth:`wait` drains, one future per empty-to-non-empty transition. Connecting, TLS,
+    subscribing and MQTT 5 stay aiomqtt's and paho's.
+    """
+
+    def __init__(self, *a: Any, socket_options: Any = (), **kw: Any) -> None:
+        super().__init__(*a, **kw)
+        self._opts = tuple(socket_options)
+        self._thread = threading.get_ident()
+        self._sockw: _BufferedSocket | None = None
+        self._flush_due = False
+        self._writer = False
+        self._waiter: asyncio.Future[None] | None = None
+        self.inbox: deque[tuple[str, bytes]] = deque()
+        self.unacked: dict[int, int] = {}  # QoS 1 mid -> when it was handed over (stall detection)
+        self._client.disable_logger()  # paho formats a debug line per packet otherwise (errors still raise)
+
+    # -- connection life --------------------------------------------------------------------------
+    @property
+    def lost(self) -> bool:
+        return self._disconnected.done()
+
+    def prepare_reconnect(self) -> None:
+        """After a lost connection: let ``__aenter__`` connect again (aiomqtt's documented reuse)."""
+        if self._connected.done():
+            self._connected = asyncio.Future()
+        if self._client.protocol == 5:
+            # resume the session: paho's connect() would treat every call as the first (clean start)
+            self._clean_start = False
+        self._wake()
+
+    def _lose(self, exc: BaseException) -> None:
+        if not self._disconnected.done():
+            self._disconnected.set_exception(exc)
+            self._disconnected.exception()  # retrieved: a lost connection is handled, not an unawaited error
+        self._wake()
+
+    def _on_disconnect(self, *a: Any, **kw: Any) -> None:
+        super()._on_disconnect(*a, **kw)
+        d = self._disconnected
+        if d.done() and not d.cancelled():
+            d.exception()  # retrieved: MqttBus reconnects; nobody else awaits it
+        self._wake()
+
+    # -- socket hooks (paho's external-loop API) ---------------------------------------------------
+    def _on_socket_open(self, client: Any, userdata: Any, sock: Any) -> None:
+        raw = sock
+        for opt in self._opts:
+            with contextlib.suppress(OSError):
+                raw.setsockopt(*opt)
+        w = _BufferedSocket(raw)
+        client._sock = w  # paho reads and writes through the buffers from here on
+        self._sockw = w
+
+        def readable() -> None:
+            try:
+                while client.loop_read() == 0 and client._sock is w and w.buffered():
+                    pass
+            except Exception as exc:  # a broken connection: reconnect, as aiomqtt would disconnect
+                self._lose(exc)
+            self._flush_soon()
+
+        def misc() -> None:
+            self._misc_task = self._loop.create_task(self._misc_loop())
+
+        self._loop.call_soon_threadsafe(self._loop.add_reader, raw.fileno(), readable)
+        self._loop.call_soon_threadsafe(misc)
+
+    def _on_socket_close(self, client: Any, userdata: Any, sock: Any) -> None:
+        if self._writer:
+            with contextlib.suppress(Exception):
+                self._loop.remove_writer(sock.fileno())
+            self._writer = False
+        self._sockw = None
+        super()._on_socket_close(client, userdata, sock)
+
+    def _on_socket_register_write(self, client: Any, userdata: Any, sock: Any) -> None:
+        self._flush_soon()
+
+    def _on_socket_unregister_write(self, client: Any, userdata: Any, sock: Any) -> None:
+        pass  # writes only ever wait in _BufferedSocket; its own writer callback is managed in _flush
+
+    def _flush_soon(self) -> None:
+        if self._flush_due:
+            return
+        self._flush_due = True
+        if threading.get_ident() == self._thread:
+            self._loop.call_soon(self._flush)
+        else:  # paho connects in an executor thread
+            self._loop.call_soon_threadsafe(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_due = False
+        try:
+            self._client.loop_write()  # paho's queued packets into the write buffer
+            w = self._sockw
+            if w is None:
+                return
+            if w.flush():
+                if self._writer:
+                    self._loop.remove_writer(w.fileno())
+                    self._writer = False
+            elif not self._writer:
+                self._loop.add_writer(w.fileno(), self._flush)
+                self._writer = True
+        except Exception as exc:
+            self._lose(exc)
+
+    # -- messages ------------------------------------------------------------------------------------
+    def _on_message(self, client: Any, userdata: Any, message: Any) -> None:
+        self.inbox.append((message.topic, message.payload))
+        self._wake()
+
+    def _on_publish(self, client: Any, userdata: Any, mid: int, *a: Any) -> None:
+        self.unacked.pop(mid, None)
+        if self._pending_publishes:  # someone awaits aiomqtt's own publish (retained markers)
+            super()._on_publish(client, userdata, mid, *a)
+
+    def _on_connect(self, client: Any, userdata: Any, flags: Any, rc: Any, properties: Any = None) -> None:
+        # QoS 1 messages in flight: as many as the broker takes (MQTT 5 Receive Maximum, which paho does not
+        # apply itself; stock mosquitto says 20); unlimited on 3.1.1 (paho's default 20 would hold a busy
+        # stage's sends back, and its limit check scans every unacknowledged message on each PUBACK)
+        most = getattr(properties, "ReceiveMaximum", 0) if properties is not None else 0
+        client._max_inflight_messages = 0 if not most or most >= 65535 else most  # its setter refuses now
+        super()._on_connect(client, userdata, flags, rc, properties)
+
+    def _wake(self) -> None:
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    async def wait(self) -> None:
+        """Until a message is in :attr:`inbox` or the connection is lost."""
+        if self.inbox or self._disconnected.done():
+            return
+        self._waiter = self._loop.create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+
+    def publish_nowait(self, topic: str, payload: bytes, qos: int, retain: bool = False) -> int:
+        """Hand a message to paho; paho's result code (``MQTT_ERR_NO_CONN``: queued until reconnected for
+        QoS 1, dropped for QoS 0)."""
+        info = self._client.publish(topic, payload, qos, retain)
+        if qos and info.rc in (0, MQTT_ERR_NO_CONN):
+            self.unacked[info.mid] = now_ns()
+        return int(info.rc)
+
+
+MQTT_ERR_NO_CONN = 4  # paho.mqtt.enums.MQTTErrorCode.MQTT_ERR_NO_CONN
+REPLAY_NS = 2_000_000_000  # published this long before a lost connection: sent again after reconnecting
+SEEN_IDS = 16384  # ids remembered per client for deduplication (QoS 1 redelivers after reconnects)
+
+
+class MqttBus(Bus):
+    """A stage's own MQTT client: the lean message path, reconnect and resume.
+
+    Lost connection: reconnect with exponential backoff and jitter (aiomqtt's documented pattern: enter
+    the same client again), on a persistent session (MQTT 5: clean start on the first connect only and a
+    session expiry of ``outage_window_s``; MQTT 3.1.1: ``clean_session`` false), then subscribe again.
+    QoS 1 publishes not yet acknowledged stay with paho and are sent again (DUP); what the broker
+    redelivers twice is dropped by envelope id. A connection lost for longer than ``outage_window_s``
+    raises :class:`BrokerOutage` from :meth:`messages` and :meth:`publish`.
+    """
+
+    BACKOFF_S = (0.05, 2.0)  # first retry after ~50 ms, doubling up to 2 s; each times uniform(0.5, 1)
+
+    def __init__(
+        self,
+        addr: BrokerAddress,
+        run: str,
+        name: str,
+        qos: int = 1,
+        *,
+        protocol: str = "3.1.1",
+        outage_window_s: float = 30.0,
+        health: BrokerHealth | None = None,
+    ) -> None:
         super().__init__(run, name)
         self.addr = addr
         self.qos = qos
-        self.client = addr.client(identifier=f"vp-{run}-{name}")
+        self.protocol = protocol
+        self.window_ns = round(outage_window_s * 1e9)
+        self.health = health or BrokerHealth()
+        self.client: LeanClient = addr.client(
+            identifier=f"vp-{run}-{name}",
+            lean=True,
+            protocol=protocol,
+            session_expiry_s=outage_window_s,
+        )  # type: ignore[assignment]
+        self.topics: list[str] = []
+        self.duplicates = 0
+        self.dropped_qos0 = 0
+        self._seen: set[str] = set()
+        self._seen_order: deque[str] = deque()
+        self._watch: asyncio.Task[None] | None = None
+        self._reconnecting: asyncio.Task[None] | None = None
+        self.fatal: BrokerOutage | None = None
+        self._recent: deque[tuple[int, str, bytes]] = deque()  # (sent_ns, topic, body) of the last REPLAY_NS
+        self.replayed = 0
 
     async def __aenter__(self) -> MqttBus:
         await self.client.__aenter__()
+        self._watch = asyncio.create_task(self._watchdog(), name=f"bus-watch-{self.name}")
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        for t in (self._watch, self._reconnecting):
+            if t is not None:
+                t.cancel()
+                with contextlib.suppress(BaseException):
+                    await t
         with contextlib.suppress(Exception):
             await self.client.__aexit__(None, None, None)
 
     async def subscribe(self, *channels: str) -> None:
         for ch in channels:
-            await self.client.subscribe(topic(self.run, "+", ch), qos=self.qos)
+            t = topic(self.run, "+", ch)
+            self.topics.append(t)
+            await self.client.subscribe(t, qos=self.qos)
 
     async def publish(self, env: Envelope, *, qos: int | None = None) -> None:
+        if self.fatal is not None:
+            raise self.fatal
         env.sent_ns = now_ns()
-        channel = channel_of(env.type)
-        task = asyncio.current_task()
-        await self.client.publish(
-            topic(self.run, env.session, channel), env.to_bytes(), qos=self.qos if qos is None else qos
-        )
+        q = self.qos if qos is None else qos
+        t, body = topic(self.run, env.session, channel_of(env.type)), env.to_bytes()
+        rc = self.client.publish_nowait(t, body, q)
+        if q:  # kept a moment, to publish again after a broker restart that lost it
+            recent = self._recent
+            recent.append((env.sent_ns, t, body))
+            if not self.health.down_since:
+                cut = env.sent_ns - REPLAY_NS
+                while recent[0][0] < cut:
+                    recent.popleft()
+        if rc == MQTT_ERR_NO_CONN:
+            self._lost()
+            if not q:
+                self.dropped_qos0 += 1
+        elif rc:
+            raise aiomqtt.MqttCodeError(rc, "Could not publish message")
         self.published += 1
-        if task is not None and task.cancelling():
-            # aiomqtt awaits its confirmation with asyncio.wait_for, which on Python < 3.12 can swallow a
-            # cancel that lands as the confirmation arrives (CPython gh-86296): honour it here, so a
-            # cancelled turn never goes on publishing.
-            raise asyncio.CancelledError
 
     async def deadletter(self, where: str, reason: str, body: bytes) -> None:
         await super().deadletter(where, reason, body)
@@ -262,28 +631,145 @@ class MqttBus(Bus):
             "reason": reason,
             "body": body[:512].decode("utf-8", errors="replace"),
         }
-        import json
-
-        with contextlib.suppress(Exception):
-            await self.client.publish(deadletter_topic(self.run), json.dumps(note).encode(), qos=0)
+        self.client.publish_nowait(deadletter_topic(self.run), json.dumps(note).encode(), 0)
 
     async def messages(self) -> AsyncIterator[tuple[str, Envelope]]:
-        """Parsed envelopes with their channel; malformed ones go to the dead-letter topic."""
-        async for msg in self.client.messages:
-            self.received += 1
-            t = str(msg.topic)
-            body = msg.payload if isinstance(msg.payload, bytes | bytearray) else str(msg.payload).encode()
-            try:
-                _, session, channel = split_topic(t)
-                env = parse(body)
-                if channel_of(env.type) != channel:
-                    raise BadMessage(f"type {env.type!r} does not belong on channel {channel!r}")
-                if env.session != session or env.run != self.run:
-                    raise BadMessage("run/session in body do not match the topic")
-            except BadMessage as exc:
-                await self.deadletter(t, str(exc), bytes(body))
+        """Parsed envelopes with their channel; malformed ones go to the dead-letter topic, duplicates
+        (same envelope id again, after a redelivery) are dropped."""
+        c = self.client
+        inbox = c.inbox
+        while True:
+            while inbox:
+                t, body = inbox.popleft()
+                self.received += 1
+                try:
+                    _, session, channel = split_topic(t)
+                    env = parse(body)
+                    if channel_of(env.type) != channel:
+                        raise BadMessage(f"type {env.type!r} does not belong on channel {channel!r}")
+                    if env.session != session or env.run != self.run:
+                        raise BadMessage("run/session in body do not match the topic")
+                except BadMessage as exc:
+                    await self.deadletter(t, str(exc), bytes(body))
+                    continue
+                if self._duplicate(env.id):
+                    self.duplicates += 1
+                    continue
+                yield channel, env
+            if c.lost:
+                self._lost()
+                await asyncio.shield(self._reconnecting)  # type: ignore[arg-type]
                 continue
-            yield channel, env
+            await c.wait()
+
+    def _duplicate(self, id_: str) -> bool:
+        seen = self._seen
+        if id_ in seen:
+            return True
+        seen.add(id_)
+        order = self._seen_order
+        order.append(id_)
+        if len(order) > SEEN_IDS:
+            seen.discard(order.popleft())
+        return False
+
+    def disruption_ms(self, start_ns: int, end_ns: int) -> float:
+        return self.health.overlap_ns(start_ns, end_ns) / 1e6
+
+    # -- reconnect -----------------------------------------------------------------------------------
+    def _lost(self) -> None:
+        """The connection is gone: start reconnecting (once)."""
+        if self.fatal is not None:
+            raise self.fatal
+        if self._reconnecting is None or self._reconnecting.done():
+            self.health.down_since.setdefault(self.name, now_ns())
+            log.warning("broker connection lost; reconnecting", stage=self.name)
+            self._reconnecting = asyncio.create_task(self._reconnect(), name=f"bus-reconnect-{self.name}")
+
+    async def _reconnect(self) -> None:
+        c = self.client
+        since = self.health.down_since.setdefault(self.name, now_ns())
+        lo, hi = self.BACKOFF_S
+        attempt = 0
+        while True:
+            left = (since + self.window_ns - now_ns()) / 1e9
+            if left <= 0:
+                self.fatal = BrokerOutage(
+                    f"broker {self.addr.host}:{self.addr.port} unreachable for more than "
+                    f"{self.window_ns / 1e9:g} s (broker.outage_window_s)"
+                )
+                c._wake()
+                raise self.fatal
+            await asyncio.sleep(min(left, min(hi, lo * 2**attempt) * random.uniform(0.5, 1.0)))
+            attempt += 1
+            with contextlib.suppress(Exception):
+                await c.__aexit__(None, None, None)  # releases aiomqtt's reuse lock after a lost connection
+            c.prepare_reconnect()
+            try:
+                async with asyncio.timeout(max(0.1, min(left, 5.0))):
+                    await c.__aenter__()
+                    for t in self.topics:  # a persistent session keeps them; a broker that lost it does not
+                        await c.subscribe(t, qos=self.qos)
+            except (aiomqtt.MqttError, OSError, TimeoutError) as exc:
+                log.debug("reconnect failed", stage=self.name, attempt=attempt, error=str(exc))
+                continue
+            self.health.down_since.pop(self.name, None)
+            self.health.outages.append((since, now_ns()))
+            self.health.reconnects += 1
+            log.warning("broker reconnected", stage=self.name, after_s=round((now_ns() - since) / 1e9, 2))
+            # a restarted broker may have lost what it held (sessions, queued messages: mosquitto keeps MQTT 5
+            # sessions only in memory across a crash): once every bus of this process is subscribed again,
+            # publish the recent messages again; receivers drop the ones they had by id
+            while self.health.down_since and now_ns() < since + self.window_ns:
+                await asyncio.sleep(0.02)
+            again = [(t, body) for ts, t, body in self._recent if ts >= since - REPLAY_NS]
+            for t, body in again:
+                c.publish_nowait(t, body, self.qos)
+            self.replayed += len(again)
+            c._flush_soon()
+            return
+
+    async def _watchdog(self) -> None:
+        """Notice a stalled broker: QoS 1 publishes unacknowledged for ``health.stall_ns``."""
+        c = self.client
+        stall_from: int | None = None
+        while True:
+            await asyncio.sleep(0.25)
+            if c.lost:
+                if self.fatal is None:
+                    self._lost()
+                stall_from = None
+                continue
+            oldest = next(iter(c.unacked.values()), None)
+            now = now_ns()
+            if oldest is not None and now - oldest >= self.health.stall_ns:
+                if stall_from is None:
+                    stall_from = oldest
+                    log.warning(
+                        "broker stalled: no acknowledgement", stage=self.name, for_ms=(now - oldest) / 1e6
+                    )
+            elif stall_from is not None:
+                self.health.stalls.append((stall_from, now))
+                stall_from = None
+
+
+async def negotiate_protocol(addr: BrokerAddress, setting: str) -> str:
+    """The MQTT version the stages speak: ``setting`` unless "auto"; then 5 if the broker accepts an MQTT 5
+    connection, else 3.1.1: a broker that refuses it, or (amqtt) never answers it within 3 s. Set
+    ``broker.protocol`` to skip the wait."""
+    if setting != "auto":
+        return setting
+    try:
+        async with addr.client(identifier=f"vp-hello-{time.monotonic_ns():x}", protocol="5", timeout=3):
+            return "5"
+    except MqttConnectError as exc:
+        if exc.rc in (1, 132):  # 3.1.1 "unacceptable protocol version", MQTT 5 "unsupported protocol version"
+            return "3.1.1"
+        raise
+    except aiomqtt.MqttError as exc:
+        if "timed out" in str(exc):
+            return "3.1.1"
+        raise
 
 
 async def probe_round_trip(addr: BrokerAddress, rounds: int = 8, qos: int = 1) -> float:

@@ -11,7 +11,6 @@ every command: ``--json FILE`` writes JSON lines to a file, ``--format json`` wr
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 from collections.abc import Callable, Iterator
@@ -316,12 +315,12 @@ def run_live(
     run_id: str | None = None,
     external: frozenset[str] = frozenset(),
 ):
-    from voicepipe.runner import run_pipeline
+    from voicepipe.runner import run_live_loop, run_pipeline
 
     total = sum(len(s.turns) for s in scenarios) * sessions
     with progress_bar(total, label) as prog:
         on_record = progress_sink(prog, total, sink)
-        return asyncio.run(
+        return run_live_loop(
             run_pipeline(cfg, scenarios, sessions, on_record=on_record, run_id=run_id, external=external)
         )
 
@@ -412,11 +411,18 @@ def run(
             raise UserError("--external", "stages in other processes need a broker (--broker URL)")
         if ext and not run_id:
             raise UserError("--external", "give the run id the stage processes serve (--run-id)")
+    from rich.markup import escape as rich_escape
+
+    from voicepipe.runner import RunAborted
+
     as_json = fmt == OutputFormat.json
     sink = RecordSink(json_out, stdout=as_json)
     result = None
+    aborted = None
     try:
         result = run_live(cfg, scs, sessions, sink, "running", run_id, frozenset(ext))
+    except RunAborted as exc:  # the broker stayed away: keep and write what was measured, then exit 3
+        result, aborted = exc.result, exc
     except KeyboardInterrupt:
         err.print(f"interrupted: keeping {len(sink.records)} measured turns")
     except Exception as exc:
@@ -452,6 +458,13 @@ def run(
         {name: sink.records}, {name: config_dict(cfg)}, report, csv, otel, cfg.budget_ms, otlp_endpoint,
         lambda: {name: fix},
     )  # fmt: skip
+    if aborted is not None:
+        err.print(
+            f"[bold red]error:[/] {rich_escape(str(aborted))}: run ended after {len(sink.records)} measured turns",
+            highlight=False,
+            soft_wrap=True,
+        )
+        raise typer.Exit(3)
 
 
 ConfigsOpt = Annotated[
@@ -488,6 +501,11 @@ def _run_error(cfg: PipelineConfig, exc: BaseException) -> typer.Exit | None:
 
     if isinstance(exc, StagesMissing):
         return fail(str(exc))
+    from voicepipe.bus import BrokerOutage
+
+    if isinstance(exc, BrokerOutage):  # the broker stayed away past broker.outage_window_s
+        fail(str(exc))
+        return typer.Exit(3)
     return None
 
 
@@ -584,7 +602,7 @@ def compare(
     if predict:
         _compare_predicted(variants, scs, sessions, sink, fmt, wide)
         return
-    from voicepipe.runner import run_pipeline
+    from voicepipe.runner import run_live_loop, run_pipeline
 
     per_run = sum(len(s.turns) for s in scs) * sessions
     runs: dict[str, list[TurnRecord]] = {}
@@ -605,7 +623,7 @@ def compare(
 
                 on_record = progress_sink(prog, per_run * len(variants), keep, done)
                 try:
-                    results[label] = asyncio.run(run_pipeline(cfg, scs, sessions, on_record=on_record))
+                    results[label] = run_live_loop(run_pipeline(cfg, scs, sessions, on_record=on_record))
                 except Exception as exc:
                     failure = _run_error(cfg, exc)
                     if failure is None:
@@ -717,7 +735,7 @@ def stage(
     Same broker, run id and config as the `voicepipe run ... --external NAMES` that plays the scenario;
     all processes must share one host clock (CLOCK_MONOTONIC). Stops on Ctrl-C.
     """
-    from voicepipe.runner import serve_stages
+    from voicepipe.runner import run_live_loop, serve_stages
 
     with user_errors():
         opts = broker_options(broker, ca_file, cert_file, key_file, password_file, insecure)
@@ -727,7 +745,7 @@ def stage(
             raise UserError("--broker", "stages in separate processes need a broker URL")
     err.print(f"serving {', '.join(chosen)} for run {run_id} on {_safe_url(cfg.broker.url)}", highlight=False)
     try:
-        asyncio.run(serve_stages(cfg, chosen, run_id))
+        run_live_loop(serve_stages(cfg, chosen, run_id))
     except KeyboardInterrupt:
         pass
     except Exception as exc:

@@ -107,6 +107,17 @@ class BrokerConfig(Strict):
     qos: Literal[0, 1] = 1  # design.md §3: QoS 1 for turn-critical messages
     probe: bool = True  # round-trip probe at start that detects Nagle stalls
     probe_warn_ms: Ms = 15.0
+    # MQTT version of the stages' clients: "auto" = 5 for a broker URL (3.1.1 when the broker refuses 5),
+    # 3.1.1 for the embedded amqtt (it speaks nothing else)
+    protocol: Literal["auto", "3.1.1", "5"] = "auto"
+    # a lost broker connection is retried (backoff + jitter) this long; turns meanwhile carry the outage in
+    # their latency (broker_outage_ms); longer ends the run with exit code 3, what was measured kept
+    outage_window_s: float = Field(30.0, gt=0, le=MAX_TURN_TIMEOUT_S)
+
+    @field_validator("protocol", mode="before")
+    @classmethod
+    def _protocol_text(cls, v: Any) -> Any:
+        return str(v) if isinstance(v, int) and not isinstance(v, bool) else v  # YAML reads `5` as a number
 
     @model_validator(mode="before")
     @classmethod

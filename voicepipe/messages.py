@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import secrets
 from enum import StrEnum
 from typing import Annotated, Any, ClassVar, Literal, Union
 
@@ -221,11 +222,12 @@ MessageType = Literal[
 ]
 
 _ids = itertools.count()
-_pid = os.getpid()
+# unique per process across hosts (receivers drop redelivered duplicates by id): pid + 32 random bits
+_origin = f"{os.getpid():x}{secrets.token_hex(4)}"
 
 
 def next_id() -> str:
-    return f"{_pid:x}-{next(_ids):x}"
+    return f"{_origin}-{next(_ids):x}"
 
 
 def type_of(payload: BaseModel) -> str:
@@ -273,7 +275,9 @@ class Envelope(BaseModel):
         return env
 
     def to_bytes(self) -> bytes:
-        return self.model_dump_json().encode()
+        """The wire JSON (pydantic-core's serializer straight to bytes: faster here than orjson over
+        ``model_dump``, measured in bench/msgcost.py's notes)."""
+        return self.__pydantic_serializer__.to_json(self)
 
     @classmethod
     def model_json_schema(cls, *args: Any, **kw: Any) -> dict[str, Any]:  # type: ignore[override]

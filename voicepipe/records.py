@@ -71,6 +71,9 @@ class TurnRecord(BaseModel):
     premature_endpoint: bool = False
     false_hit: bool = False  # cache answered with something other than the scenario's reply
     barge_in_stop_ms: float | None = None
+    # the broker was unreachable or stalled this long within the turn (measured on the client's clock): the
+    # turn's latency and tax include it; None when the broker was there throughout
+    broker_outage_ms: float | None = None
     # metric names users know (issue 13), derived from ``spans`` by :func:`span_metrics`; None = not on
     # this turn's path (e.g. no LLM on a cache hit)
     ttft_ms: float | None = None

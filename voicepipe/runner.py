@@ -10,14 +10,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 
 from voicepipe.brokers import EmbeddedBroker, quiet_amqtt
-from voicepipe.bus import BrokerAddress, Bus, MqttBus, probe_round_trip
+from voicepipe.bus import (
+    BrokerAddress,
+    BrokerHealth,
+    BrokerOutage,
+    Bus,
+    MqttBus,
+    negotiate_protocol,
+    probe_round_trip,
+)
 from voicepipe.clock import run_virtual
 from voicepipe.config import PipelineConfig
 from voicepipe.membus import MemoryBroker
@@ -26,7 +34,7 @@ from voicepipe.records import TurnRecord
 from voicepipe.scenario import Scenario, session_id
 from voicepipe.stages.agent import Agent
 from voicepipe.stages.asr import ASR
-from voicepipe.stages.base import RunContext, Stage
+from voicepipe.stages.base import RunContext, Stage, cancel_quietly
 from voicepipe.stages.cache import Cache
 from voicepipe.stages.client import Client
 from voicepipe.stages.council import Council
@@ -34,6 +42,7 @@ from voicepipe.stages.router import Router
 from voicepipe.stages.tts import TTS
 
 log = structlog.get_logger("voicepipe.run")
+T = TypeVar("T")
 
 NAGLE_FIX = (
     "the broker stalls small messages (Nagle's algorithm on its sockets): add `set_tcp_nodelay true` "
@@ -53,6 +62,16 @@ class RunResult:
     stage_errors: int = 0
     first_error: str | None = None
     open_tasks_after: int = 0
+    duplicates: int = 0  # redelivered bus messages dropped by envelope id (after reconnects)
+    outage: str | None = None  # the run ended early: the broker stayed away longer than the window
+
+
+class RunAborted(BrokerOutage):
+    """The broker stayed away past ``broker.outage_window_s``; ``result`` holds what was measured."""
+
+    def __init__(self, msg: str, result: RunResult) -> None:
+        super().__init__(msg)
+        self.result = result
 
 
 Slot = tuple[float, list[tuple[Scenario, str]]]  # start offset (s), conversations played back to back
@@ -101,8 +120,14 @@ def build_stages(
     return [STAGES[n](connect(n), ctx, **(client_kw if n == "client" else {})) for n in names]
 
 
-def mqtt_connector(addr: BrokerAddress, ctx: RunContext) -> Callable[[str], Bus]:
-    return lambda name: MqttBus(addr, ctx.run, name, qos=ctx.cfg.broker.qos)
+def mqtt_connector(
+    addr: BrokerAddress, ctx: RunContext, protocol: str = "3.1.1", health: BrokerHealth | None = None
+) -> Callable[[str], Bus]:
+    b = ctx.cfg.broker
+    shared = health or BrokerHealth()
+    return lambda name: MqttBus(
+        addr, ctx.run, name, qos=b.qos, protocol=protocol, outage_window_s=b.outage_window_s, health=shared
+    )
 
 
 async def start_stages(stack: contextlib.AsyncExitStack, stages: list[Stage]) -> list[asyncio.Task[None]]:
@@ -168,8 +193,9 @@ async def serve_stages(cfg: PipelineConfig, names: list[str], run: str) -> None:
         raise ValueError("broker.url: stages in separate processes need a broker (--broker URL)")
     addr = BrokerAddress.from_config(cfg.broker)
     ctx = RunContext(run=run, cfg=cfg)
+    protocol = await negotiate_protocol(addr, cfg.broker.protocol)
     async with contextlib.AsyncExitStack() as stack:
-        stages = build_stages(mqtt_connector(addr, ctx), ctx, names)
+        stages = build_stages(mqtt_connector(addr, ctx, protocol), ctx, names)
         tasks: list[asyncio.Task[None]] = []
         try:
             tasks = await start_stages(stack, stages)
@@ -200,10 +226,12 @@ async def run_pipeline(
     async with contextlib.AsyncExitStack() as stack:
         if cfg.broker.url:
             addr = BrokerAddress.from_config(cfg.broker)
-            shown = f"{addr.host}:{addr.port}"
+            protocol = await negotiate_protocol(addr, cfg.broker.protocol)
+            shown = f"{addr.host}:{addr.port} (MQTT {protocol})"
         else:
             emb = await stack.enter_async_context(EmbeddedBroker())
             addr = BrokerAddress.parse(emb.url)
+            protocol = "3.1.1"
             shown = f"embedded amqtt {addr.host}:{addr.port}"
         result = RunResult(run=run, broker=shown)
         if cfg.broker.probe:
@@ -220,7 +248,8 @@ async def run_pipeline(
                 on_record(r)
 
         local = [n for n in needed_stages(cfg) if n not in external]
-        stages = build_stages(mqtt_connector(addr, ctx), ctx, local, on_record=record)
+        health = BrokerHealth()
+        stages = build_stages(mqtt_connector(addr, ctx, protocol, health), ctx, local, on_record=record)
 
         async def wait_external() -> None:
             if external:
@@ -228,10 +257,28 @@ async def run_pipeline(
             if on_ready:
                 on_ready(result)
 
-        await play_sessions(
-            stack, stages, spread_slots(cfg, scenarios, sessions), result, before=wait_external
-        )
+        try:
+            await play_sessions(
+                stack, stages, spread_slots(cfg, scenarios, sessions), result, before=wait_external
+            )
+        except BrokerOutage as exc:
+            result.outage = str(exc)
+        finally:
+            result.warnings += health.summary()
+            result.duplicates = sum(getattr(s.bus, "duplicates", 0) for s in stages)
+    if result.outage:
+        raise RunAborted(result.outage, result)
     return result
+
+
+def run_live_loop(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a live coroutine on uvloop where installed (``pip install voicepipe[fast]``), else asyncio's
+    loop: the event loop is a share of every bus message's CPU cost (bench/msgcost.py)."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)
 
 
 async def play_sessions(
@@ -249,7 +296,15 @@ async def play_sessions(
         if before is not None:
             await before()
         client = next(s for s in stages if isinstance(s, Client))
-        await asyncio.gather(*(_slot(client, at, convs) for at, convs in slots))
+        play = asyncio.ensure_future(asyncio.gather(*(_slot(client, at, convs) for at, convs in slots)))
+        # a stage's receive loop ends only when its bus gave up (the broker away past the outage window)
+        await asyncio.wait([play, *tasks], return_when=asyncio.FIRST_COMPLETED)
+        if not play.done():
+            await cancel_quietly(play)
+            dead = next(t for t in tasks if t.done())
+            exc = None if dead.cancelled() else dead.exception()
+            raise exc or RuntimeError(f"{dead.get_name()} stopped during the run")
+        await play
         await asyncio.sleep(0.05)  # let session.end reach every stage
         result.open_tasks_after = sum(s.open_tasks() for s in stages)
     finally:

@@ -175,6 +175,11 @@ class Client(Stage):
             record.endpoint = fin.endpoint
             record.input_tokens, record.output_tokens = fin.input_tokens, fin.output_tokens
             record.cost_usd = fin.cost_usd
+        away = self.bus.disruption_ms(t_start - LEAD_NS, now_ns())  # the broker lost or stalled meanwhile
+        if away:
+            record.broker_outage_ms = away
+            if record.status == "timeout":
+                record.status, record.error = "failed", "broker outage"
         if self.on_record:
             self.on_record(record)
         await self.bus.publish(Envelope.of(record, run, session, k))
