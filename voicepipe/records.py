@@ -35,8 +35,10 @@ class TurnRecord(BaseModel):
     transcript: str = ""
     reply_text: str = ""
     backend: str = ""
-    status: Literal["ok", "timeout", "failed"] = "ok"
-    error: str = ""  # why a "failed" turn failed (a real endpoint's timeout, HTTP error, dropped stream...)
+    status: Literal["ok", "timeout", "failed", "lost"] = "ok"
+    # why a "failed" or "lost" turn failed (a real endpoint's timeout, HTTP error, dropped stream, messages
+    # the broker dropped...)
+    error: str = ""
     measured_ms: float | None = None  # client clock: first reply audio heard - end of user speech
     predicted_ms: float | None = None  # sum of modelled spans on the causal chain after end of speech
     tax_ms: float | None = None  # measured - predicted: the pipeline's own cost

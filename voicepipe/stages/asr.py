@@ -94,7 +94,7 @@ class ASR(Stage):
             self.utt[env.session] = u
         if u.finalised:
             # the user kept talking after we endpointed: that endpoint was premature
-            await self.bus.publish(
+            await self.publish(
                 self.reply(env, Cancel(segment=u.segment, reason=CancelReason.USER_RESUMED), [])
             )
             u.segment += 1
@@ -122,7 +122,7 @@ class ASR(Stage):
     async def _partial(self, env: Envelope, u: Utterance) -> None:
         u.partials = len(u.words)
         payload = Partial(text=" ".join(u.words), words=len(u.words), segment=u.segment)
-        await self.bus.publish(self.reply(env, payload, []), qos=0)
+        await self.publish(self.reply(env, payload, []), qos=0)
 
     async def _endpoint(self, env: Envelope, u: Utterance, speech_end: int, annotated: bool | None) -> None:
         cfg = self.cfg.asr
@@ -141,7 +141,7 @@ class ASR(Stage):
             if u.gen != gen:
                 return
             payload = Partial(text=text, words=n_words, segment=u.segment, eager=True)
-            await self.bus.publish(self.reply(env, payload, []), qos=0)
+            await self.publish(self.reply(env, payload, []), qos=0)
         wait_ms, infer_ms = endpoint_wait_ms(cfg, text, annotated)
         wait, infer = round(wait_ms * 1e6), round(infer_ms * 1e6)
         t = speech_end + wait + infer
@@ -159,4 +159,4 @@ class ASR(Stage):
         await sleep_until_ns(t + fin)
         if u.gen != gen:
             return
-        await self.bus.publish(self.reply(env, Final(text=text, words=n_words, segment=u.segment), spans))
+        await self.publish(self.reply(env, Final(text=text, words=n_words, segment=u.segment), spans))
