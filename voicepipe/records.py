@@ -180,3 +180,52 @@ def summarise(records: Iterable[TurnRecord]) -> Summary:
         if (qs := [r.quality for r in recs if r.quality is not None])
         else None,
     )
+
+
+class Accounting(BaseModel):
+    """Every turn a run was asked to play, accounted for: completed, failed (with reasons) or lost (with
+    reasons). ``expected`` = sessions x turns; turns with no record at all (a run cut short) are lost."""
+
+    expected: int
+    completed: int
+    failed: dict[str, int] = Field(default_factory=dict)  # reason -> turns (timeouts: "timeout")
+    lost: dict[str, int] = Field(default_factory=dict)  # reason -> turns
+
+    @property
+    def balanced(self) -> bool:
+        return self.completed + sum(self.failed.values()) + sum(self.lost.values()) == self.expected
+
+    def line(self) -> str:
+        def why(d: dict[str, int]) -> str:
+            return " (" + "; ".join(f"{n} {r}" for r, n in sorted(d.items())) + ")" if d else ""
+
+        return (
+            f"turns: {self.expected} expected, {self.completed} completed, "
+            f"{sum(self.failed.values())} failed{why(self.failed)}, {sum(self.lost.values())} lost{why(self.lost)}"
+        )
+
+
+def reason_of(r: TurnRecord) -> str:
+    """A turn's failure reason, short enough to group by (the first clause of its error)."""
+    if r.status == "timeout":
+        return "timeout"
+    return (r.error or r.status).split(" (", 1)[0][:120]
+
+
+def account(records: Iterable[TurnRecord], expected: int) -> Accounting:
+    recs = list(records)
+    failed: dict[str, int] = {}
+    lost: dict[str, int] = {}
+    for r in recs:
+        if r.status in ("failed", "timeout"):
+            failed[reason_of(r)] = failed.get(reason_of(r), 0) + 1
+        elif r.status == "lost":
+            lost[reason_of(r)] = lost.get(reason_of(r), 0) + 1
+    if len(recs) < expected:
+        lost["never played (run cut short)"] = expected - len(recs)
+    return Accounting(
+        expected=max(expected, len(recs)),
+        completed=sum(r.status == "ok" for r in recs),
+        failed=failed,
+        lost=lost,
+    )

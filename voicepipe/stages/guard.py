@@ -88,6 +88,18 @@ def run_token() -> bytes:
     return given.encode() if given else secrets.token_bytes(32)
 
 
+def require_shared_token(where: str) -> None:
+    """Stages in other processes sign with the token they are given: the run and they must share one."""
+    if not os.environ.get(TOKEN_ENV):
+        from voicepipe.errors import UserError
+
+        raise UserError(
+            where,
+            f"stages in other processes need the run's secret: set {TOKEN_ENV} to the same value for the run "
+            "and every `voicepipe stage` process (e.g. export VOICEPIPE_RUN_TOKEN=$(openssl rand -hex 32))",
+        )
+
+
 def _facts(env: Envelope) -> bytes:
     return f"{env.src}\0{env.id}\0{env.seq}\0{env.type}\0{env.run}\0{env.session}\0{env.turn}".encode()
 
