@@ -76,6 +76,16 @@ class Client(Stage):
         self.on("tts.audio", self.audio)
         self.on("control.cancel", self.cancel_seen)
 
+    async def fail_turn(self, session: str, turn: int, reason: str, *, lost: bool = False) -> None:
+        """The client itself saw the turn fail (its own handler) or lose messages: record it at once, whether
+        or not the cancel it publishes comes back through a congested broker."""
+        lis = self.listening.get(session)
+        if lis is not None and lis.turn == turn and not lis.first.done():
+            lis.error, lis.status = reason, "lost" if lost else "failed"
+            lis.first.set_exception(TurnFailed(reason, lis.status))
+            lis.done.set()
+        await super().fail_turn(session, turn, reason, lost=lost)
+
     async def cancel_seen(self, env: Envelope) -> None:
         got = now_ns()
         lis = self.listening.get(env.session)

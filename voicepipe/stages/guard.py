@@ -20,10 +20,11 @@ message only when all of these hold, in this order:
    limit): the message is used, the loss is counted, and unless the channel is best-effort (QoS 0 partials)
    the turn is reported lost with that reason (:class:`Verdict.lost`).
 4. **no duplicate id** within the session.
-5. **the current turn of a known session**: sessions are opened by the client's ``turn.script`` for turn 0;
-   only the client moves a session to its next turn (turn + 1 by a script; further only when a sequence gap
-   shows that the scripts in between were dropped); a message for a later turn is
-   refused; one for an earlier turn, or after ``session.end``, is *late* (authenticated, legitimately
+5. **the current turn of a known session**: sessions are opened by the client's ``turn.script`` for turn 0
+   and move on by the client's scripts (turn + 1; further only when a sequence gap shows that the scripts in
+   between were dropped). An authenticated message for turn 0 of an unknown session, or for the turn after
+   the current one, means the script was dropped on the way: the session follows, and the turn is reported
+   lost. A message for any later turn is refused; one for an earlier turn, or after ``session.end``, is *late* (authenticated, legitimately
    overtaken: e.g. audio still in flight when the client moved on) — ignored and counted, not dead-lettered.
 6. **values in range**: span durations non-negative and at most :data:`MAX_SPAN_NS`, at most
    :data:`MAX_SPANS` spans, audio chunks at most :data:`MAX_AUDIO_MS`, word durations and media positions
@@ -200,11 +201,14 @@ class Guard:
         if session in self.ended:
             return Admission(Verdict.LATE, "session ended")
         st = self.sessions.get(session)
+        dropped_script = ""
         if st is None:
-            opens = not self.client_side and env.type == "turn.script" and env.turn == 0 and kind == "client"
-            if not opens:
+            if self.client_side or env.turn != 0:
                 return Admission(Verdict.DEAD, f"unknown session: {session!r} was never opened by the client")
-            st = self.sessions[session] = SessionState()
+            if env.type != "turn.script":
+                # authenticated, turn 0: the client opened this session, but its script never came here
+                dropped_script = "the broker dropped the session's first turn.script"
+            st = self.sessions[session] = SessionState(turn=0 if dropped_script else -1)
         # sequence per (sender, channel): MQTT keeps order per topic, not across topics or QoS levels
         key = (env.src, env.type)
         last = st.seqs.get(key, -1)
@@ -217,21 +221,32 @@ class Guard:
         lost = env.seq - last - 1
         if env.type == "session.end":
             return Admission(Verdict.OK)
-        if env.type == "turn.script" and not self.client_side:
-            if env.turn == st.turn + 1:
+        if self.client_side:
+            if env.turn > st.turn:
+                return Admission(Verdict.DEAD, f"turn ahead: {env.turn} while the session is at {st.turn}")
+            if env.turn < st.turn:
+                return Admission(Verdict.LATE, "earlier turn")
+        elif env.type == "turn.script":
+            if env.turn == st.turn + 1 or (lost > 0 and env.turn > st.turn):
+                # the next turn (or a later one when a sequence gap shows the scripts between were dropped)
                 st.turn = env.turn
                 st.ids = {env.id}  # ids of earlier turns can no longer matter: overtaken messages are late
-            elif lost > 0 and env.turn > st.turn:  # the scripts in between were dropped: follow the client
-                st.turn = env.turn
-                st.ids = {env.id}
             elif env.turn <= st.turn:
                 return Admission(Verdict.DEAD, f"turn script repeated: turn {env.turn} already started")
             else:
                 return Admission(Verdict.DEAD, f"turn ahead: {env.turn} while the session is at {st.turn}")
+        elif env.turn == st.turn + 1 and st.turn >= 0:
+            # authenticated, one turn on: the client moved on, but its script for that turn never came here
+            st.turn = env.turn
+            st.ids = {env.id}
+            dropped_script = f"the broker dropped the turn.script of turn {env.turn}"
         elif env.turn > st.turn:
             return Admission(Verdict.DEAD, f"turn ahead: {env.turn} while the session is at {st.turn}")
         elif env.turn < st.turn:
             return Admission(Verdict.LATE, "earlier turn")
+        if dropped_script:
+            self.counters.lost += 1
+            return Admission(Verdict.OK, lost=f"{dropped_script} (a queue limit?)")
         if lost > 0:
             self.counters.lost += lost
             if env.type not in LOSSY:
@@ -245,8 +260,8 @@ class Guard:
 
 def out_of_range(env: Envelope) -> str:
     """What in ``env`` no real turn could produce ("" when nothing)."""
-    if env.turn < -1:
-        return f"turn {env.turn}"
+    if env.turn < -1 or (env.turn == -1) != (env.type == "session.end"):
+        return f"turn {env.turn} of a {env.type}"
     if env.seq < 0:
         return f"sequence {env.seq}"
     if len(env.spans) > MAX_SPANS:
