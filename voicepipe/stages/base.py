@@ -57,6 +57,7 @@ class RunContext:
 class Stage:
     name: ClassVar[str] = "stage"
     channels: ClassVar[tuple[str, ...]] = ()
+    clock_offset_ns: ClassVar[int] = 0  # tests: the stage reads a clock offset by that much (clock.py hook)
 
     def __init__(self, bus: Bus, ctx: RunContext) -> None:
         self.bus = bus
@@ -80,7 +81,6 @@ class Stage:
         self.seqs: dict[tuple[str, str], int] = {}  # (session, type) -> last sequence number sent
         self.noted: dict[str, int] = {}  # dead letters per reason copied to the dead-letter topic
         self.failed_turns: set[tuple[str, int]] = set()  # turns this stage already failed (once each)
-        self.clock_offset_ns = 0  # tests: this stage reads a clock offset by that much (clock.py hook)
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def run(self) -> None:
