@@ -212,12 +212,17 @@ def reason_of(r: TurnRecord) -> str:
     return (r.error or r.status).split(" (", 1)[0][:120]
 
 
-def account(records: Iterable[TurnRecord], expected: int) -> Accounting:
+def account(records: Iterable[TurnRecord], expected: int, dropped: int = 0) -> Accounting:
+    """``dropped``: messages the stages saw the broker drop in this run (sequence gaps). A turn that timed
+    out in such a run is counted lost (its own missing messages may have left no gap anyone could see)."""
     recs = list(records)
     failed: dict[str, int] = {}
     lost: dict[str, int] = {}
     for r in recs:
-        if r.status in ("failed", "timeout"):
+        if r.status == "timeout" and dropped:
+            why = f"timeout while the broker dropped {dropped} message(s) in this run (a queue limit?)"
+            lost[why] = lost.get(why, 0) + 1
+        elif r.status in ("failed", "timeout"):
             failed[reason_of(r)] = failed.get(reason_of(r), 0) + 1
         elif r.status == "lost":
             lost[reason_of(r)] = lost.get(reason_of(r), 0) + 1

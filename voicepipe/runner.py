@@ -62,7 +62,7 @@ class RunResult:
     lag: LoopLag | None = None
 
     def accounting(self) -> Accounting:
-        return account(self.records, self.expected_turns)
+        return account(self.records, self.expected_turns, self.counters.lost)
 
     def summary_json(self) -> dict[str, object]:
         """The run's counters as one JSON object (the last line of ``--json``); never the run's token."""

@@ -203,6 +203,8 @@ class Guard:
         st = self.sessions.get(session)
         dropped_script = ""
         if st is None:
+            if env.type == "session.end":
+                return Admission(Verdict.LATE, "nothing to end")  # its scripts were all dropped on the way
             if self.client_side or env.turn != 0:
                 return Admission(Verdict.DEAD, f"unknown session: {session!r} was never opened by the client")
             if env.type != "turn.script":
