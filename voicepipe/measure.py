@@ -102,9 +102,9 @@ class LoopLag:
         head = f"event-loop lag p99 {self.p99_ms:.1f} ms, max {self.max_ms:.1f} ms ({self.samples} probes)"
         if self.overloaded:
             return (
-                f"{head}: LOAD TOO HIGH — over the {LAG_TRUST_P99_MS:g} ms p99 this tool trusts; the measured "
-                "latency and tax include the tool's own scheduling delay (fewer sessions, --workers, or "
-                "stages in other processes)"
+                f"{head}: LOAD TOO HIGH — timers ran late past the {LAG_TRUST_P99_MS:g} ms p99 this tool "
+                "trusts (this run, or other processes, kept the CPU busy): the measured latency and tax "
+                "include that delay; use fewer sessions, stages in other processes, or a quieter machine"
             )
         return f"{head}: within the {LAG_TRUST_P99_MS:g} ms p99 the numbers are trusted at"
 
