@@ -212,9 +212,11 @@ def test_broker_with_credentials_and_a_wrong_password(make_mosquitto, tmp_path):
     assert len(lines) == 1 and "broker" in lines[0] and "wrong" not in lines[0]  # password not echoed
 
 
-async def test_stages_in_another_process(mosquitto):
+async def test_stages_in_another_process(mosquitto, monkeypatch):
     """`voicepipe stage` serves asr/router/agent/tts in a second process; the run plays and measures."""
     import signal
+
+    monkeypatch.setenv("VOICEPIPE_RUN_TOKEN", "a shared test secret")  # the run and its stages sign alike
 
     from voicepipe.predict import predict
 

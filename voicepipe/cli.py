@@ -375,6 +375,15 @@ def run(
     json_out: Annotated[
         Path | None, typer.Option("--json", metavar="FILE", help="Write one JSON turn record per line.")
     ] = None,
+    summary_json: Annotated[
+        Path | None,
+        typer.Option(
+            "--summary-json",
+            metavar="FILE",
+            help="Write the run's counters as JSON: turns expected/completed/failed/lost with reasons, "
+            "messages received/dead-lettered by reason, event-loop lag.",
+        ),
+    ] = None,
     fmt: FormatOpt = OutputFormat.table,
     sessions: Annotated[int, typer.Option("--sessions", "-n", min=1, help="Concurrent copies of each.")] = 1,
     report: Annotated[
@@ -411,6 +420,10 @@ def run(
             raise UserError("--external", "stages in other processes need a broker (--broker URL)")
         if ext and not run_id:
             raise UserError("--external", "give the run id the stage processes serve (--run-id)")
+        if ext:
+            from voicepipe.stages.guard import require_shared_token
+
+            require_shared_token("--external")
     from rich.markup import escape as rich_escape
 
     from voicepipe.runner import RunAborted
@@ -432,11 +445,12 @@ def run(
         raise failure from None
     finally:
         sink.close()
+        if result and summary_json:  # the run's counters (the turn records stay one per line in --json)
+            summary_json.write_text(json.dumps(result.summary_json(), indent=2) + "\n", encoding="utf-8")
     if result:
         for w in result.warnings:
             err.print(f"[bold yellow]warning:[/] {w}", soft_wrap=True)
-        if result.deadletters:
-            err.print(f"[yellow]{result.deadletters} malformed bus message(s) dead-lettered[/]")
+        print_run_counters(result)
     if not as_json:
         if not quiet:
             print_turns(out, sink.records, cfg.budget_ms, wide=wide)
@@ -486,6 +500,24 @@ VaryOpt = Annotated[
         "containing a comma is not supported). Give twice for a grid of two fields.",
     ),
 ]
+
+
+def print_run_counters(result: Any) -> None:
+    """Every expected turn accounted for, what the stages refused, and whether the load let us measure."""
+    acc = result.accounting()
+    style = "" if acc.completed == acc.expected else "yellow"
+    err.print(f"[{style}]{acc.line()}[/]" if style else acc.line(), highlight=False, soft_wrap=True)
+    c = result.counters
+    dead = sum(c.dead.values())
+    why = "; ".join(f"{n} {r}" for r, n in c.dead.most_common())
+    err.print(
+        f"bus: {c.received} received, {dead} dead-lettered{f' ({why})' if why else ''}, {c.late} late, "
+        f"{c.lost} lost in transit, {c.handler_errors} handler errors",
+        style="yellow" if dead or c.lost or c.handler_errors else None, highlight=False, soft_wrap=True,
+    )  # fmt: skip
+    if result.lag is not None:
+        err.print(result.lag.verdict(), style="bold red" if result.lag.overloaded else None, highlight=False,
+                  soft_wrap=True)  # fmt: skip
 
 
 def _run_error(cfg: PipelineConfig, exc: BaseException) -> typer.Exit | None:
@@ -743,6 +775,9 @@ def stage(
         chosen = stage_names(names, "stage")
         if not cfg.broker.url:
             raise UserError("--broker", "stages in separate processes need a broker URL")
+        from voicepipe.stages.guard import require_shared_token
+
+        require_shared_token("voicepipe stage")
     err.print(f"serving {', '.join(chosen)} for run {run_id} on {_safe_url(cfg.broker.url)}", highlight=False)
     try:
         run_live_loop(serve_stages(cfg, chosen, run_id))

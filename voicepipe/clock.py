@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import heapq
 import itertools
 import time
@@ -151,12 +152,23 @@ def run_virtual(coro: Coroutine[Any, Any, T], start_ns: int = 0) -> T:
         return pool.submit(go).result()
 
 
+# Test hook (issue 10: measurement must not need the stages' clocks to agree): code running in a context where
+# this is set reads a real clock offset by that many ns, as a stage on another host would. Tasks inherit it
+# from the task that created them, so setting it at the top of a stage's receive loop moves that whole stage.
+_offset_ns: contextvars.ContextVar[int] = contextvars.ContextVar("voicepipe_clock_offset_ns", default=0)
+
+
+def set_clock_offset_ns(offset_ns: int) -> None:
+    """Offset the real clock by ``offset_ns`` for the current task and the tasks it starts (tests only)."""
+    _offset_ns.set(offset_ns)
+
+
 def now_ns() -> int:
-    """Monotonic ns: the running virtual loop's time, else the host's CLOCK_MONOTONIC."""
+    """Monotonic ns: the running virtual loop's time, else the host's CLOCK_MONOTONIC (plus a test offset)."""
     loop = events._get_running_loop()
     if loop.__class__ is VirtualLoop:
         return loop.now  # type: ignore[attr-defined]
-    return time.monotonic_ns()
+    return time.monotonic_ns() + _offset_ns.get()
 
 
 def is_virtual() -> bool:
@@ -183,6 +195,7 @@ async def sleep_until_ns(deadline_ns: int) -> None:
         else:
             await _sleep_virtual(loop, deadline_ns)  # type: ignore[arg-type]
         return
+    deadline_ns -= _offset_ns.get()  # to the host's clock
     if deadline_ns <= time.monotonic_ns():
         await asyncio.sleep(0)
         return

@@ -3,13 +3,26 @@
 The breakdown partitions the interval [end of speech, first audio heard] exactly: each instant goes to
 the span covering it that started last (the most recent cause); instants no span covers are the bus's
 (hops, scheduling, sleep overshoot). So the parts always sum to the measured total.
+
+Clock-free (issue 10): the spans come from stages whose clocks need not agree. Each stage moves the spans it
+receives onto its own clock as if the message had arrived when it was sent (voicepipe.stages.base.rebase), so
+at the client every span keeps its duration and its place within its stage, the chain ends where the reply
+arrived on the client's clock, and the hops are left uncovered: the bus part. Only the client's clock
+measures (end of speech, heard); no stage's timestamp is compared with another host's.
+
+The run also measures its own load (:class:`LagProbe`): how late the event loop runs its timers, and says
+when that is too high for the numbers to be trusted (:data:`LAG_TRUST_P99_MS`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+import numpy as np
 
 from voicepipe.messages import Span
 from voicepipe.records import BreakdownPart
@@ -61,3 +74,59 @@ def measure(spans: Iterable[Span], t0_ns: int, t1_ns: int) -> Measurement:
         for (st, wh), ns in totals.items()
     ]
     return Measurement(measured_ns=t1_ns - t0_ns, predicted_ns=round(predicted), parts=parts)
+
+
+# -- the run's own load ----------------------------------------------------------------------------------
+# Every modelled duration is realised by a sleep on the event loop, and every hop is a callback on it. A loop
+# that runs callbacks L ms late delays each of the ~5-6 sequential steps of a turn's chain that run in this
+# process, so a p99 lag of 5 ms can put ~25-30 ms of the tool's own delay on a turn — the whole tax budget
+# the scale-out goal allows (issue 10: tax p99 <= 25 ms). Past that the measured tax is mostly the tool.
+LAG_TRUST_P99_MS = 5.0
+LAG_PERIOD_S = 0.01  # one probe every 10 ms: ~100 wake-ups a second, negligible next to the pipeline
+
+
+@dataclass(frozen=True)
+class LoopLag:
+    """How late this process's event loop ran a timer that should have fired at once (ms), over a run."""
+
+    samples: int
+    p99_ms: float
+    max_ms: float
+
+    @property
+    def overloaded(self) -> bool:
+        return self.p99_ms > LAG_TRUST_P99_MS
+
+    def verdict(self) -> str:
+        """One plain line for the summary."""
+        head = f"event-loop lag p99 {self.p99_ms:.1f} ms, max {self.max_ms:.1f} ms ({self.samples} probes)"
+        if self.overloaded:
+            return (
+                f"{head}: LOAD TOO HIGH — timers ran late past the {LAG_TRUST_P99_MS:g} ms p99 this tool "
+                "trusts (this run, or other processes, kept the CPU busy): the measured latency and tax "
+                "include that delay; use fewer sessions, stages in other processes, or a quieter machine"
+            )
+        return f"{head}: within the {LAG_TRUST_P99_MS:g} ms p99 the numbers are trusted at"
+
+
+class LagProbe:
+    """Measures event-loop lag while it runs: sleeps ``LAG_PERIOD_S`` at a time and records how much later
+    than asked it woke (on ``time.perf_counter``; asyncio's own timers round to ~1 ms, so ~1 ms is the floor)."""
+
+    def __init__(self) -> None:
+        self.lags_ms: list[float] = []
+
+    async def run(self) -> None:
+        while True:
+            t0 = time.perf_counter()
+            await asyncio.sleep(LAG_PERIOD_S)
+            self.lags_ms.append(max(0.0, (time.perf_counter() - t0 - LAG_PERIOD_S) * 1e3))
+
+    def result(self) -> LoopLag | None:
+        if not self.lags_ms:
+            return None
+        return LoopLag(
+            samples=len(self.lags_ms),
+            p99_ms=float(np.percentile(self.lags_ms, 99)),
+            max_ms=max(self.lags_ms),
+        )

@@ -43,6 +43,7 @@ class CancelReason(StrEnum):
     HEARD = "heard"  # the user heard the reply start: stop the audio only (playout=first_audio)
     BARGE_IN = "barge-in"  # the user talked over the reply: stop speaking and drop the turn's work
     FAILED = "failed"  # the reply's LLM request failed (a real endpoint): the turn fails with ``error``
+    LOST = "lost"  # a stage saw the broker drop this turn's messages (a sequence gap): lost with ``error``
 
 
 class Target(StrEnum):
@@ -99,6 +100,11 @@ class UserWord(Payload):
     index: Count
     pause_before: bool
     last_word: bool
+    # media time (issue 10): where the word's audio starts on the turn's audio timeline, and the silence
+    # that follows it before the next word (None after the last word). The ASR decides endpoints from these,
+    # never from when a message happened to arrive, so scheduling delay cannot change what is simulated.
+    media_ns: Count = 0
+    gap_after_ns: Count | None = None
 
 
 class SpeechStart(Payload):
@@ -247,6 +253,11 @@ class Envelope(BaseModel):
     id: str = Field(default_factory=next_id)
     sent_ns: int = Field(default_factory=lambda: clock.now_ns())
     spans: list[Span] = Field(default_factory=list)
+    # who sent it (stage kind/instance), its number in that sender's stream for this session and channel,
+    # and an HMAC of these routing facts under the run's token (voicepipe.stages.guard)
+    src: str = Field("", max_length=64)
+    seq: int = -1
+    auth: str = Field("", max_length=64)
     payload: SerializeAsAny[BaseModel]
 
     @model_validator(mode="after")

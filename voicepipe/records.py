@@ -48,8 +48,10 @@ class TurnRecord(BaseModel):
     transcript: str = ""
     reply_text: str = ""
     backend: str = ""
-    status: Literal["ok", "timeout", "failed"] = "ok"
-    error: str = ""  # why a "failed" turn failed (a real endpoint's timeout, HTTP error, dropped stream...)
+    status: Literal["ok", "timeout", "failed", "lost"] = "ok"
+    # why a "failed" or "lost" turn failed (a real endpoint's timeout, HTTP error, dropped stream, messages
+    # the broker dropped...)
+    error: str = ""
     measured_ms: float | None = None  # client clock: first reply audio heard - end of user speech
     predicted_ms: float | None = None  # sum of modelled spans on the causal chain after end of speech
     tax_ms: float | None = None  # measured - predicted: the pipeline's own cost
@@ -195,4 +197,58 @@ def summarise(records: Iterable[TurnRecord]) -> Summary:
         mean_quality=(sum(qs) / len(qs))
         if (qs := [r.quality for r in recs if r.quality is not None])
         else None,
+    )
+
+
+class Accounting(BaseModel):
+    """Every turn a run was asked to play, accounted for: completed, failed (with reasons) or lost (with
+    reasons). ``expected`` = sessions x turns; turns with no record at all (a run cut short) are lost."""
+
+    expected: int
+    completed: int
+    failed: dict[str, int] = Field(default_factory=dict)  # reason -> turns (timeouts: "timeout")
+    lost: dict[str, int] = Field(default_factory=dict)  # reason -> turns
+
+    @property
+    def balanced(self) -> bool:
+        return self.completed + sum(self.failed.values()) + sum(self.lost.values()) == self.expected
+
+    def line(self) -> str:
+        def why(d: dict[str, int]) -> str:
+            return " (" + "; ".join(f"{n} {r}" for r, n in sorted(d.items())) + ")" if d else ""
+
+        return (
+            f"turns: {self.expected} expected, {self.completed} completed, "
+            f"{sum(self.failed.values())} failed{why(self.failed)}, {sum(self.lost.values())} lost{why(self.lost)}"
+        )
+
+
+def reason_of(r: TurnRecord) -> str:
+    """A turn's failure reason, short enough to group by (the first clause of its error)."""
+    if r.status == "timeout":
+        return "timeout"
+    return (r.error or r.status).split(" (", 1)[0][:120]
+
+
+def account(records: Iterable[TurnRecord], expected: int, dropped: int = 0) -> Accounting:
+    """``dropped``: messages the stages saw the broker drop in this run (sequence gaps). A turn that timed
+    out in such a run is counted lost (its own missing messages may have left no gap anyone could see)."""
+    recs = list(records)
+    failed: dict[str, int] = {}
+    lost: dict[str, int] = {}
+    for r in recs:
+        if r.status == "timeout" and dropped:
+            why = f"timeout while the broker dropped {dropped} message(s) in this run (a queue limit?)"
+            lost[why] = lost.get(why, 0) + 1
+        elif r.status in ("failed", "timeout"):
+            failed[reason_of(r)] = failed.get(reason_of(r), 0) + 1
+        elif r.status == "lost":
+            lost[reason_of(r)] = lost.get(reason_of(r), 0) + 1
+    if len(recs) < expected:
+        lost["never played (run cut short)"] = expected - len(recs)
+    return Accounting(
+        expected=max(expected, len(recs)),
+        completed=sum(r.status == "ok" for r in recs),
+        failed=failed,
+        lost=lost,
     )

@@ -26,18 +26,20 @@ from voicepipe.bus import (
     negotiate_protocol,
     probe_round_trip,
 )
-from voicepipe.clock import run_virtual
+from voicepipe.clock import is_virtual, run_virtual
 from voicepipe.config import PipelineConfig
+from voicepipe.measure import LAG_TRUST_P99_MS, LagProbe, LoopLag
 from voicepipe.membus import MemoryBroker
 from voicepipe.messages import Envelope
-from voicepipe.records import TurnRecord
+from voicepipe.records import Accounting, TurnRecord, account
 from voicepipe.scenario import Scenario, session_id
 from voicepipe.stages.agent import Agent
 from voicepipe.stages.asr import ASR
-from voicepipe.stages.base import RunContext, Stage, cancel_quietly
+from voicepipe.stages.base import NOTED_PER_REASON, RunContext, Stage, cancel_quietly
 from voicepipe.stages.cache import Cache
 from voicepipe.stages.client import Client
 from voicepipe.stages.council import Council
+from voicepipe.stages.guard import Counters, require_shared_token
 from voicepipe.stages.router import Router
 from voicepipe.stages.tts import TTS
 
@@ -64,6 +66,34 @@ class RunResult:
     open_tasks_after: int = 0
     duplicates: int = 0  # redelivered bus messages dropped by envelope id (after reconnects)
     outage: str | None = None  # the run ended early: the broker stayed away longer than the window
+    # what the stages did with what they received (received, dead-lettered by reason, late, lost in
+    # transit, handler errors), the turns the run was asked to play, and its own event-loop lag (live only)
+    counters: Counters = field(default_factory=Counters)
+    expected_turns: int = 0
+    lag: LoopLag | None = None
+
+    def accounting(self) -> Accounting:
+        return account(self.records, self.expected_turns, self.counters.lost)
+
+    def summary_json(self) -> dict[str, object]:
+        """The run's counters as one JSON object (the last line of ``--json``); never the run's token."""
+        c = self.counters
+        return {
+            "type": "run.summary",
+            "run": self.run,
+            "turns": self.accounting().model_dump(),
+            "bus": {
+                "received": c.received,
+                "dead_lettered": dict(c.dead),
+                "late": c.late,
+                "lost_in_transit": c.lost,
+                "handler_errors": c.handler_errors,
+            },
+            "loop_lag": None
+            if self.lag is None
+            else {"p99_ms": self.lag.p99_ms, "max_ms": self.lag.max_ms, "samples": self.lag.samples,
+                  "overloaded": self.lag.overloaded, "trust_p99_ms": LAG_TRUST_P99_MS},
+        }  # fmt: skip
 
 
 class RunAborted(BrokerOutage):
@@ -191,6 +221,7 @@ async def serve_stages(cfg: PipelineConfig, names: list[str], run: str) -> None:
     quiet_amqtt()
     if not cfg.broker.url:
         raise ValueError("broker.url: stages in separate processes need a broker (--broker URL)")
+    require_shared_token("voicepipe stage")
     addr = BrokerAddress.from_config(cfg.broker)
     ctx = RunContext(run=run, cfg=cfg)
     protocol = await negotiate_protocol(addr, cfg.broker.protocol)
@@ -222,6 +253,8 @@ async def run_pipeline(
     """Play the scenarios and collect their turn records. Stages named in ``external`` run in other
     processes (``voicepipe stage``) against the same broker, run id and config; the run waits for them."""
     quiet_amqtt()
+    if external:
+        require_shared_token("--external")
     run = run_id or secrets.token_hex(4)
     async with contextlib.AsyncExitStack() as stack:
         if cfg.broker.url:
@@ -291,6 +324,9 @@ async def play_sessions(
 ) -> None:
     """Start the stages, play every slot's conversations, stop the stages."""
     tasks: list[asyncio.Task[None]] = []
+    result.expected_turns = sum(len(sc.turns) for _, convs in slots for sc, _ in convs)
+    probe = None if is_virtual() else LagProbe()
+    probing = asyncio.create_task(probe.run()) if probe else None
     try:
         tasks = await start_stages(stack, stages)
         if before is not None:
@@ -308,10 +344,21 @@ async def play_sessions(
         await asyncio.sleep(0.05)  # let session.end reach every stage
         result.open_tasks_after = sum(s.open_tasks() for s in stages)
     finally:
+        if probing is not None:
+            probing.cancel()
+            result.lag = probe.result() if probe else None
         await stop_stages(stages, tasks)
         result.deadletters = sum(s.bus.deadletters for s in stages)
         result.stage_errors = sum(s.errors for s in stages)
         result.first_error = next((s.first_error for s in stages if s.first_error), None)
+        for s in stages:
+            result.counters.add(s.guard.counters)
+        result.counters.received = sum(s.bus.received for s in stages)
+        malformed = result.deadletters - sum(
+            min(n, NOTED_PER_REASON) for s in stages for n in s.noted.values()
+        )
+        if malformed > 0:  # refused by the bus before any stage saw them (not JSON, wrong schema...)
+            result.counters.dead["malformed"] += malformed
 
 
 async def simulate_async(

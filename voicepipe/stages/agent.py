@@ -131,14 +131,14 @@ async def stream_reply(
             segment=route.segment, meta=meta,
         )  # fmt: skip
         spans = [*chain, *(head.spans if head is not env else []), *gen.stream.spans(end)]
-        await stage.bus.publish(stage.reply(head, text, spans))
+        await stage.publish(stage.reply(head, text, spans))
         start = end + 1
 
 
 async def fail_turn(stage: Stage, env: Envelope, reason: str) -> None:
     """Tell everyone (the client records it) that this turn's reply failed, and why."""
     route: Route = env.payload  # type: ignore[assignment]
-    await stage.bus.publish(
+    await stage.publish(
         stage.reply(env, Cancel(segment=route.segment, reason=CancelReason.FAILED, error=reason), [])
     )
 

@@ -6,10 +6,17 @@ out (``silence``: a fixed wait; ``smart``: short if the utterance looks complete
 detector's inference time) the turn is endpointed, and the final transcript follows after the modelled
 finalisation latency. A word that arrives after an endpoint means the user was not done: the segment is
 cancelled downstream (a premature endpoint) and the turn continues as the next segment.
+
+Media time (issue 10): whether a silence ends the turn is decided from the audio timeline the client stamps on
+each word (``gap_after_ns``: the silence before the next word), not from whether the next word's message
+happened to arrive in time — the message stands for audio a streaming ASR would hear in order, so an
+overloaded event loop that delivers a word late makes the endpoint late (tax), never premature. Words are
+heard strictly in order, each after the previous word's silence has been handled.
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 
 from voicepipe.clock import now_ns, rng_for, sleep_until_ns
@@ -65,10 +72,13 @@ class Utterance:
     segment: int = 0
     finalised: bool = False  # the current segment has been sent as final
     partials: int = 0  # words covered by the last partial sent
-    gen: int = 0  # bumped by every word: an endpoint timer from an older word must not fire
     pauses_seen: int = 0
     complete_at_pauses: list[bool] = field(default_factory=list)
     last: Envelope | None = None
+    heard: asyncio.Task[None] | None = None  # hearing the previous word (and its silence): words go in order
+
+
+NEVER = 2**62  # the silence after the last word: it lasts until the turn is over
 
 
 class ASR(Stage):
@@ -85,16 +95,29 @@ class ASR(Stage):
 
     async def word(self, env: Envelope) -> None:
         arrived = now_ns()
-        p: UserWord = env.payload  # type: ignore[assignment]
         u = self.utt.get(env.session)
         if u is None or u.turn != env.turn:
             u = Utterance(turn=env.turn)
             script = self.script_of(env)
             u.complete_at_pauses = list(script.complete_at_pauses) if script else []
             self.utt[env.session] = u
+        # each word is heard after the one before it (and its silence), however late its message came
+        u.heard = self.spawn(
+            env.session, ("word", env.payload.index), self._hear(env, u, arrived, u.heard), turn=env.turn
+        )
+
+    async def _hear(
+        self, env: Envelope, u: Utterance, arrived: int, before: asyncio.Task[None] | None
+    ) -> None:
+        """One word on media time: its audio, then the silence after it (``gap_after_ns``), decide whether
+        that silence ends the turn. Timing follows arrival (a late word is heard late: tax); the decisions
+        follow the media timeline alone (a late word never turns a pause into an endpoint)."""
+        if before is not None and not before.done():
+            await asyncio.wait([before])
+        p: UserWord = env.payload  # type: ignore[assignment]
         if u.finalised:
             # the user kept talking after we endpointed: that endpoint was premature
-            await self.bus.publish(
+            await self.publish(
                 self.reply(env, Cancel(segment=u.segment, reason=CancelReason.USER_RESUMED), [])
             )
             u.segment += 1
@@ -104,12 +127,14 @@ class ASR(Stage):
         if u.partials < len(u.words):  # the previous word ended just as this one began
             await self._partial(env, u)
         u.words.append(p.text)
-        u.gen += 1
         u.last = env
         annotated = self._annotation(u, env)
         # the silence clock starts when this word's audio ends, not when it began arriving
-        speech_end = arrived + p.dur_ns
-        self.spawn(env.session, "endpoint", self._endpoint(env, u, speech_end, annotated))
+        # (heard from its arrival, or from when the word before it was done with, if that was later)
+        speech_end = max(arrived, now_ns()) + p.dur_ns
+        await self._endpoint(
+            env, u, speech_end, annotated, NEVER if p.gap_after_ns is None else p.gap_after_ns
+        )
 
     def _annotation(self, u: Utterance, env: Envelope) -> bool | None:
         """Scenario's smart-turn label for a pause after this word (True at the utterance's last word)."""
@@ -122,32 +147,30 @@ class ASR(Stage):
     async def _partial(self, env: Envelope, u: Utterance) -> None:
         u.partials = len(u.words)
         payload = Partial(text=" ".join(u.words), words=len(u.words), segment=u.segment)
-        await self.bus.publish(self.reply(env, payload, []), qos=0)
+        await self.publish(self.reply(env, payload, []), qos=0)
 
-    async def _endpoint(self, env: Envelope, u: Utterance, speech_end: int, annotated: bool | None) -> None:
+    async def _endpoint(
+        self, env: Envelope, u: Utterance, speech_end: int, annotated: bool | None, gap: int
+    ) -> None:
         cfg = self.cfg.asr
-        gen = u.gen
         await sleep_until_ns(speech_end)
-        if u.gen != gen:
-            return
         if u.partials < len(u.words):
             await self._partial(env, u)  # the word is recognised once its audio has ended
         text = " ".join(u.words)
         n_words = len(u.words)
         pre = self.cfg.router.preemptive
-        if pre.enabled and pre.stable_ms < wait_of(cfg, text, annotated):
-            # eager end of turn: the transcript has been stable (silence) for stable_ms
-            await sleep_until_ns(speech_end + round(pre.stable_ms * 1e6))
-            if u.gen != gen:
-                return
-            payload = Partial(text=text, words=n_words, segment=u.segment, eager=True)
-            await self.bus.publish(self.reply(env, payload, []), qos=0)
         wait_ms, infer_ms = endpoint_wait_ms(cfg, text, annotated)
         wait, infer = round(wait_ms * 1e6), round(infer_ms * 1e6)
+        stable = round(pre.stable_ms * 1e6)
+        if pre.enabled and stable < wait + infer and gap >= stable:
+            # eager end of turn: the transcript has been stable (silence) for stable_ms
+            await sleep_until_ns(speech_end + stable)
+            payload = Partial(text=text, words=n_words, segment=u.segment, eager=True)
+            await self.publish(self.reply(env, payload, []), qos=0)
+        if gap < wait + infer:
+            return  # the user speaks again before the silence ends the turn: no spans built, no draw made
         t = speech_end + wait + infer
         await sleep_until_ns(t)
-        if u.gen != gen:
-            return  # the common case (another word came): no spans built, no draw made
         # endpointed: from here a new word means the user was not done
         u.finalised = True
         spans = [*env.spans, Span(stage="asr", what="endpoint wait", start_ns=speech_end, dur_ns=wait)]
@@ -155,8 +178,8 @@ class ASR(Stage):
             spans.append(Span(stage="asr", what="turn detector", start_ns=speech_end + wait, dur_ns=infer))
         rng = rng_for(self.cfg.seed, env.session, env.turn, u.segment, "asr")
         fin = round(cfg.finalize_ms.sample_ms(rng) * 1e6)
+        if gap < wait + infer + fin:
+            return  # the user resumed while the transcript was being finalised: it is never sent
         spans.append(Span(stage="asr", what="finalise", start_ns=t, dur_ns=fin))
         await sleep_until_ns(t + fin)
-        if u.gen != gen:
-            return
-        await self.bus.publish(self.reply(env, Final(text=text, words=n_words, segment=u.segment), spans))
+        await self.publish(self.reply(env, Final(text=text, words=n_words, segment=u.segment), spans))

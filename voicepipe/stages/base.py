@@ -4,12 +4,27 @@ A stage subscribes once per channel for the whole run and serves every session t
 subscription. Work longer than a handler (sleeping out a modelled duration, streaming) runs in tasks
 registered under (session, key); ``session.end`` cancels them and drops the session's state, so nothing
 is left behind when a conversation ends.
+
+The receive loop distrusts the bus (:mod:`voicepipe.stages.guard`): a message is acted on only when it is
+authenticated by the run's token, comes from the stage that owns its channel, is next in its sender's
+sequence and fits the session's current turn; anything else is dead-lettered with a reason and counted.
+A handler or task that raises fails that turn (a ``control.cancel`` with reason ``failed`` and the error,
+which the client records), never the run. Every message a stage publishes goes through :meth:`Stage.publish`,
+which names the sender, numbers it and signs it.
+
+Clock-free chains (issue 10): each received message's spans are moved onto the receiving stage's clock as if
+the message had arrived the instant it was sent (shifted by arrival − ``sent_ns``, so any offset between the
+two clocks cancels). Along a turn's chain each stage's spans keep their durations and their positions within
+that stage, the hops are squeezed out, and at the client the chain ends at the instant the reply audio
+arrived on the client's clock: [end of speech, heard] is then covered by the stages' own spans, and what they
+do not cover is the bus — measured without any two clocks agreeing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -19,10 +34,14 @@ from pydantic import BaseModel
 
 from voicepipe.backends import BackendPool
 from voicepipe.bus import Bus
+from voicepipe.clock import now_ns
 from voicepipe.config import PipelineConfig
-from voicepipe.messages import CancelReason, Envelope, Span, TurnScript
+from voicepipe.messages import Cancel, CancelReason, Envelope, Span, TurnScript
+from voicepipe.stages.guard import Guard, Verdict, run_token, sign
 
 log = structlog.get_logger("voicepipe.stage")
+
+NOTED_PER_REASON = 20  # dead letters per stage and reason logged and copied to the dead-letter topic
 
 Handler = Callable[[Envelope], Awaitable[None]]
 
@@ -32,11 +51,13 @@ class RunContext:
     run: str
     cfg: PipelineConfig
     backends: BackendPool = field(default_factory=BackendPool)
+    token: bytes = field(default_factory=run_token, repr=False)  # never printed: signs every message
 
 
 class Stage:
     name: ClassVar[str] = "stage"
     channels: ClassVar[tuple[str, ...]] = ()
+    clock_offset_ns: ClassVar[int] = 0  # tests: the stage reads a clock offset by that much (clock.py hook)
 
     def __init__(self, bus: Bus, ctx: RunContext) -> None:
         self.bus = bus
@@ -56,40 +77,101 @@ class Stage:
         # conversation (history, learned answers) that wait for the turn to be over
         self.dropped: dict[str, set[tuple[int, int]]] = {}  # session -> (turn, segment)
         self.pending: dict[str, dict[tuple[int, int], list[Callable[[], None]]]] = {}
+        self.guard = Guard(ctx.token, client_side=self.name == "client")
+        self.src = f"{self.name}/{secrets.token_hex(3)}"  # sender instance: kind/replica
+        self.seqs: dict[str, dict[str, int]] = {}  # session -> type -> last sequence number sent
+        self.noted: dict[str, int] = {}  # dead letters per reason copied to the dead-letter topic
+        self.failed_turns: dict[str, set[int]] = {}  # session -> turns this stage already failed (once each)
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def run(self) -> None:
+        if self.clock_offset_ns:
+            from voicepipe.clock import set_clock_offset_ns
+
+            set_clock_offset_ns(self.clock_offset_ns)  # this task and every task it starts
         await self.bus.subscribe(*self.channels, "session/end")
         self.ready.set()
         async for _channel, env in self.bus.messages():
-            if env.type == "session.end":
-                self.end_session(env.session)
-                continue
-            if env.type == "control.cancel" and env.payload.reason == CancelReason.USER_RESUMED:
-                key = (env.turn, env.payload.segment or 0)
-                self.dropped.setdefault(env.session, set()).add(key)
-                self.pending.get(env.session, {}).pop(key, None)
-            handler = self.handlers.get(env.type)
-            if handler is None:
-                continue
             try:
-                await handler(env)
-            except Exception as exc:  # a bad message never kills the stage
+                await self._receive(env)
+            except Exception as exc:  # nothing a message does may kill the stage
                 self._failed(exc)
+                self.guard.counters.handler_errors += 1
                 log.warning("handler failed", stage=self.name, type=env.type, error=repr(exc))
-                await self.bus.deadletter(f"{env.session}/{env.type}", f"handler error: {exc!r}", b"")
+                await self.fail_turn(env.session, env.turn, f"{self.name} failed on {env.type}: {exc!r}")
+
+    async def _receive(self, env: Envelope) -> None:
+        got = self.guard.admit(env)
+        if got.verdict is Verdict.DEAD:
+            await self._deadletter(env, got.reason)
+            return
+        if got.verdict is Verdict.LATE:
+            return
+        env = rebase(env, now_ns())
+        if env.type == "session.end":
+            self.guard.end(env.session)
+            self.end_session(env.session)
+            return
+        if got.lost:
+            await self.fail_turn(env.session, env.turn, got.lost, lost=True)
+        if env.type == "control.cancel" and env.payload.reason == CancelReason.USER_RESUMED:
+            key = (env.turn, env.payload.segment or 0)
+            self.dropped.setdefault(env.session, set()).add(key)
+            self.pending.get(env.session, {}).pop(key, None)
+        handler = self.handlers.get(env.type)
+        if handler is not None:
+            await handler(env)
+
+    async def reject(self, env: Envelope, reason: str) -> None:
+        """A handler found ``env`` impossible in the session's state: dead-letter and count it."""
+        self.guard.counters.dead[reason.split(":", 1)[0]] += 1
+        await self._deadletter(env, reason)
+
+    async def _deadletter(self, env: Envelope, reason: str) -> None:
+        head = reason.split(":", 1)[0]
+        n = self.noted[head] = self.noted.get(head, 0) + 1
+        if n <= NOTED_PER_REASON:  # the first few of each reason are logged and copied; all are counted
+            body = env.model_dump_json(exclude={"auth"}).encode()[:512]
+            await self.bus.deadletter(f"{env.session}/{env.type}", reason, body)
+
+    async def publish(self, env: Envelope, *, qos: int | None = None) -> None:
+        """Send ``env`` as this stage: sender, next sequence number for its session and channel, signature."""
+        seqs = self.seqs.setdefault(env.session, {})
+        seq = seqs[env.type] = seqs.get(env.type, -1) + 1
+        env.src = self.src
+        env.seq = seq
+        sign(env, self.ctx.token)
+        await self.bus.publish(env, qos=qos)
+
+    async def fail_turn(self, session: str, turn: int, reason: str, *, lost: bool = False) -> None:
+        """Fail (or, for dropped messages, lose) ``turn`` of ``session`` once, with ``reason``: everyone drops
+        its work and the client records it."""
+        failed = self.failed_turns.setdefault(session, set())
+        if turn < 0 or turn in failed or session in self.guard.ended:
+            return
+        failed.add(turn)
+        why = CancelReason.LOST if lost else CancelReason.FAILED
+        with contextlib.suppress(Exception):  # a bus that cannot take it leaves the turn to its deadline
+            await self.publish(
+                Envelope.of(Cancel(reason=why, error=reason[:2000]), self.ctx.run, session, turn)
+            )
 
     def on(self, type_: str, handler: Handler) -> None:
         self.handlers[type_] = handler
 
     # -- per-session tasks -----------------------------------------------------------------------
-    def spawn(self, session: str, key: Any, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
-        """Run ``coro`` for a session under ``key``, replacing (cancelling) an older task with that key."""
+    def spawn(
+        self, session: str, key: Any, coro: Coroutine[Any, Any, None], turn: int | None = None
+    ) -> asyncio.Task[None]:
+        """Run ``coro`` for a session under ``key``, replacing (cancelling) an older task with that key. If it
+        raises, its turn fails (``turn``, else the key's first element when that is a turn number)."""
         bucket = self.tasks.setdefault(session, {})
         old = bucket.pop(key, None)
         if old:
             old.cancel()
-        task = asyncio.create_task(self._guard(coro))
+        if turn is None and isinstance(key, tuple) and key and type(key[0]) is int:
+            turn = key[0]
+        task = asyncio.create_task(self._guard(coro, session, turn))
         bucket[key] = task
 
         def _done(t: asyncio.Task[None], session: str = session, key: Any = key) -> None:
@@ -102,14 +184,17 @@ class Stage:
         task.add_done_callback(_done)
         return task
 
-    async def _guard(self, coro: Coroutine[Any, Any, None]) -> None:
+    async def _guard(self, coro: Coroutine[Any, Any, None], session: str, turn: int | None) -> None:
         try:
             await coro
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             self._failed(exc)
+            self.guard.counters.handler_errors += 1
             log.warning("task failed", stage=self.name, error=repr(exc))
+            if turn is not None:
+                await self.fail_turn(session, turn, f"{self.name} failed: {exc!r}")
 
     def _failed(self, exc: Exception) -> None:
         self.errors += 1
@@ -129,6 +214,8 @@ class Stage:
             task.cancel()
         for d in (self.scripts, self.pending, self.dropped):
             d.pop(session, None)
+        self.seqs.pop(session, None)
+        self.failed_turns.pop(session, None)
         self.forget(session)
 
     async def _script(self, env: Envelope) -> None:
@@ -176,6 +263,26 @@ class Stage:
     def reply(self, env: Envelope, payload: BaseModel, spans: list[Span]) -> Envelope:
         """A new envelope for the same session/turn carrying the causal chain forward."""
         return Envelope.of(payload, env.run, env.session, env.turn, spans)
+
+
+def rebase(env: Envelope, arrived_ns: int) -> Envelope:
+    """``env`` with its spans moved onto the receiver's clock as if it had arrived when it was sent (the
+    hop squeezed out; any offset between sender's and receiver's clocks cancels)."""
+    shift = arrived_ns - env.sent_ns
+    if not shift or not env.spans:
+        return env
+    spans = [
+        Span.model_construct(
+            stage=s.stage,
+            what=s.what,
+            start_ns=s.start_ns + shift,
+            dur_ns=s.dur_ns,
+            modelled=s.modelled,
+            predicted_ns=s.predicted_ns,
+        )
+        for s in env.spans
+    ]
+    return env.model_copy(update={"spans": spans, "sent_ns": arrived_ns})
 
 
 async def cancel_quietly(task: asyncio.Task[Any]) -> None:

@@ -141,7 +141,7 @@ class Cache(Stage):
                 "agent": None if council else (fb.split(":", 1)[1] if ":" in fb else self.cfg.agent.name),
                 "path": Path.COUNCIL if council else Path.AGENT, "route": f"{p.route} (cache miss)", "fallback": None,
             })  # fmt: skip
-            await self.bus.publish(self.reply(env, miss, spans))
+            await self.publish(self.reply(env, miss, spans))
             return
         ready = t0 + lookup
         if not entry.prerendered:
@@ -175,4 +175,4 @@ class Cache(Stage):
             seq=0, text=entry.answer, duration_ms=audio_ms(words, self.cfg.tts.words_per_minute), last=True,
             words=p.words, segment=p.segment, meta=meta,
         )  # fmt: skip
-        await self.bus.publish(self.reply(env, audio, spans))
+        await self.publish(self.reply(env, audio, spans))

@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import structlog
+
 from voicepipe.clock import now_ns, sleep_until_ns
 from voicepipe.measure import measure
 from voicepipe.messages import (
@@ -35,11 +37,17 @@ from voicepipe.scenario import Scenario, Turn
 from voicepipe.stages.base import Stage
 from voicepipe.text import plain, speak
 
+log = structlog.get_logger("voicepipe.client")
+
 LEAD_NS = 20_000_000  # the script goes out this long before the first word
 
 
 class TurnFailed(Exception):
     """The reply could not be produced (e.g. its endpoint request failed); carries the reason."""
+
+    def __init__(self, reason: str, status: str = "failed") -> None:
+        super().__init__(reason)
+        self.status = status  # "failed", or "lost" when the broker dropped the turn's messages
 
 
 @dataclass
@@ -56,6 +64,7 @@ class Listening:
     reply: list[str] = field(default_factory=list)
     error: str = ""  # the reply failed (e.g. its endpoint dropped the stream)
     final_meta: TurnMeta | None = None  # the last audio chunk's metadata (a real model's usage)
+    status: str = "failed"  # what ``error`` makes of the turn: failed, or lost (messages dropped)
 
 
 class Client(Stage):
@@ -69,16 +78,30 @@ class Client(Stage):
         self.on("tts.audio", self.audio)
         self.on("control.cancel", self.cancel_seen)
 
+    async def fail_turn(self, session: str, turn: int, reason: str, *, lost: bool = False) -> None:
+        """The client itself saw the turn fail (its own handler) or lose messages: record it at once, whether
+        or not the cancel it publishes comes back through a congested broker."""
+        lis = self.listening.get(session)
+        if lis is not None and lis.turn == turn and not lis.first.done():
+            lis.error, lis.status = reason, "lost" if lost else "failed"
+            lis.first.set_exception(TurnFailed(reason, lis.status))
+            lis.done.set()
+        await super().fail_turn(session, turn, reason, lost=lost)
+
     async def cancel_seen(self, env: Envelope) -> None:
         got = now_ns()
         lis = self.listening.get(env.session)
         if not lis or env.turn != lis.turn:
             return
         reason = env.payload.reason
-        if reason == CancelReason.FAILED:  # the reply's LLM request failed (real endpoint)
-            lis.error = env.payload.error or "failed"
+        if reason in (
+            CancelReason.FAILED,
+            CancelReason.LOST,
+        ):  # a request or a stage failed, or messages lost
+            lis.error = env.payload.error or reason.value
+            lis.status = "lost" if reason == CancelReason.LOST else "failed"
             if not lis.first.done():
-                lis.first.set_exception(TurnFailed(lis.error))
+                lis.first.set_exception(TurnFailed(lis.error, lis.status))
             lis.done.set()
         elif reason == CancelReason.USER_RESUMED:
             lis.premature = True
@@ -94,6 +117,9 @@ class Client(Stage):
         if lis is None or env.turn != lis.turn:
             return
         p: Audio = env.payload  # type: ignore[assignment]
+        if p.words > lis.words:
+            await self.reject(env, f"out of range: a reply to {p.words} words, {lis.words} were spoken")
+            return
         if p.words < lis.words:
             lis.premature = True  # a reply to the first part of the utterance: the endpoint was early
             return
@@ -108,14 +134,39 @@ class Client(Stage):
 
     # -- playing a conversation -------------------------------------------------------------------
     async def play(self, scenario: Scenario, session: str) -> list[TurnRecord]:
+        """Every turn of ``scenario`` yields one record, whatever happens: a turn that raises is recorded as
+        failed with the reason and the conversation goes on; turns a broken bus never let us play are
+        recorded as lost with the reason."""
         records: list[TurnRecord] = []
         try:
             for k, turn in enumerate(scenario.turns):
-                records.append(await self._turn(scenario, session, k, turn))
+                self.guard.open(session, k)
+                try:
+                    rec = await self._turn(scenario, session, k, turn)
+                except (asyncio.CancelledError, KeyboardInterrupt):
+                    raise
+                except Exception as exc:  # a bug or a broken bus must cost this turn, not the run
+                    log.warning("turn failed", session=session, turn=k, error=repr(exc))
+                    self._failed(exc)
+                    self.guard.counters.handler_errors += 1
+                    rec = self._unplayed(scenario, session, k, turn, "failed", f"client: {exc!r}")
+                    if self.on_record:
+                        self.on_record(rec)
+                    await asyncio.sleep(turn.gap_ms / 1e3)
+                records.append(rec)
         finally:
             self.listening.pop(session, None)
-            await self.bus.publish(Envelope.of(SessionEnd(), self.ctx.run, session))
+            with contextlib.suppress(Exception):
+                await self.publish(Envelope.of(SessionEnd(), self.ctx.run, session))
         return records
+
+    def _unplayed(
+        self, scenario: Scenario, session: str, k: int, turn: Turn, status: str, error: str
+    ) -> TurnRecord:
+        return TurnRecord(
+            run=self.ctx.run, scenario=scenario.name, session=session, turn=k, user_text=plain(turn.user),
+            budget_ms=self.cfg.budget_ms, backend=self.cfg.backend_label(), status=status, error=error,
+        )  # fmt: skip
 
     async def _turn(self, scenario: Scenario, session: str, k: int, turn: Turn) -> TurnRecord:
         cfg = self.cfg
@@ -132,7 +183,7 @@ class Client(Stage):
             if k == 0
             else [],
         )
-        await self.bus.publish(Envelope.of(script, run, session, k))
+        await self.publish(Envelope.of(script, run, session, k))
         t_start = now_ns() + LEAD_NS
         uplink = round(cfg.transport.uplink_ms * 1e6)
         loop = asyncio.get_running_loop()
@@ -140,6 +191,7 @@ class Client(Stage):
         lis = Listening(turn=k, words=len(words), end_of_speech_ns=eos, first=loop.create_future())
         self.listening[session] = lis
         prev_end = 0.0
+        last = len(words) - 1
         for i, w in enumerate(words):
             # a word's audio starts reaching the ASR one uplink after the user starts saying it
             w_start = t_start + round(w.start_ms * 1e6)
@@ -150,11 +202,13 @@ class Client(Stage):
                 dur_ns=w_end - w_start,
                 index=i,
                 pause_before=w.start_ms - prev_end > 1.0,
-                last_word=i == len(words) - 1,
+                last_word=i == last,
+                media_ns=round(w.start_ms * 1e6),
+                gap_after_ns=None if i == last else max(0, round((words[i + 1].start_ms - w.end_ms) * 1e6)),
             )
             prev_end = w.end_ms
             span = Span(stage="transport", what="uplink", start_ns=w_end, dur_ns=uplink)
-            await self.bus.publish(Envelope.of(word, run, session, k, [span]))
+            await self.publish(Envelope.of(word, run, session, k, [span]))
         record = await self._await_reply(scenario, session, k, turn, lis)
         # let the reply play out (or stop it), then the user's pause before speaking again
         if turn.barge_in_after_ms is not None and record.status == "ok" and record.first_audio_ns:
@@ -166,7 +220,7 @@ class Client(Stage):
                 await asyncio.wait_for(lis.done.wait(), cfg.client.turn_timeout_s)
             await sleep_until_ns(lis.play_until_ns)
         else:
-            await self.bus.publish(Envelope.of(Cancel(reason=CancelReason.HEARD), run, session, k))
+            await self.publish(Envelope.of(Cancel(reason=CancelReason.HEARD), run, session, k))
         if lis.error and record.status == "ok":  # heard a part, then the reply's request failed
             record.status, record.error = "failed", lis.error
         fin = lis.final_meta
@@ -182,7 +236,7 @@ class Client(Stage):
                 record.status, record.error = "failed", "broker outage"
         if self.on_record:
             self.on_record(record)
-        await self.bus.publish(Envelope.of(record, run, session, k))
+        await self.publish(Envelope.of(record, run, session, k))
         await asyncio.sleep(turn.gap_ms / 1e3)
         return record
 
@@ -195,7 +249,7 @@ class Client(Stage):
         uplink = round(self.cfg.transport.uplink_ms * 1e6)
         await sleep_until_ns(at_ns + uplink)
         span = Span(stage="transport", what="uplink", start_ns=at_ns, dur_ns=uplink)
-        await self.bus.publish(Envelope.of(SpeechStart(), self.ctx.run, session, k, [span]))
+        await self.publish(Envelope.of(SpeechStart(), self.ctx.run, session, k, [span]))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(lis.done.wait(), self.cfg.client.turn_timeout_s)
         await sleep_until_ns(lis.play_until_ns)
@@ -220,12 +274,15 @@ class Client(Stage):
         except TimeoutError:
             return TurnRecord(**base, status="timeout", premature_endpoint=lis.premature)
         except TurnFailed as exc:
-            return TurnRecord(**base, status="failed", error=str(exc), premature_endpoint=lis.premature)
+            return TurnRecord(**base, status=exc.status, error=str(exc), premature_endpoint=lis.premature)
         downlink = round(cfg.transport.downlink_ms * 1e6)
         await sleep_until_ns(got + downlink)
         heard = now_ns()
         spans = [*env.spans, Span(stage="transport", what="downlink", start_ns=got, dur_ns=downlink)]
-        m = measure(spans, lis.end_of_speech_ns, heard)
+        try:
+            m = measure(spans, lis.end_of_speech_ns, heard)
+        except ValueError as exc:  # e.g. audio before the end of speech: not a reply this turn can have had
+            return TurnRecord(**base, status="failed", error=f"unmeasurable reply: {exc}")
         p: Audio = env.payload  # type: ignore[assignment]
         meta = p.meta
         measured = m.measured_ns / 1e6

@@ -133,11 +133,11 @@ class Router(Stage):
             attempt=st.attempt.n,
             hold=True,
         )
-        await self.bus.publish(self.reply(env, payload, []))
+        await self.publish(self.reply(env, payload, []))
 
     async def _cancel_attempt(self, env: Envelope, st: TurnState) -> None:
         assert st.attempt is not None
-        await self.bus.publish(
+        await self.publish(
             self.reply(env, Cancel(attempt=st.attempt.n, reason=CancelReason.PREEMPTIVE_MISMATCH), [])
         )
         st.attempt = None
@@ -155,7 +155,7 @@ class Router(Stage):
                     attempt=st.attempt.n, path=Path.PREEMPTIVE, route="preemptive",
                 )  # fmt: skip
                 st.attempt = None
-                await self.bus.publish(self.reply(env, commit, list(env.spans)))
+                await self.publish(self.reply(env, commit, list(env.spans)))
                 return
             await self._cancel_attempt(env, st)
         # the classifier's modelled time runs in a task: the handler must not hold up other sessions
@@ -181,4 +181,4 @@ class Router(Stage):
             payload = Route(**base, target=Target.COUNCIL, path=Path.COUNCIL)
         else:
             payload = Route(**base, target=Target.AGENT, agent=self._agent_name(dest), path=Path.AGENT)
-        await self.bus.publish(self.reply(env, payload, spans))
+        await self.publish(self.reply(env, payload, spans))

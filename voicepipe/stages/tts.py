@@ -57,7 +57,9 @@ class Reply:
 
 class TTS(Stage):
     name = "tts"
-    channels = ("reply/text", "control/cancel", "user/speech_start")
+    # turn/script: to know the run's sessions and their turns (voicepipe.stages.guard), even on turns the
+    # cache answers without any text to speak
+    channels = ("reply/text", "control/cancel", "user/speech_start", "turn/script")
 
     def __init__(self, *a, **kw) -> None:
         super().__init__(*a, **kw)
@@ -76,7 +78,7 @@ class TTS(Stage):
         replies = self.replies.get(env.session, {})
         for k in [k for k in replies if k[0] == env.turn]:
             del replies[k]
-        await self.bus.publish(self.reply(env, Cancel(reason=CancelReason.BARGE_IN), []))
+        await self.publish(self.reply(env, Cancel(reason=CancelReason.BARGE_IN), []))
 
     def forget(self, session: str) -> None:
         self.replies.pop(session, None)
@@ -133,7 +135,7 @@ class TTS(Stage):
                     seq=r.seq, text=" ".join(clause), duration_ms=audio_ms(clause, cfg.words_per_minute),
                     last=last, words=text.words, segment=key[2], meta=text.meta,
                 )  # fmt: skip
-                await self.bus.publish(self.reply(env, audio, spans))
+                await self.publish(self.reply(env, audio, spans))
                 r.seq += 1
                 if last:
                     return

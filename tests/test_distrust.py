@@ -1,0 +1,289 @@
+"""The stages distrust the bus (issue 12 item 1): forged, replayed, out-of-turn and absurd messages are
+dead-lettered with a reason and counted; no message crashes a run or changes a measured turn."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+
+import pytest
+
+from tests.conftest import fast_config, tiny_scenario
+from voicepipe.bus import BrokerAddress
+from voicepipe.messages import (
+    Audio,
+    Cancel,
+    CancelReason,
+    Envelope,
+    Path,
+    SessionEnd,
+    TurnMeta,
+    TurnScript,
+    UserWord,
+)
+from voicepipe.runner import needed_stages, run_pipeline
+from voicepipe.stages.guard import TOKEN_ENV, Guard, Verdict, sign
+
+TOKEN = b"test token"
+META = TurnMeta(backend="evil", path=Path.AGENT)
+
+
+def signed(payload, *, src: str, seq: int, turn: int, session: str = "s", token: bytes = TOKEN) -> Envelope:
+    env = Envelope.of(payload, "r", session, turn)
+    env.src, env.seq = src, seq
+    sign(env, token)
+    return env
+
+
+def script(turn: int, seq: int) -> Envelope:
+    return signed(TurnScript(user="hi", reply="hello", words=1), src="client/1", seq=seq, turn=turn)
+
+
+def word(turn: int, seq: int, **kw) -> Envelope:
+    p = UserWord(text="hi", dur_ns=1, index=0, pause_before=False, last_word=True, **kw)
+    return signed(p, src="client/1", seq=seq, turn=turn)
+
+
+def audio(turn: int, seq: int, src: str = "tts/1", **kw) -> Envelope:
+    p = Audio(
+        seq=0, text="x", duration_ms=kw.pop("duration_ms", 10.0), last=True, words=1, segment=0, meta=META
+    )
+    return signed(p, src=src, seq=seq, turn=turn, **kw)
+
+
+def test_guard_admits_only_what_fits_the_session():
+    g = Guard(TOKEN)
+    assert g.admit(word(0, 0)).verdict is Verdict.OK  # turn 0 word before its script: script dropped
+    assert g.admit(script(0, 0)).reason.startswith("turn script repeated")
+    assert g.admit(audio(0, 0)).verdict is Verdict.OK
+    # forged: no MAC, a MAC under another token, a tampered field
+    unsigned = Envelope.of(
+        Audio(seq=0, text="HIJACKED", duration_ms=1, last=True, words=1, segment=0, meta=META), "r", "s", 0
+    )
+    assert g.admit(unsigned).reason.startswith("unauthenticated")
+    assert g.admit(audio(0, 1, token=b"guess")).reason.startswith("unauthenticated")
+    tampered = audio(0, 1)
+    tampered.turn = 1
+    assert g.admit(tampered).reason.startswith("unauthenticated")
+    # the wrong stage for the channel or the cancel reason
+    assert g.admit(signed(UserWord(text="x", dur_ns=1, index=1, pause_before=False, last_word=False),
+                          src="tts/1", seq=5, turn=0)).reason.startswith("wrong sender")  # fmt: skip
+    resumed = signed(Cancel(reason=CancelReason.USER_RESUMED), src="client/1", seq=0, turn=0)
+    assert g.admit(resumed).reason.startswith("wrong sender")
+    # replay and duplicates
+    again = audio(0, 1)
+    assert g.admit(again).verdict is Verdict.OK
+    assert g.admit(again).reason.startswith("duplicate or replayed")
+    assert g.admit(audio(0, 0)).reason.startswith("duplicate or replayed")
+    # out of range and out of turn
+    assert g.admit(audio(0, 2, duration_ms=1e12)).reason.startswith("out of range")
+    for env in (
+        signed(Cancel(reason=CancelReason.HEARD), src="client/1", seq=1, turn=999),
+        word(999, 1),
+        audio(999, 3),
+    ):
+        assert g.admit(env).reason.startswith("turn ahead"), env
+    assert g.admit(script(1, 1)).verdict is Verdict.OK
+    assert g.admit(audio(0, 4)).verdict is Verdict.LATE  # overtaken, authenticated: ignored quietly
+    assert g.admit(audio(1, 0, session="other")).reason.startswith("unknown session")
+    # a gap in a sender's sequence: the broker dropped messages; the turn is lost, with the reason
+    got = g.admit(audio(1, 9))
+    assert got.verdict is Verdict.OK and "dropped 4 tts.audio" in got.lost
+    assert g.admit(signed(SessionEnd(), src="client/1", seq=0, turn=-1)).verdict is Verdict.OK
+    g.end("s")
+    assert g.admit(audio(1, 10)).verdict is Verdict.LATE
+    c = g.counters
+    assert c.dead["unauthenticated"] == 3 and c.dead["turn ahead"] == 3 and c.dead["out of range"] == 1
+    assert c.late == 2 and c.lost == 1 + 4  # the dropped first script, then four audio chunks
+    assert "test token" not in repr(g)
+
+
+def forged(run: str, session: str, type_: str, turn: object, payload: dict) -> bytes:
+    return json.dumps({"v": 1, "type": type_, "run": run, "session": session, "turn": turn,
+                       "payload": payload}).encode()  # fmt: skip
+
+
+async def test_the_issues_attacks_change_nothing(mosquitto, monkeypatch):
+    """Issue 12's forged messages, from outside (no token) and from inside (signed with the run's token but
+    out of turn or absurd): every turn completes, measured as without them, and each is dead-lettered."""
+    monkeypatch.setenv(TOKEN_ENV, "attack test token")
+    cfg = fast_config("client.turn_timeout_s=5", broker=mosquitto.url)
+    addr = BrokerAddress.parse(mosquitto.url)
+    run, sess = "atk", "tiny-0"
+    sent: list[str] = []
+
+    def t(channel: str) -> str:
+        return f"voicepipe/{run}/{sess}/{channel}"
+
+    meta = {"backend": "evil", "path": "agent"}
+
+    async def attack(_result) -> None:
+        async with addr.client() as c:
+            await c.subscribe(t("user/word"))
+            await c.subscribe(t("asr/final"))
+            first_word = final = False
+            async for m in c.messages:
+                if str(m.topic).endswith("user/word") and not first_word:
+                    first_word = True
+                    # the 90-byte message that crashed a run
+                    await c.publish(t("tts/audio"), forged(run, sess, "tts.audio", 0, {"words": 999}), qos=1)
+                    script = {"user": "x", "reply": "EVIL", "words": 1}
+                    await c.publish(t("turn/script"), forged(run, sess, "turn.script", 0, script), qos=1)
+                    await c.publish(t("user/word"), forged(run, sess, "user.word", True, {}), qos=1)
+                    # signed by an insider, but for turn 999 / absurd
+                    for env in insider(run, sess):
+                        await c.publish(t(env.type.replace(".", "/")), env.to_bytes(), qos=1)
+                    sent.append("word")
+                if str(m.topic).endswith("asr/final") and not final:
+                    final = True
+                    hijack = {"seq": 0, "text": "HIJACKED", "duration_ms": 100.0, "last": True, "words": 7,
+                              "segment": 0, "meta": meta}  # fmt: skip
+                    await c.publish(t("tts/audio"), forged(run, sess, "tts.audio", 0, hijack), qos=1)
+                    big = {**hijack, "duration_ms": 1e12}
+                    await c.publish(t("tts/audio"), forged(run, sess, "tts.audio", 0, big), qos=1)
+                    sent.append("final")
+                if first_word and final:
+                    return
+
+    tasks: list[asyncio.Task] = []
+    res = await run_pipeline(
+        cfg,
+        [tiny_scenario(turns=2)],
+        1,
+        run_id=run,
+        on_ready=lambda r: tasks.append(asyncio.create_task(attack(r))),
+    )
+    await asyncio.gather(*tasks, return_exceptions=True)
+    assert sent == ["word", "final"]
+    assert [r.status for r in res.records] == ["ok", "ok"], [r.error for r in res.records]
+    for r in res.records:
+        assert "HIJACKED" not in r.reply_text and "EVIL" not in r.reply_text
+        assert 0 <= r.tax_ms < 250 and abs(sum(p.ms for p in r.breakdown) - r.measured_ms) < 0.01
+    assert res.records[0].measured_ms > 300  # not the forged reply's time
+    acc = res.accounting()
+    assert acc.expected == acc.completed == 2 and acc.balanced
+    dead = res.counters.dead
+    assert dead["malformed"] >= 2  # {"words": 999} and "turn": true never parse (strict validation)
+    assert dead["unauthenticated"] >= 4  # forged script (x stages), hijack, 1e12
+    assert dead["turn ahead"] >= 3 and dead["out of range"] >= 1
+    assert res.counters.handler_errors == 0 and res.stage_errors == 0
+
+
+def insider(run: str, sess: str) -> list[Envelope]:
+    """Messages signed with the run's token (a compromised participant) that fit no state."""
+    from voicepipe.stages.guard import run_token
+
+    token = run_token()
+    out = []
+    for i, p in enumerate((Cancel(reason=CancelReason.HEARD), SessionEnd(), UserWord(
+            text="x", dur_ns=1, index=0, pause_before=False, last_word=True))):  # fmt: skip
+        env = Envelope.of(p, run, sess, 999)
+        env.src, env.seq = "client/evil", i
+        sign(env, token)
+        out.append(env)
+    big = Envelope.of(
+        Audio(seq=0, text="x", duration_ms=1e12, last=True, words=1, segment=0, meta=META), run, sess, 0
+    )
+    big.src, big.seq = "tts/evil", 0
+    sign(big, token)
+    return [*out, big]
+
+
+def hostile(rng: random.Random, run: str, sessions: list[str], turns: int) -> tuple[str, bytes]:
+    """One hostile message: malformed bytes, lax types, or a well-formed envelope nobody signed."""
+    sess = rng.choice(sessions)
+    channel = rng.choice(["user/word", "tts/audio", "asr/final", "turn/script", "control/cancel", "route",
+                          "reply/text", "session/end", "asr/partial"])  # fmt: skip
+    type_ = channel.replace("/", ".")
+    kind = rng.randrange(6)
+    if kind == 0:
+        body = rng.randbytes(rng.randrange(0, 200))
+    elif kind == 1:
+        body = forged(run, sess, type_, rng.choice([True, "1", 1.5, None, -5, 2**70]), {})
+    elif kind == 2:  # well-formed, unsigned, plausible turn
+        body = Envelope.of(
+            Cancel(reason=rng.choice(list(CancelReason)), error="x"), run, sess, rng.randrange(turns)
+        ).to_bytes()
+        channel = "control/cancel"
+    elif kind == 3:
+        a = Audio(seq=0, text="HIJACKED", duration_ms=rng.choice([1.0, 1e12]), last=True, words=rng.randrange(9),
+                  segment=0, meta=META)  # fmt: skip
+        body, channel = Envelope.of(a, run, sess, rng.randrange(turns)).to_bytes(), "tts/audio"
+    elif kind == 4:
+        env = Envelope.of(
+            UserWord(text="x", dur_ns=1, index=0, pause_before=False, last_word=True), run, sess, 0
+        )
+        env.src, env.seq, env.auth = "client/x", rng.randrange(100), "00" * 16
+        body, channel = env.to_bytes(), "user/word"
+    else:
+        body = (
+            b'{"v":1,"type":"' + type_.encode() + b'","run":"' + run.encode() + b'","payload":' + b"[" * 200
+        )
+    return channel, body
+
+
+async def test_fuzz_10000_hostile_messages_over_mosquitto(mosquitto):
+    """10,000 hostile payloads during a run: every turn completes and every delivery is dead-lettered."""
+    await fuzz_run(mosquitto, 10_000, sessions=2, turns=6)
+
+
+@pytest.mark.slow
+async def test_fuzz_100000_hostile_messages_over_mosquitto(mosquitto):
+    await fuzz_run(mosquitto, 100_000, sessions=4, turns=8)
+
+
+async def fuzz_run(mosquitto, n: int, *, sessions: int, turns: int) -> None:
+    # everything (the storm's publisher, the broker, every stage) shares this box's CPUs: turns may be slow
+    # while the storm lasts, and they must still complete, so the timeout is generous
+    cfg = fast_config("client.turn_timeout_s=30", broker=mosquitto.url)
+    addr = BrokerAddress.parse(mosquitto.url)
+    run = f"fz{n}"
+    sc = tiny_scenario(turns=turns)
+    # the last turn's pause keeps the run (and every stage) alive until the storm has surely been delivered
+    sc.turns[-1] = sc.turns[-1].model_copy(update={"gap_ms": 4000})
+    names = [f"{sc.name}-{i}" for i in range(sessions)]
+    rng = random.Random(12)
+    msgs = [hostile(rng, run, names, turns) for _ in range(n)]
+    # deliveries: each message reaches every stage subscribed to its channel
+    from voicepipe.runner import STAGES
+
+    subs: dict[str, int] = {}
+    for name in needed_stages(cfg):
+        for ch in (*STAGES[name].channels, "session/end"):
+            subs[ch] = subs.get(ch, 0) + 1
+    deliveries = sum(subs.get(ch, 0) for ch, _ in msgs)
+    done = asyncio.Event()
+
+    async def storm(_result) -> None:
+        async with addr.client() as c:
+            for i in range(0, n, 100):  # paced (<= 2,000/s): the stages must keep answering real turns
+                await asyncio.gather(*(c.publish(f"voicepipe/{run}/{_topic_session(b)}/{ch}", b, qos=1)
+                                       for ch, b in msgs[i : i + 100]))  # fmt: skip
+                await asyncio.sleep(0.05)
+        done.set()
+
+    tasks: list[asyncio.Task] = []
+    res = await run_pipeline(cfg, [sc], sessions, run_id=run,
+                             on_ready=lambda r: tasks.append(asyncio.create_task(storm(r))))  # fmt: skip
+    assert done.is_set(), "the storm outlasted the run: make the run longer"
+    await asyncio.gather(*tasks)
+    assert [r.status for r in res.records] == ["ok"] * sessions * turns, (
+        dict(res.counters.dead),
+        res.counters,
+    )
+    for r in res.records:
+        assert "HIJACKED" not in r.reply_text and abs(sum(p.ms for p in r.breakdown) - r.measured_ms) < 0.01
+    acc = res.accounting()
+    assert acc.completed == acc.expected == sessions * turns and acc.balanced
+    c = res.counters
+    assert sum(c.dead.values()) == deliveries, dict(c.dead)
+    assert c.handler_errors == 0 and res.stage_errors == 0
+
+
+def _topic_session(body: bytes) -> str:
+    """The session a hostile body names, if it names one (the topic must match it or the bus refuses it)."""
+    try:
+        return json.loads(body)["session"]
+    except Exception:
+        return "tiny-0"

@@ -1,0 +1,281 @@
+"""Distrust the bus: every message must fit the session's state before a stage acts on it.
+
+Anyone who can publish on the broker can put a well-formed envelope on a run's topics (issue 12: one forged
+``tts.audio`` crashed a run, others falsified turns or cost each turn a 29 s timeout). So a stage admits a
+message only when all of these hold, in this order:
+
+1. **authenticated**: ``auth`` is the HMAC-SHA256 (first 128 bits) of the routing facts — sender, id, sequence,
+   type, run, session, turn — under the run's **token**, a secret the run generates and shares with its
+   stages (``VOICEPIPE_RUN_TOKEN`` for stages in other processes). The token itself never travels, is never
+   printed and has no repr. Why an HMAC in the envelope rather than MQTT 5 user properties: it works the same
+   on every bus (MQTT 3.1.1, the embedded amqtt broker, the in-memory bus of ``predict``), and a property
+   holding a plain token would hand it to anyone who can read the run's topics. The payload is not in the
+   MAC (it would cost a second serialisation per message): a captured message re-sent with another payload
+   repeats its id and sequence, and is refused as a duplicate (the genuine one is queued to every subscriber
+   before any other client can see it).
+2. **the right sender**: each channel has owners (``user.word`` only from the client, ``tts.audio`` only from
+   the TTS or the cache...), and each cancel reason its own (only the ASR withdraws a segment).
+3. **in sequence**: per (sender instance, session, channel) the sequence numbers rise by one. A repeat or a
+   step back is refused (duplicate / replay); a jump means the broker dropped messages on the way (a queue
+   limit): the message is used, the loss is counted, and unless the channel is best-effort (QoS 0 partials)
+   the turn is reported lost with that reason (:class:`Verdict.lost`).
+4. **no duplicate id** within the session.
+5. **the current turn of a known session**: sessions are opened by the client's ``turn.script`` for turn 0
+   and move on by the client's scripts (turn + 1; further only when a sequence gap shows that the scripts in
+   between were dropped). An authenticated message for turn 0 of an unknown session, or for the turn after
+   the current one, means the script was dropped on the way: the session follows, and the turn is reported
+   lost. A message for any later turn is refused; one for an earlier turn, or after ``session.end``, is *late* (authenticated, legitimately
+   overtaken: e.g. audio still in flight when the client moved on) — ignored and counted, not dead-lettered.
+6. **values in range**: span durations non-negative and at most :data:`MAX_SPAN_NS`, at most
+   :data:`MAX_SPANS` spans, audio chunks at most :data:`MAX_AUDIO_MS`, word durations and media positions
+   at most :data:`MAX_SPAN_NS`.
+
+What fails a check is dead-lettered with its reason and counted per reason (:class:`Counters`); it never
+raises. The guard is pure bookkeeping (no I/O, no clock), so it can be tested on its own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+from collections import Counter
+from dataclasses import dataclass, field
+from enum import Enum
+
+from voicepipe.messages import Audio, Cancel, CancelReason, Envelope, UserWord
+
+TOKEN_ENV = "VOICEPIPE_RUN_TOKEN"
+
+# A span longer than an hour is not a voice turn (the longest scripted or modelled duration is a minute:
+# voicepipe.limits.MAX_MS); the chain of one turn is ~10-20 spans, 256 leaves room for any council.
+MAX_SPAN_NS = 3_600 * 10**9
+MAX_SPANS = 256
+# One audio chunk is one clause; ten minutes of it would be a ~1,500-word clause.
+MAX_AUDIO_MS = 600_000.0
+
+STAGES = ("client", "asr", "router", "agent", "council", "cache", "tts")
+OWNERS: dict[str, frozenset[str]] = {
+    "turn.script": frozenset({"client"}),
+    "user.word": frozenset({"client"}),
+    "user.speech_start": frozenset({"client"}),
+    "session.end": frozenset({"client"}),
+    "turn.record": frozenset({"client"}),
+    "asr.partial": frozenset({"asr"}),
+    "asr.final": frozenset({"asr"}),
+    "route": frozenset({"router", "cache"}),
+    "reply.text": frozenset({"agent", "council"}),
+    "tts.audio": frozenset({"tts", "cache"}),
+    "control.cancel": frozenset(STAGES),
+}
+CANCEL_OWNERS: dict[CancelReason, frozenset[str]] = {
+    CancelReason.USER_RESUMED: frozenset({"asr"}),
+    CancelReason.PREEMPTIVE_MISMATCH: frozenset({"router"}),
+    CancelReason.HEARD: frozenset({"client"}),
+    CancelReason.BARGE_IN: frozenset({"tts"}),
+    CancelReason.FAILED: frozenset(STAGES),  # any stage whose handler failed fails the turn
+    CancelReason.LOST: frozenset(STAGES),  # any stage that saw the broker drop the turn's messages
+}
+LOSSY = frozenset(
+    {"asr.partial"}
+)  # published at QoS 0: the broker may drop them, the turn does not depend on them
+
+
+def run_token() -> bytes:
+    """The run's secret: ``VOICEPIPE_RUN_TOKEN`` when set (stages in other processes need the same one), else
+    32 random bytes."""
+    given = os.environ.get(TOKEN_ENV)
+    return given.encode() if given else secrets.token_bytes(32)
+
+
+def require_shared_token(where: str) -> None:
+    """Stages in other processes sign with the token they are given: the run and they must share one."""
+    if not os.environ.get(TOKEN_ENV):
+        from voicepipe.errors import UserError
+
+        raise UserError(
+            where,
+            f"stages in other processes need the run's secret: set {TOKEN_ENV} to the same value for the run "
+            "and every `voicepipe stage` process (e.g. export VOICEPIPE_RUN_TOKEN=$(openssl rand -hex 32))",
+        )
+
+
+def _facts(env: Envelope) -> bytes:
+    return f"{env.src}\0{env.id}\0{env.seq}\0{env.type}\0{env.run}\0{env.session}\0{env.turn}".encode()
+
+
+def sign(env: Envelope, token: bytes) -> None:
+    env.auth = hmac.digest(token, _facts(env), hashlib.sha256)[:16].hex()
+
+
+def verified(env: Envelope, token: bytes) -> bool:
+    want = hmac.digest(token, _facts(env), hashlib.sha256)[:16].hex()
+    return hmac.compare_digest(want, env.auth)
+
+
+class Verdict(Enum):
+    OK = "ok"
+    LATE = "late"  # authenticated but overtaken (earlier turn, ended session): ignore quietly
+    DEAD = "dead"  # dead-letter with the reason
+
+
+@dataclass
+class Counters:
+    """What one stage did with what it received (summed over stages for the run's summary)."""
+
+    received: int = 0
+    dead: Counter[str] = field(default_factory=Counter)  # reason -> messages dead-lettered
+    late: int = 0
+    lost: int = 0  # messages the broker dropped on the way here (sequence gaps)
+    handler_errors: int = 0
+
+    def add(self, other: Counters) -> None:
+        self.received += other.received
+        self.dead.update(other.dead)
+        self.late += other.late
+        self.lost += other.lost
+        self.handler_errors += other.handler_errors
+
+
+@dataclass
+class SessionState:
+    turn: int = -1
+    seqs: dict[tuple[str, str], int] = field(default_factory=dict)  # (sender, channel) -> last sequence
+    ids: set[str] = field(default_factory=set)
+
+
+@dataclass
+class Admission:
+    verdict: Verdict
+    reason: str = ""
+    lost: str = ""  # with OK: the broker dropped messages before this one (why the turn is lost)
+
+
+class Guard:
+    """One stage's view of which sessions exist, where they are, and who may say what."""
+
+    def __init__(self, token: bytes, *, client_side: bool = False) -> None:
+        self.token = token
+        self.client_side = client_side  # the client opens and advances its own sessions (:meth:`open`)
+        self.sessions: dict[str, SessionState] = {}
+        self.ended: set[str] = set()
+        self.counters = Counters()
+
+    def __repr__(self) -> str:  # never the token
+        return f"Guard(sessions={len(self.sessions)})"
+
+    # -- the client's own sessions ----------------------------------------------------------------
+    def open(self, session: str, turn: int) -> None:
+        """The client starts ``turn`` of ``session`` (the client is the only source of turns)."""
+        self.ended.discard(session)
+        self.sessions.setdefault(session, SessionState()).turn = turn
+
+    def end(self, session: str) -> None:
+        self.sessions.pop(session, None)
+        self.ended.add(session)
+
+    # -- admission ----------------------------------------------------------------------------------
+    def admit(self, env: Envelope) -> Admission:
+        self.counters.received += 1
+        got = self._check(env)
+        if got.verdict is Verdict.DEAD:
+            self.counters.dead[got.reason.split(":", 1)[0]] += 1
+        elif got.verdict is Verdict.LATE:
+            self.counters.late += 1
+        return got
+
+    def _check(self, env: Envelope) -> Admission:
+        if not env.auth or not verified(env, self.token):
+            return Admission(Verdict.DEAD, "unauthenticated: no valid run token MAC")
+        kind = env.src.split("/", 1)[0]
+        if kind not in OWNERS[env.type]:
+            return Admission(Verdict.DEAD, f"wrong sender: {kind!r} may not send {env.type}")
+        p = env.payload
+        if isinstance(p, Cancel) and kind not in CANCEL_OWNERS[p.reason]:
+            return Admission(Verdict.DEAD, f"wrong sender: {kind!r} may not cancel for {p.reason.value!r}")
+        bad = out_of_range(env)
+        if bad:
+            return Admission(Verdict.DEAD, f"out of range: {bad}")
+        session = env.session
+        if session in self.ended:
+            return Admission(Verdict.LATE, "session ended")
+        st = self.sessions.get(session)
+        dropped_script = ""
+        if st is None:
+            if env.type == "session.end":
+                return Admission(Verdict.LATE, "nothing to end")  # its scripts were all dropped on the way
+            if self.client_side or env.turn != 0:
+                return Admission(Verdict.DEAD, f"unknown session: {session!r} was never opened by the client")
+            if env.type != "turn.script":
+                # authenticated, turn 0: the client opened this session, but its script never came here
+                dropped_script = "the broker dropped the session's first turn.script"
+            st = self.sessions[session] = SessionState(turn=0 if dropped_script else -1)
+        # sequence per (sender, channel): MQTT keeps order per topic, not across topics or QoS levels
+        key = (env.src, env.type)
+        last = st.seqs.get(key, -1)
+        if env.seq <= last:
+            return Admission(Verdict.DEAD, f"duplicate or replayed: sequence {env.seq} after {last}")
+        st.seqs[key] = env.seq
+        if env.id in st.ids:
+            return Admission(Verdict.DEAD, f"duplicate id: {env.id}")
+        st.ids.add(env.id)
+        lost = env.seq - last - 1
+        if env.type == "session.end":
+            return Admission(Verdict.OK)
+        if self.client_side:
+            if env.turn > st.turn:
+                return Admission(Verdict.DEAD, f"turn ahead: {env.turn} while the session is at {st.turn}")
+            if env.turn < st.turn:
+                return Admission(Verdict.LATE, "earlier turn")
+        elif env.type == "turn.script":
+            if env.turn == st.turn + 1 or (lost > 0 and env.turn > st.turn):
+                # the next turn (or a later one when a sequence gap shows the scripts between were dropped)
+                st.turn = env.turn
+                st.ids = {env.id}  # ids of earlier turns can no longer matter: overtaken messages are late
+            elif env.turn <= st.turn:
+                return Admission(Verdict.DEAD, f"turn script repeated: turn {env.turn} already started")
+            else:
+                return Admission(Verdict.DEAD, f"turn ahead: {env.turn} while the session is at {st.turn}")
+        elif env.turn == st.turn + 1 and st.turn >= 0:
+            # authenticated, one turn on: the client moved on, but its script for that turn never came here
+            st.turn = env.turn
+            st.ids = {env.id}
+            dropped_script = f"the broker dropped the turn.script of turn {env.turn}"
+        elif env.turn > st.turn:
+            return Admission(Verdict.DEAD, f"turn ahead: {env.turn} while the session is at {st.turn}")
+        elif env.turn < st.turn:
+            return Admission(Verdict.LATE, "earlier turn")
+        if dropped_script:
+            self.counters.lost += 1
+            return Admission(Verdict.OK, lost=f"{dropped_script} (a queue limit?)")
+        if lost > 0:
+            self.counters.lost += lost
+            if env.type not in LOSSY:
+                return Admission(
+                    Verdict.OK,
+                    lost=f"the broker dropped {lost} {env.type} message(s) from {kind} "
+                    f"(sequence {last} -> {env.seq}; a queue limit?)",
+                )
+        return Admission(Verdict.OK)
+
+
+def out_of_range(env: Envelope) -> str:
+    """What in ``env`` no real turn could produce ("" when nothing)."""
+    if env.turn < -1 or (env.turn == -1) != (env.type == "session.end"):
+        return f"turn {env.turn} of a {env.type}"
+    if env.seq < 0:
+        return f"sequence {env.seq}"
+    if len(env.spans) > MAX_SPANS:
+        return f"{len(env.spans)} spans"
+    for s in env.spans:
+        if not 0 <= s.dur_ns <= MAX_SPAN_NS:
+            return f"span {s.stage}/{s.what} duration {s.dur_ns} ns"
+    p = env.payload
+    if isinstance(p, Audio) and p.duration_ms > MAX_AUDIO_MS:
+        return f"audio duration {p.duration_ms:g} ms"
+    if isinstance(p, UserWord) and (
+        p.dur_ns > MAX_SPAN_NS or p.media_ns > MAX_SPAN_NS or (p.gap_after_ns or 0) > MAX_SPAN_NS
+    ):
+        return "word duration, media position or gap"
+    return ""
