@@ -315,6 +315,7 @@ def run_live(
     label: str,
     run_id: str | None = None,
     external: frozenset[str] = frozenset(),
+    workers: int = 0,
 ):
     from voicepipe.runner import run_pipeline
 
@@ -322,7 +323,15 @@ def run_live(
     with progress_bar(total, label) as prog:
         on_record = progress_sink(prog, total, sink)
         return asyncio.run(
-            run_pipeline(cfg, scenarios, sessions, on_record=on_record, run_id=run_id, external=external)
+            run_pipeline(
+                cfg,
+                scenarios,
+                sessions,
+                on_record=on_record,
+                run_id=run_id,
+                external=external,
+                workers=workers,
+            )
         )
 
 
@@ -398,6 +407,16 @@ def run(
             "--external", help="Stages served by `voicepipe stage` processes, e.g. asr,router,agent,tts."
         ),
     ] = None,
+    workers: Annotated[
+        int,
+        typer.Option(
+            "--workers",
+            min=0,
+            max=64,
+            help="Spread the stages over N worker processes (ASR, router, TTS replicated with session "
+            "affinity); needs --broker.",
+        ),
+    ] = 0,
 ) -> None:
     """Play scenarios through the pipeline over MQTT and measure every turn against the budget."""
     from voicepipe.report.advice import advice, base_command, print_advice
@@ -412,11 +431,17 @@ def run(
             raise UserError("--external", "stages in other processes need a broker (--broker URL)")
         if ext and not run_id:
             raise UserError("--external", "give the run id the stage processes serve (--run-id)")
+        if workers and not cfg.broker.url:
+            from voicepipe.runner import WORKERS_NEED_BROKER
+
+            raise UserError("--workers", WORKERS_NEED_BROKER)
+        if workers and ext:
+            raise UserError("--workers", "give --workers or --external, not both")
     as_json = fmt == OutputFormat.json
     sink = RecordSink(json_out, stdout=as_json)
     result = None
     try:
-        result = run_live(cfg, scs, sessions, sink, "running", run_id, frozenset(ext))
+        result = run_live(cfg, scs, sessions, sink, "running", run_id, frozenset(ext), workers)
     except KeyboardInterrupt:
         err.print(f"interrupted: keeping {len(sink.records)} measured turns")
     except Exception as exc:
@@ -431,6 +456,8 @@ def run(
             err.print(f"[bold yellow]warning:[/] {w}", soft_wrap=True)
         if result.deadletters:
             err.print(f"[yellow]{result.deadletters} malformed bus message(s) dead-lettered[/]")
+        for d in result.deaths:
+            err.print(f"[bold yellow]stage process died:[/] {d}", soft_wrap=True, highlight=False)
     if not as_json:
         if not quiet:
             print_turns(out, sink.records, cfg.budget_ms, wide=wide)
