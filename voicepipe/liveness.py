@@ -165,7 +165,7 @@ class Watch:
         if peer.dead:
             return
         peer.dead = why
-        log.info("stage process died", process=process, replicas=peer.replicas, why=why)
+        log.debug("stage process died", process=process, replicas=peer.replicas, why=why)
         self.on_dead(process, list(peer.replicas), why)
         self.changed.set()
 
