@@ -75,6 +75,7 @@ def pct(v: list[float], q: float) -> float | None:
 async def cell(scenario: str, sessions: int, workers: int, spread_ms: float, backend: str) -> dict:
     sc = load_scenario(scenario)
     expected = sessions * len(sc.turns)
+    load0 = os.getloadavg()[0]
     with Mosquitto() as mq:
         cfg = load_config(
             None,
@@ -127,6 +128,7 @@ async def cell(scenario: str, sessions: int, workers: int, spread_ms: float, bac
         },
         "cpu_us_per_message": cpu_total / published * 1e6 if published else None,
         "wall_s": wall,
+        "load_avg_1m_before_after": [load0, os.getloadavg()[0]],  # the box is shared: other work competes
         "deaths": res.deaths if res else [],
         "error": error,
     }
@@ -158,7 +160,7 @@ async def main() -> None:
             con.print(
                 f"[dim]  {r['turns_completed']}/{r['turns_expected']} ok, lost {r['turns_lost']}, "
                 f"tax p99 {fmt(r['tax_ms_p99'])} ms, {fmt(r['cpu_us_per_message'], '.0f')} us/msg, "
-                f"{r['wall_s']:.0f} s{', ' + r['error'] if r['error'] else ''}[/]"
+                f"{r['wall_s']:.0f} s, load {r['load_avg_1m_before_after'][0]:.1f}{', ' + r['error'] if r['error'] else ''}[/]"
             )
     t = Table(
         title=f"scale — {args.scenario}, starts {args.spread_ms:g} ms apart, spawned nodelay mosquitto, measured"

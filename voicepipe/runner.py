@@ -224,13 +224,22 @@ def worker_entry() -> None:
     cfg, run, process, replicas, planned = pickle.load(sys.stdin.buffer)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
 
+    parent = os.getppid()
+
+    async def orphaned(task: asyncio.Task[None]) -> None:
+        while os.getppid() == parent:  # the run process died without stopping us: stop too
+            await asyncio.sleep(1.0)
+        task.cancel()
+
     async def main() -> None:
         task = asyncio.current_task()
         assert task is not None
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+        guard = asyncio.create_task(orphaned(task))
         kinds = [kind_of(r) for r in replicas]
         with contextlib.suppress(asyncio.CancelledError):
             await serve_stages(cfg, kinds, run, process=process, replicas=replicas, planned=planned)
+        guard.cancel()
 
     asyncio.run(main())
 
