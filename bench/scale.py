@@ -11,7 +11,8 @@ Measured in the same run:
 * hop p50: a raw aiomqtt QoS 1 one-way hop (publisher -> broker -> subscriber, one monotonic clock),
   sampled every 20 ms *during* the run on the same broker — what one bus crossing costs under that load;
 * CPU us per message: CPU seconds of every voicepipe process (this one: ``time.process_time``; the workers:
-  their last heartbeat) plus mosquitto's (``/proc/PID/stat``), over the messages the stages published.
+  their heartbeats) plus mosquitto's (``/proc/PID/stat``) from the moment every stage is up (start-up
+  excluded) to the end, over the messages the stages published.
 
     python bench/scale.py [--quick] [--sessions 50,100] [--workers 0,1,2] [--out bench/results/scale.json]
 """
@@ -88,16 +89,22 @@ async def cell(scenario: str, sessions: int, workers: int, spread_ms: float, bac
         )
         stop = asyncio.Event()
         hops: list[float] = []
-        cpu0, mq0, t0 = time.process_time(), proc_cpu_s(mq.pid() or 0), time.monotonic()
+        t0 = time.monotonic()
+        base: list[float] = []  # CPU (this process, mosquitto) once every stage is up: start-up excluded
+
+        def ready(_r: object) -> None:
+            base.extend([time.process_time(), proc_cpu_s(mq.pid() or 0)])
+
         hop_task = asyncio.create_task(hops_during(mq.url, stop, hops))
         error = None
         try:
-            res = await run_pipeline(cfg, [sc], sessions, workers=workers, ready_timeout_s=60)
+            res = await run_pipeline(cfg, [sc], sessions, workers=workers, ready_timeout_s=60, on_ready=ready)
         except Exception as exc:  # a cell that breaks is reported, not hidden
             res, error = None, f"{type(exc).__name__}: {exc}"
         stop.set()
         await hop_task
         wall = time.monotonic() - t0
+        cpu0, mq0 = base or [time.process_time(), proc_cpu_s(mq.pid() or 0)]
         cpu_here = time.process_time() - cpu0
         cpu_broker = proc_cpu_s(mq.pid() or 0) - mq0
     records = res.records if res else []
@@ -142,7 +149,9 @@ async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scenario", default="rapid-fire")
     ap.add_argument("--sessions", default="50,100,200,500,1000")
-    ap.add_argument("--workers", default="1,2,4", help="worker processes (0: all stages in the run process)")
+    ap.add_argument(
+        "--workers", default="0,1,2,4", help="worker processes (0: all stages in the run process)"
+    )
     ap.add_argument("--quick", action="store_true", help="a subset: sessions 50,200 x workers 0,2")
     ap.add_argument("--spread-ms", type=float, default=20.0, help="start spread per session")
     ap.add_argument("--backend", default="cerebras-llama-3.1-8b")

@@ -120,6 +120,7 @@ class Peer:
     marked: bool = False
     last_beat: float | None = None  # monotonic seconds
     beat: Beat | None = None
+    first: Beat | None = None  # the first heartbeat (CPU spent starting up is before it)
     dead: str = ""  # why, once dead
 
 
@@ -186,6 +187,7 @@ class Watch:
                         self._die(process, peer, "its marker was cleared (last will or exit)")
                 elif what == "_hb":
                     peer.beat = Beat.model_validate_json(body)
+                    peer.first = peer.first or peer.beat
                     peer.last_beat = time.monotonic()
             except ValidationError:
                 log.warning("bad liveness message", topic=str(m.topic))
@@ -222,10 +224,12 @@ class Watch:
         return False
 
     def totals(self) -> Beat:
-        """The summed last heartbeats of every process seen (CPU seconds and message counters)."""
-        beats = [p.beat for p in self.peers.values() if p.beat is not None]
+        """The summed last heartbeats of every process seen: message counters, and CPU seconds since each
+        process's first beat (start-up — imports, connecting — excluded)."""
+        peers = [p for p in self.peers.values() if p.beat is not None and p.first is not None]
+        beats = [p.beat for p in peers if p.beat is not None]
         return Beat(
-            cpu_s=sum(b.cpu_s for b in beats),
+            cpu_s=sum(p.beat.cpu_s - p.first.cpu_s for p in peers),  # type: ignore[union-attr]
             published=sum(b.published for b in beats),
             received=sum(b.received for b in beats),
             skipped=sum(b.skipped for b in beats),
