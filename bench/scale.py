@@ -9,10 +9,10 @@ Measured in the same run:
   (expected but never recorded — must be 0);
 * tax p50/p99: measured voice-to-voice minus modelled spans, per completed turn (the client's clock);
 * hop p50: a raw aiomqtt QoS 1 one-way hop (publisher -> broker -> subscriber, one monotonic clock),
-  sampled every 20 ms *during* the run on the same broker — what one bus crossing costs under that load;
+  sampled every 100 ms *during* the run on the same broker — what one bus crossing costs under that load;
 * CPU us per message: CPU seconds of every voicepipe process (this one: ``time.process_time``; the workers:
   their heartbeats) plus mosquitto's (``/proc/PID/stat``) from the moment every stage is up (start-up
-  excluded) to the end, over the messages the stages published.
+  excluded) to the end, over the messages the stages published (the hop samples count as messages too).
 
     python bench/scale.py [--quick] [--sessions 50,100] [--workers 0,1,2] [--out bench/results/scale.json]
 """
@@ -41,6 +41,7 @@ from voicepipe.runner import run_pipeline
 from voicepipe.scenario import load_scenario
 
 TICKS = os.sysconf("SC_CLK_TCK")
+HOP_EVERY_S = 0.1  # hop samples while the run goes on: few enough not to load the run they measure
 
 
 def proc_cpu_s(pid: int) -> float:
@@ -64,7 +65,7 @@ async def hops_during(url: str, stop: asyncio.Event, out: list[float]) -> None:
         while not stop.is_set():
             await pub.publish("bench/hop", struct.pack("q", time.monotonic_ns()) + b"x" * 200, qos=1)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), 0.02)
+                await asyncio.wait_for(stop.wait(), HOP_EVERY_S)
         await asyncio.sleep(0.2)
         task.cancel()
 
@@ -110,7 +111,7 @@ async def cell(scenario: str, sessions: int, workers: int, spread_ms: float, bac
     records = res.records if res else []
     ok = [r for r in records if r.status == "ok"]
     tax = [r.tax_ms for r in ok if r.tax_ms is not None]
-    published = (res.local_published + res.remote_published) if res else 0
+    published = (res.local_published + res.remote_published + len(hops)) if res else 0
     cpu_total = cpu_here + (res.remote_cpu_s if res else 0.0) + cpu_broker
     return {
         "sessions": sessions,
