@@ -3,6 +3,12 @@
 :func:`run_pipeline` runs live: real time, an MQTT broker (embedded amqtt, or the configured one).
 :func:`simulate` runs the same stages on the in-memory bus and the virtual clock (``predict``, ``capacity``):
 modelled time only, as fast as the CPU goes. Both play sessions through :func:`play_sessions`.
+
+Live runs can spread stages over processes: ``external`` stages served by ``voicepipe stage``
+(:func:`serve_stages`), or ``workers`` processes this run spawns (:class:`Workers`, replicas with session
+affinity per :mod:`voicepipe.partition`). Stage processes announce themselves and are watched per
+:mod:`voicepipe.liveness`; :class:`Failer` turns a death or a missed deadline into failed turns with a reason,
+so every expected turn is recorded.
 """
 
 from __future__ import annotations
