@@ -219,3 +219,20 @@ def test_bridge_config_has_the_settings_that_matter(tmp_path):
                  "try_private true", "set_tcp_nodelay true", "max_queued_messages 100000"):  # fmt: skip
         assert line in text
     assert text.index("connection ") > text.index("max_queued_messages")  # bridge options come last
+
+
+@pytest.mark.broker
+async def test_a_stale_retained_marker_without_heartbeat_does_not_start_a_run(mosquitto):
+    """A marker left behind (a broker that never fired a hung client's will) is not "ready": no beat."""
+    from voicepipe.liveness import Marker
+    from voicepipe.runner import StagesMissing
+
+    run = "stale"
+    async with BrokerAddress.parse(mosquitto.url).client(identifier="ghost") as c:
+        marker = Marker(replicas=["asr.0"]).model_dump_json().encode()
+        await c.publish(alive_topic(run, "ghost"), marker, qos=1, retain=True)
+    cfg = fast_config(broker=mosquitto.url)
+    with pytest.raises(StagesMissing, match="asr"):
+        await run_pipeline(
+            cfg, [tiny_scenario(turns=1)], 1, run_id=run, external=frozenset({"asr"}), ready_timeout_s=2
+        )
