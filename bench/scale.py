@@ -160,12 +160,25 @@ async def main() -> None:
     args = ap.parse_args()
     sessions = [50, 200] if args.quick else [int(x) for x in args.sessions.split(",")]
     workers = [0, 2] if args.quick else [int(x) for x in args.workers.split(",")]
-    rows = []
+    rows: list[dict] = []
     con = Console(width=130)
+    out = {
+        "what": "scale: sessions x worker processes, rapid-fire, spawned nodelay mosquitto (measured)",
+        "machine": platform.platform(),
+        "cpus": os.cpu_count(),
+        "scenario": args.scenario,
+        "spread_ms_per_session": args.spread_ms,
+        "backend": args.backend,
+        "rows": rows,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     for n in sessions:
         for w in workers:
             con.print(f"[dim]{n} sessions, {w} workers ...[/]")
             rows.append(await cell(args.scenario, n, w, args.spread_ms, args.backend))
+            args.out.write_text(
+                json.dumps(out, indent=2)
+            )  # after every cell: a long grid keeps what it measured
             r = rows[-1]
             con.print(
                 f"[dim]  {r['turns_completed']}/{r['turns_expected']} ok, lost {r['turns_lost']}, "
@@ -189,17 +202,6 @@ async def main() -> None:
         "[dim]tax = measured - modelled per completed turn (ms, client clock); hop = raw aiomqtt QoS 1 one-way "
         "hop sampled during the run; CPU = all voicepipe processes + mosquitto over messages published[/]"
     )
-    out = {
-        "what": "scale: sessions x worker processes, rapid-fire, spawned nodelay mosquitto (measured)",
-        "machine": platform.platform(),
-        "cpus": os.cpu_count(),
-        "scenario": args.scenario,
-        "spread_ms_per_session": args.spread_ms,
-        "backend": args.backend,
-        "rows": rows,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=2))
     print(f"wrote {args.out}")
 
 

@@ -24,11 +24,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import aiomqtt
+import paho.mqtt.client as mqtt
 import structlog
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -40,6 +41,7 @@ log = structlog.get_logger("voicepipe.liveness")
 HEARTBEAT_S = 0.5  # a beat every half second ...
 DEAD_AFTER_S = 1.5  # ... and three missed beats mean dead: detection (plus a 0.1 s check) stays under 2 s
 CHECK_S = 0.1
+LAG_S = 0.25  # a check that runs this much late means the watching loop itself is overloaded
 
 
 def alive_topic(run: str, process: str) -> str:
@@ -71,45 +73,65 @@ Counters = Callable[[], tuple[int, int, int]]  # published, received, skipped
 
 
 class Presence:
-    """A stage process's marker, last will and heartbeat (an async context manager)."""
+    """A stage process's marker, last will and heartbeat (an async context manager).
+
+    Its client is paho's own, with its network thread, and the beats come from a thread of their own: a
+    process whose event loop is busy (overload) keeps beating — it is slow, not dead; one that is stopped
+    or killed does not. A stage stuck inside a busy loop is caught by the turn deadlines instead.
+    """
 
     def __init__(self, addr: BrokerAddress, run: str, process: str, replicas: list[str], counters: Counters):
         self.run, self.process, self.replicas, self.counters = run, process, replicas, counters
+        self.addr = addr
         self.topic = alive_topic(run, process)
-        self.client = addr.client(
-            identifier=f"vp-{run}-{process}-alive",
-            will=aiomqtt.Will(self.topic, payload=b"", qos=1, retain=True),
-        )
-        self._beat: asyncio.Task[None] | None = None
+        self.hb_topic = heartbeat_topic(run, process)
+        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"vp-{run}-{process}-alive")
+        self.client.will_set(self.topic, payload=b"", qos=1, retain=True)
+        if addr.username:
+            self.client.username_pw_set(addr.username, addr.password)
+        tls = addr.ssl_context()
+        if tls is not None:
+            self.client.tls_set_context(tls)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
     def beat(self) -> Beat:
         published, received, skipped = self.counters()
         return Beat(cpu_s=time.process_time(), published=published, received=received, skipped=skipped)
 
-    async def __aenter__(self) -> Presence:
-        await self.client.__aenter__()
+    def _connect(self) -> None:
+        self.client.connect(self.addr.host, self.addr.port, keepalive=5)
+        self.client.loop_start()
         marker = Marker(replicas=self.replicas).model_dump_json().encode()
-        await self.client.publish(self.topic, marker, qos=1, retain=True)
-        self._beat = asyncio.create_task(self._beats(), name=f"heartbeat-{self.process}")
+        self.client.publish(self.topic, marker, qos=1, retain=True).wait_for_publish(10)
+
+    def _beats(self) -> None:
+        while not self._stop.wait(HEARTBEAT_S):
+            self.client.publish(self.hb_topic, self.beat().model_dump_json().encode(), qos=0)
+
+    async def __aenter__(self) -> Presence:
+        await asyncio.to_thread(self._connect)
+        self.client.publish(self.hb_topic, self.beat().model_dump_json().encode(), qos=0)
+        self._thread = threading.Thread(target=self._beats, name=f"heartbeat-{self.process}", daemon=True)
+        self._thread.start()
         return self
 
-    async def _beats(self) -> None:
-        hb = heartbeat_topic(self.run, self.process)
-        while True:
-            await self.client.publish(hb, self.beat().model_dump_json().encode(), qos=0)
-            await asyncio.sleep(HEARTBEAT_S)
+    def _close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(2)
+        with contextlib.suppress(Exception):
+            self.client.publish(
+                self.hb_topic, self.beat().model_dump_json().encode(), qos=1
+            ).wait_for_publish(2)
+            self.client.publish(self.topic, b"", qos=1, retain=True).wait_for_publish(
+                2
+            )  # final counters, then clear
+        self.client.disconnect()  # a clean disconnect: the will is not sent (the marker is already cleared)
+        self.client.loop_stop()
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._beat is not None:
-            self._beat.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._beat
-        with contextlib.suppress(Exception):
-            hb = heartbeat_topic(self.run, self.process)
-            await self.client.publish(hb, self.beat().model_dump_json().encode(), qos=1)  # final counters
-            await self.client.publish(self.topic, b"", qos=1, retain=True)
-        with contextlib.suppress(Exception):
-            await self.client.__aexit__(None, None, None)
+        await asyncio.to_thread(self._close)
 
 
 @dataclass
@@ -144,6 +166,7 @@ class Watch:
         self.dead_after_s = dead_after_s
         self.peers: dict[str, Peer] = {}
         self.changed = asyncio.Event()
+        self.lagged_at = 0.0  # when this process's own loop last ran late (beats may wait unread)
         self.client = addr.client(identifier=f"vp-{run}-watch-{who}")  # client ids are unique per broker
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -195,12 +218,17 @@ class Watch:
             self.changed.set()
 
     async def _check(self) -> None:
+        prev = time.monotonic()
         while True:
             await asyncio.sleep(CHECK_S)
             now = time.monotonic()
+            if now - prev > CHECK_S + LAG_S:
+                self.lagged_at = now  # our loop ran late: silence may be beats we have not read yet
+            prev = now
             for process, peer in list(self.peers.items()):
                 beating = peer.marked and peer.last_beat is not None and not peer.dead
-                if beating and now - peer.last_beat > self.dead_after_s:  # type: ignore[operator]
+                heard = max(peer.last_beat or 0.0, self.lagged_at)
+                if beating and now - heard > self.dead_after_s:
                     self._die(process, peer, f"no heartbeat for {self.dead_after_s:g} s")
 
     def live_replicas(self) -> set[str]:
