@@ -7,12 +7,13 @@ Contract.
   registers a last will that clears it (an empty retained message), so a crashed process leaves no stale
   marker for the next run with the same id; a clean exit clears it too. It also publishes a heartbeat
   ``voicepipe/{run}/_hb/{process}`` every :data:`HEARTBEAT_S` (QoS 0, with its CPU seconds and message
-  counters).
+  counters) from a thread, so an overloaded event loop does not pass for a dead process.
 * The run holds a :class:`Watch`: a process is ready when its marker is present *and* a heartbeat arrived
   (a retained marker alone may be stale: amqtt, for one, never fires a hung client's will), and dead when
   its marker is cleared (will or exit) or no heartbeat came for :data:`DEAD_AFTER_S` — a SIGKILLed process
   is seen at once through its will, a hung (SIGSTOPped) one within ``DEAD_AFTER_S`` + one check period,
-  under 2 s either way.
+  under 2 s either way. While the watching process's own loop runs late, silence is not held against a
+  peer (its beats may be waiting unread): overload delays a verdict instead of faking a death.
 * A turn's deadline is :func:`turn_deadline_ns`: the scenario's end of speech for that turn plus
   ``client.turn_timeout_s``. :class:`Progress` follows each session's last step on the bus (script, final
   transcript, route, reply text), so a turn past its deadline is failed naming the stage that held it
