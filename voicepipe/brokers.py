@@ -7,7 +7,10 @@
   ``set_tcp_nodelay true`` (without it small QoS 1 round trips stall 40+ ms on delayed ACKs) and an
   explicit ``max_queued_messages`` (mosquitto silently drops QoS 1 messages past it, default 1000).
   Optionally a TLS listener (:class:`ServerTLS`: ``mqtts://``), a password file (``users``) and an ACL
-  file (``acl_file``, e.g. docs/mosquitto-acl.conf) — what the security tests run against. For the fault
+  file (``acl_file``, e.g. docs/mosquitto-acl.conf) — what the security tests run against — and a
+  :class:`Bridge` to another broker (mosquitto's own bridge: the two brokers act as one bus for
+  ``voicepipe/#``; nothing of it is re-implemented here). :meth:`Mosquitto.restart` keeps the port (a
+  broker outage for fault tests and the soak benchmark). For the fault
   tests: ``persistence`` (sessions saved every second), :meth:`Mosquitto.kill` then ``start()`` again (a
   crash and restart on the same port), :meth:`Mosquitto.pause`/``resume`` (SIGSTOP/SIGCONT).
 """
@@ -88,6 +91,36 @@ class ServerTLS:
     require_certificate: bool = False
 
 
+@dataclass(frozen=True)
+class Bridge:
+    """A mosquitto bridge from this broker to ``address`` (``host:port``): the settings that matter.
+
+    ``topic voicepipe/# both 1``: the run's topics cross both ways at QoS 1. ``try_private`` marks the link
+    as a bridge so the remote broker does not loop messages back; ``cleansession`` true: no stale queue
+    from an earlier link; ``restart_timeout``: reconnect after a second, not mosquitto's default 5-30 s
+    backoff; ``max_queued_messages`` applies to the bridge link as to any client (see
+    https://mosquitto.org/man/mosquitto-conf-5.html, "Bridges"). Messages cross one more hop each way.
+    """
+
+    address: str
+    name: str = "voicepipe-bridge"
+    topic: str = "voicepipe/#"
+    protocol: str = "mqttv311"  # or mqttv50
+
+    def config_lines(self) -> list[str]:
+        return [
+            f"connection {self.name}",
+            f"address {self.address}",
+            f"topic {self.topic} both 1",
+            f"bridge_protocol_version {self.protocol}",
+            "try_private true",
+            "cleansession true",
+            "restart_timeout 1",
+            "notifications false",
+            "keepalive_interval 10",
+        ]
+
+
 class Mosquitto:
     """A private mosquitto on a free loopback port; ``nodelay=False`` reproduces Debian's default stall."""
 
@@ -101,8 +134,10 @@ class Mosquitto:
         tls: ServerTLS | None = None,
         acl_file: str | Path | None = None,
         persistence: bool = False,
+        bridge: Bridge | None = None,
     ) -> None:
         self.port = port or free_port()
+        self.bridge = bridge
         self.nodelay = nodelay
         self.max_queued = max_queued_messages
         self.users = users or {}
@@ -159,6 +194,8 @@ class Mosquitto:
             lines.append("allow_anonymous true")
         if self.acl_file:
             lines.append(f"acl_file {Path(self.acl_file).resolve()}")
+        if self.bridge:
+            lines += self.bridge.config_lines()  # last: bridge options follow their `connection` line
         return "\n".join(lines) + "\n"
 
     def start(self, timeout_s: float = 10.0) -> None:
@@ -211,6 +248,16 @@ class Mosquitto:
         if self._dir:
             self._dir.cleanup()
             self._dir = None
+
+    def restart(self, down_s: float = 0.0) -> None:
+        """Kill the broker, stay down ``down_s``, start it again on the same port (nothing persisted)."""
+        self.kill()
+        self.stop()
+        time.sleep(down_s)
+        self.start()
+
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
 
     def __enter__(self) -> Mosquitto:
         self.start()

@@ -314,6 +314,7 @@ def run_live(
     label: str,
     run_id: str | None = None,
     external: frozenset[str] = frozenset(),
+    workers: int = 0,
 ):
     from voicepipe.runner import run_live_loop, run_pipeline
 
@@ -321,7 +322,15 @@ def run_live(
     with progress_bar(total, label) as prog:
         on_record = progress_sink(prog, total, sink)
         return run_live_loop(
-            run_pipeline(cfg, scenarios, sessions, on_record=on_record, run_id=run_id, external=external)
+            run_pipeline(
+                cfg,
+                scenarios,
+                sessions,
+                on_record=on_record,
+                run_id=run_id,
+                external=external,
+                workers=workers,
+            )
         )
 
 
@@ -406,6 +415,16 @@ def run(
             "--external", help="Stages served by `voicepipe stage` processes, e.g. asr,router,agent,tts."
         ),
     ] = None,
+    workers: Annotated[
+        int,
+        typer.Option(
+            "--workers",
+            min=0,
+            max=64,
+            help="Spread the stages over N worker processes (ASR, router, TTS replicated with session "
+            "affinity); needs --broker.",
+        ),
+    ] = 0,
 ) -> None:
     """Play scenarios through the pipeline over MQTT and measure every turn against the budget."""
     from voicepipe.report.advice import advice, base_command, print_advice
@@ -420,6 +439,12 @@ def run(
             raise UserError("--external", "stages in other processes need a broker (--broker URL)")
         if ext and not run_id:
             raise UserError("--external", "give the run id the stage processes serve (--run-id)")
+        if workers and not cfg.broker.url:
+            from voicepipe.runner import WORKERS_NEED_BROKER
+
+            raise UserError("--workers", WORKERS_NEED_BROKER)
+        if workers and ext:
+            raise UserError("--workers", "give --workers or --external, not both")
         if ext:
             from voicepipe.stages.guard import require_shared_token
 
@@ -433,7 +458,7 @@ def run(
     result = None
     aborted = None
     try:
-        result = run_live(cfg, scs, sessions, sink, "running", run_id, frozenset(ext))
+        result = run_live(cfg, scs, sessions, sink, "running", run_id, frozenset(ext), workers)
     except RunAborted as exc:  # the broker stayed away: keep and write what was measured, then exit 3
         result, aborted = exc.result, exc
     except KeyboardInterrupt:
@@ -451,6 +476,8 @@ def run(
         for w in result.warnings:
             err.print(f"[bold yellow]warning:[/] {w}", soft_wrap=True)
         print_run_counters(result)
+        for d in result.deaths:
+            err.print(f"[bold yellow]stage process died:[/] {d}", soft_wrap=True, highlight=False)
     if not as_json:
         if not quiet:
             print_turns(out, sink.records, cfg.budget_ms, wide=wide)

@@ -3,13 +3,25 @@
 :func:`run_pipeline` runs live: real time, an MQTT broker (embedded amqtt, or the configured one).
 :func:`simulate` runs the same stages on the in-memory bus and the virtual clock (``predict``, ``capacity``):
 modelled time only, as fast as the CPU goes. Both play sessions through :func:`play_sessions`.
+
+Live runs can spread stages over processes: ``external`` stages served by ``voicepipe stage``
+(:func:`serve_stages`), or ``workers`` processes this run spawns (:class:`Workers`, replicas with session
+affinity per :mod:`voicepipe.partition`). Stage processes announce themselves and are watched per
+:mod:`voicepipe.liveness`; :class:`Failer` turns a death or a missed deadline into failed turns with a reason,
+so every expected turn is recorded.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import pickle
 import secrets
+import signal
+import socket
+import subprocess
+import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -26,11 +38,14 @@ from voicepipe.bus import (
     negotiate_protocol,
     probe_round_trip,
 )
-from voicepipe.clock import is_virtual, run_virtual
+from voicepipe.clock import is_virtual, now_ns, run_virtual
 from voicepipe.config import PipelineConfig
+from voicepipe.errors import UserError
+from voicepipe.liveness import Presence, Progress, Watch, turn_deadline_ns
 from voicepipe.measure import LAG_TRUST_P99_MS, LagProbe, LoopLag
 from voicepipe.membus import MemoryBroker
-from voicepipe.messages import Envelope
+from voicepipe.messages import Cancel, CancelReason, Envelope
+from voicepipe.partition import Membership, PartitionedBus, kind_of, plan_workers, replica_id
 from voicepipe.records import Accounting, TurnRecord, account
 from voicepipe.scenario import Scenario, session_id
 from voicepipe.stages.agent import Agent
@@ -94,6 +109,18 @@ class RunResult:
             else {"p99_ms": self.lag.p99_ms, "max_ms": self.lag.max_ms, "samples": self.lag.samples,
                   "overloaded": self.lag.overloaded, "trust_p99_ms": LAG_TRUST_P99_MS},
         }  # fmt: skip
+
+    workers: int = 0
+    deaths: list[str] = field(default_factory=list)  # stage processes that died: "process (replicas): why"
+    death_ns: list[int] = field(default_factory=list)  # when the run noticed each (monotonic ns)
+    worker_pids: list[int] = field(default_factory=list)
+    # bus counters: this process's stages, and (from their last heartbeats) the stage processes'
+    local_published: int = 0
+    local_received: int = 0
+    remote_cpu_s: float = 0.0
+    remote_published: int = 0
+    remote_received: int = 0
+    remote_skipped: int = 0  # messages a replica received for a session another replica owns
 
 
 class RunAborted(BrokerOutage):
@@ -179,11 +206,6 @@ async def stop_stages(stages: list[Stage], tasks: list[asyncio.Task[None]]) -> N
             await t
 
 
-def ready_topic(run: str, name: str) -> str:
-    """Retained marker a stage running in another process publishes once it is subscribed."""
-    return f"voicepipe/{run}/_ready/{name}"
-
-
 def _routes_to(ctx: RunContext, dest: str) -> bool:
     r = ctx.cfg.router
     if r.policy == "rules":
@@ -197,47 +219,193 @@ class StagesMissing(RuntimeError):
     """Stages the run expects in other processes never reported ready."""
 
 
-async def _wait_for_external(addr: BrokerAddress, run: str, names: set[str], timeout_s: float = 30.0) -> None:
-    seen: set[str] = set()
-    async with addr.client(identifier=f"vp-{run}-wait") as c:
-        await c.subscribe(ready_topic(run, "+"), qos=1)
-        try:
-            async with asyncio.timeout(timeout_s):
-                async for m in c.messages:
-                    if m.payload:
-                        seen.add(str(m.topic).rsplit("/", 1)[-1])
-                    if names <= seen:
-                        return
-        except TimeoutError:
-            missing = ", ".join(sorted(names - seen))
-            raise StagesMissing(
-                f"stages {missing} of run {run} not ready after {timeout_s:.0f} s "
-                f"(start them with `voicepipe stage {missing.replace(',', '')} --run {run} --broker URL`)"
-            ) from None
+def process_name() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
 
 
-async def serve_stages(cfg: PipelineConfig, names: list[str], run: str) -> None:
-    """Run some stages of run ``run`` in this process until cancelled (``voicepipe stage``)."""
+async def serve_stages(
+    cfg: PipelineConfig,
+    names: list[str],
+    run: str,
+    *,
+    process: str | None = None,
+    replicas: list[str] | None = None,
+    planned: list[str] | None = None,
+    on_stages: Callable[[list[Stage]], None] | None = None,
+    token: bytes | None = None,
+) -> None:
+    """Run some stages of run ``run`` in this process until cancelled (``voicepipe stage``, a worker).
+
+    ``replicas``: the replica ids served here (default ``{name}.0`` each); ``planned``: every replica of the
+    run (default: these). A kind with several planned replicas serves only the sessions its replica owns
+    (:mod:`voicepipe.partition`). The process announces itself with a :class:`~voicepipe.liveness.Presence`.
+    ``on_stages`` sees the stages once built (an observer, for tests). ``token``: the run's secret (a
+    ``--workers`` process gets it from its parent; ``voicepipe stage`` reads ``VOICEPIPE_RUN_TOKEN``).
+    """
     quiet_amqtt()
     if not cfg.broker.url:
         raise ValueError("broker.url: stages in separate processes need a broker (--broker URL)")
-    require_shared_token("voicepipe stage")
+    if token is None:
+        require_shared_token("voicepipe stage")
     addr = BrokerAddress.from_config(cfg.broker)
-    ctx = RunContext(run=run, cfg=cfg)
+    ctx = RunContext(run=run, cfg=cfg) if token is None else RunContext(run=run, cfg=cfg, token=token)
     protocol = await negotiate_protocol(addr, cfg.broker.protocol)
+    base = mqtt_connector(addr, ctx, protocol)
+    mine = replicas or [replica_id(n, 0) for n in names]
+    process = process or process_name()
+    members = Membership(planned or mine)
+    by_kind = {kind_of(r): r for r in mine}
+    shared = {k for k, rs in members.live.items() if len(rs) > 1}
+
+    def connect(name: str) -> Bus:
+        if name not in shared:
+            return base(name)
+        r = by_kind[name]  # several replicas: a client id of its own, and only the sessions it owns
+        return PartitionedBus(base(r), r, members)
+
     async with contextlib.AsyncExitStack() as stack:
-        stages = build_stages(mqtt_connector(addr, ctx, protocol), ctx, names)
+        if shared:  # replicas must learn of a dead peer to take over its sessions
+            await stack.enter_async_context(
+                Watch(addr, run, lambda _p, reps, _why: members.remove(reps), who=process)
+            )
+        stages = build_stages(connect, ctx, [kind_of(r) for r in mine])
+        if on_stages is not None:
+            on_stages(stages)
+
+        def counters() -> tuple[int, int, int]:
+            skipped = sum(s.bus.skipped for s in stages if isinstance(s.bus, PartitionedBus))
+            return sum(s.bus.published for s in stages), sum(s.bus.received for s in stages), skipped
+
         tasks: list[asyncio.Task[None]] = []
         try:
             tasks = await start_stages(stack, stages)
-            for s in stages:
-                await s.bus.client.publish(ready_topic(run, s.name), b"ready", qos=1, retain=True)  # type: ignore[attr-defined]
-            await asyncio.gather(*tasks)
+            async with Presence(addr, run, process, mine, counters):
+                await asyncio.gather(*tasks)
         finally:
-            for s in stages:
-                with contextlib.suppress(Exception):
-                    await s.bus.client.publish(ready_topic(run, s.name), b"", qos=1, retain=True)  # type: ignore[attr-defined]
             await stop_stages(stages, tasks)
+
+
+def worker_entry() -> None:
+    """A ``--workers`` process (``python -c 'from voicepipe.runner import worker_entry; worker_entry()'``):
+    reads its pickled job from stdin — (config, run, process, replicas, planned) — and serves the replicas
+    until SIGTERM, then clears its marker and exits cleanly."""
+    cfg, run, process, replicas, planned, token = pickle.load(sys.stdin.buffer)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+
+    parent = os.getppid()
+
+    async def orphaned(task: asyncio.Task[None]) -> None:
+        while os.getppid() == parent:  # the run process died without stopping us: stop too
+            await asyncio.sleep(1.0)
+        task.cancel()
+
+    async def main() -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+        guard = asyncio.create_task(orphaned(task))
+        kinds = [kind_of(r) for r in replicas]
+        with contextlib.suppress(asyncio.CancelledError):
+            await serve_stages(
+                cfg, kinds, run, process=process, replicas=replicas, planned=planned, token=token
+            )
+        guard.cancel()
+
+    asyncio.run(main())
+
+
+class Workers:
+    """``--workers N``: N stage processes spawned for one run (see :func:`~voicepipe.partition.plan_workers`)."""
+
+    def __init__(self, cfg: PipelineConfig, run: str, plan: list[list[str]], token: bytes) -> None:
+        self.cfg, self.run, self.plan, self.token = cfg, run, plan, token
+        self.planned = [r for p in plan for r in p]
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self) -> None:
+        code = "from voicepipe.runner import worker_entry; worker_entry()"
+        for i, reps in enumerate(self.plan):
+            p = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE)
+            assert p.stdin is not None
+            # the run's secret goes through the pipe, never argv or the environment (ps would show it)
+            p.stdin.write(pickle.dumps((self.cfg, self.run, f"w{i}", reps, self.planned, self.token)))
+            p.stdin.close()
+            self.procs.append(p)
+
+    def failed(self) -> str | None:
+        """A worker that exited before the run was ready (its exit code)."""
+        for i, p in enumerate(self.procs):
+            if p.poll() is not None:
+                return f"worker w{i} exited with code {p.returncode} before it was ready"
+        return None
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout_s)
+
+
+class Failer:
+    """Fails in-flight turns with a reason (a ``control.cancel`` with reason ``failed``, sent by the client
+    stage): those held by a stage process that died, and those past their deadline, naming the holder."""
+
+    def __init__(self, client: Client, members: Membership, result: RunResult, progress: Progress | None):
+        self.client = client
+        self.members = members
+        self.result = result
+        self.progress = progress
+        self.failed: set[tuple[str, int]] = set()
+        self.closing = False
+
+    def fail(self, session: str, turn: int, why: str) -> None:
+        if (session, turn) in self.failed:
+            return
+        self.failed.add((session, turn))
+        env = Envelope.of(Cancel(reason=CancelReason.FAILED, error=why), self.client.ctx.run, session, turn)
+        task = asyncio.create_task(self.client.bus.publish(env))
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+    def in_flight(self) -> list[tuple[str, int, int]]:
+        """(session, turn, end of speech ns) of every turn not heard yet."""
+        return [
+            (s, lis.turn, lis.end_of_speech_ns)
+            for s, lis in self.client.listening.items()
+            if not lis.first.done()
+        ]
+
+    def on_dead(self, process: str, replicas: list[str], why: str) -> None:
+        if self.closing:
+            return
+        before = {(r, s): self.members.owner(kind_of(r), s) for r in replicas for s, _, _ in self.in_flight()}
+        gone = self.members.remove(replicas)
+        self.result.deaths.append(f"{process} ({', '.join(replicas)}): {why}")
+        self.result.death_ns.append(now_ns())
+        for session, turn, _ in self.in_flight():
+            for r in gone:
+                if before.get((r, session)) == r:
+                    self.fail(session, turn, f"stage {kind_of(r)} died")
+
+    async def watch_deadlines(self) -> None:
+        timeout_s = self.client.cfg.client.turn_timeout_s
+        while True:
+            await asyncio.sleep(0.25)
+            orphaned = self.members.kinds_without_replica()
+            now = now_ns()
+            for session, turn, eos in self.in_flight():
+                if orphaned:  # no replica of a kind left: no later turn can be served either
+                    self.fail(session, turn, f"stage {orphaned[0]} died")
+                elif now > turn_deadline_ns(eos, timeout_s):
+                    held = self.progress.held_by(session, turn) if self.progress else "unknown"
+                    self.fail(
+                        session, turn,
+                        f"timeout: stage {held} held the turn past its deadline (end of speech + {timeout_s:g} s)",
+                    )  # fmt: skip
 
 
 async def run_pipeline(
@@ -249,13 +417,28 @@ async def run_pipeline(
     on_record: Callable[[TurnRecord], None] | None = None,
     on_ready: Callable[[RunResult], None] | None = None,
     external: frozenset[str] = frozenset(),
+    workers: int = 0,
+    plan: list[list[str]] | None = None,
+    ready_timeout_s: float = 30.0,
 ) -> RunResult:
     """Play the scenarios and collect their turn records. Stages named in ``external`` run in other
-    processes (``voicepipe stage``) against the same broker, run id and config; the run waits for them."""
+    processes (``voicepipe stage``) against the same broker, run id and config; the run waits for them.
+    ``workers`` > 0 spawns that many stage processes (replicas, :mod:`voicepipe.partition`); only the client
+    stays here. ``plan`` (replica ids per process, e.g. from :func:`~voicepipe.partition.plan_workers`) says
+    which replicas other processes serve when they are started by someone else (``serve_stages``). Either way a :class:`~voicepipe.liveness.Watch` fails the turns of a stage process that dies,
+    and every turn not heard by its deadline fails naming the stage that held it."""
     quiet_amqtt()
     if external:
         require_shared_token("--external")
     run = run_id or secrets.token_hex(4)
+    if workers and not cfg.broker.url:
+        raise UserError("--workers", WORKERS_NEED_BROKER)
+    needed = needed_stages(cfg)
+    spawn = plan_workers([n for n in needed if n != "client"], workers) if workers else []
+    remote = [r for p in (spawn or plan or []) for r in p] or [
+        replica_id(n, 0) for n in needed if n in external
+    ]
+    served_elsewhere = {kind_of(r) for r in remote}
     async with contextlib.AsyncExitStack() as stack:
         if cfg.broker.url:
             addr = BrokerAddress.from_config(cfg.broker)
@@ -266,39 +449,75 @@ async def run_pipeline(
             addr = BrokerAddress.parse(emb.url)
             protocol = "3.1.1"
             shown = f"embedded amqtt {addr.host}:{addr.port}"
-        result = RunResult(run=run, broker=shown)
+        result = RunResult(run=run, broker=shown, workers=workers)
+        ctx = RunContext(run=run, cfg=cfg)
+        procs = Workers(cfg, run, spawn, ctx.token) if spawn else None
+        if procs:
+            procs.start()
+            result.worker_pids = [p.pid for p in procs.procs]
+            stack.callback(procs.stop)
         if cfg.broker.probe:
             result.probe_ms = await probe_round_trip(addr, qos=cfg.broker.qos)
             if result.probe_ms > cfg.broker.probe_warn_ms:
                 result.warnings.append(
                     f"broker round trip {result.probe_ms:.0f} ms (expected ~1 ms): {NAGLE_FIX}"
                 )
-        ctx = RunContext(run=run, cfg=cfg)
 
         def record(r: TurnRecord) -> None:
             result.records.append(r)
             if on_record:
                 on_record(r)
 
-        local = [n for n in needed_stages(cfg) if n not in external]
+        local = [n for n in needed if n not in served_elsewhere]
         health = BrokerHealth()
         stages = build_stages(mqtt_connector(addr, ctx, protocol, health), ctx, local, on_record=record)
+        client = next(s for s in stages if isinstance(s, Client))
+        progress = await stack.enter_async_context(Progress(addr, run))
+        members = Membership(remote)
+        failer = Failer(client, members, result, progress)
+        watch = await stack.enter_async_context(Watch(addr, run, failer.on_dead)) if remote else None
 
-        async def wait_external() -> None:
-            if external:
-                await _wait_for_external(addr, run, set(external) & set(needed_stages(cfg)))
+        async def wait_remote() -> None:
+            if watch is not None:
+                kinds = {kind_of(r) for r in remote}
+
+                def ready(live: set[str]) -> bool:
+                    if procs and (why := procs.failed()):
+                        raise StagesMissing(why)
+                    return set(remote) <= live if procs or plan else kinds <= {kind_of(r) for r in live}
+
+                if not await watch.wait_ready(ready, ready_timeout_s):
+                    missing = ", ".join(sorted(kinds - {kind_of(r) for r in watch.live_replicas()}))
+                    raise StagesMissing(
+                        f"stages {missing or 'replicas'} of run {run} not ready after {ready_timeout_s:.0f} s"
+                        + ("" if procs else f" (start them with `voicepipe stage {missing.replace(',', '')} "
+                           f"--run-id {run} --broker URL`)")
+                    )  # fmt: skip
+            stack.push_async_callback(_cancel_task, asyncio.create_task(failer.watch_deadlines()))
             if on_ready:
                 on_ready(result)
 
         try:
             await play_sessions(
-                stack, stages, spread_slots(cfg, scenarios, sessions), result, before=wait_external
+                stack, stages, spread_slots(cfg, scenarios, sessions), result, before=wait_remote
             )
         except BrokerOutage as exc:
             result.outage = str(exc)
         finally:
             result.warnings += health.summary()
             result.duplicates = sum(getattr(s.bus, "duplicates", 0) for s in stages)
+            failer.closing = True
+            if procs:
+                await asyncio.to_thread(procs.stop)
+                await asyncio.sleep(0.2)  # the workers' last heartbeats carry their final counters
+            if watch is not None:
+                totals = watch.totals()
+                result.remote_cpu_s = totals.cpu_s
+                result.remote_published = totals.published
+                result.remote_received = totals.received
+                result.remote_skipped = totals.skipped
+        result.local_published = sum(s.bus.published for s in stages)
+        result.local_received = sum(s.bus.received for s in stages)
     if result.outage:
         raise RunAborted(result.outage, result)
     return result
@@ -312,6 +531,18 @@ def run_live_loop(coro: Coroutine[Any, Any, T]) -> T:
     except ImportError:
         return asyncio.run(coro)
     return uvloop.run(coro)
+
+
+async def _cancel_task(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task
+
+
+WORKERS_NEED_BROKER = (
+    "worker processes need a broker URL (--broker mqtt://HOST:PORT, e.g. a mosquitto with "
+    "`set_tcp_nodelay true`): the embedded amqtt broker serves one process only"
+)
 
 
 async def play_sessions(

@@ -1,0 +1,330 @@
+"""Liveness: stage processes say they are alive, the run notices when one is not, and no turn waits forever.
+
+Contract.
+
+* A stage process (``voicepipe stage``, or a ``run --workers`` worker) holds a :class:`Presence`: its own MQTT
+  client that publishes a retained marker ``voicepipe/{run}/_alive/{process}`` (the replicas it serves) and
+  registers a last will that clears it (an empty retained message), so a crashed process leaves no stale
+  marker for the next run with the same id; a clean exit clears it too. It also publishes a heartbeat
+  ``voicepipe/{run}/_hb/{process}`` every :data:`HEARTBEAT_S` (QoS 0, with its CPU seconds and message
+  counters) from a thread, so an overloaded event loop does not pass for a dead process.
+* The run holds a :class:`Watch`: a process is ready when its marker is present *and* a heartbeat arrived
+  (a retained marker alone may be stale: amqtt, for one, never fires a hung client's will), and dead when
+  its marker is cleared (will or exit) or no heartbeat came for :data:`DEAD_AFTER_S` — a SIGKILLed process
+  is seen at once through its will, a hung (SIGSTOPped) one within ``DEAD_AFTER_S`` + one check period,
+  under 2 s either way. While the watching process's own loop runs late, silence is not held against a
+  peer (its beats may be waiting unread): overload delays a verdict instead of faking a death.
+* A turn's deadline is :func:`turn_deadline_ns`: the scenario's end of speech for that turn plus
+  ``client.turn_timeout_s``. :class:`Progress` follows each session's last step on the bus (script, final
+  transcript, route, reply text), so a turn past its deadline is failed naming the stage that held it
+  (:func:`holder`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import paho.mqtt.client as mqtt
+import structlog
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from voicepipe.bus import BrokerAddress
+from voicepipe.messages import BadMessage, split_topic, topic
+
+log = structlog.get_logger("voicepipe.liveness")
+
+HEARTBEAT_S = 0.5  # a beat every half second ...
+DEAD_AFTER_S = 1.5  # ... and three missed beats mean dead: detection (plus a 0.1 s check) stays under 2 s
+CHECK_S = 0.1
+LAG_S = 0.25  # a check that runs this much late means the watching loop itself is overloaded
+
+
+def alive_topic(run: str, process: str) -> str:
+    return f"voicepipe/{run}/_alive/{process}"
+
+
+def heartbeat_topic(run: str, process: str) -> str:
+    return f"voicepipe/{run}/_hb/{process}"
+
+
+class Marker(BaseModel):
+    """The retained online marker of a stage process: the replicas it serves (``asr.0``, ``agent.0``...)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+    replicas: list[str]
+
+
+class Beat(BaseModel):
+    """A heartbeat: the process's CPU seconds so far and its stages' bus counters."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
+    cpu_s: float
+    published: int
+    received: int
+    skipped: int = 0  # messages of sessions another replica owns
+
+
+Counters = Callable[[], tuple[int, int, int]]  # published, received, skipped
+
+
+class Presence:
+    """A stage process's marker, last will and heartbeat (an async context manager).
+
+    Its client is paho's own, with its network thread, and the beats come from a thread of their own: a
+    process whose event loop is busy (overload) keeps beating — it is slow, not dead; one that is stopped
+    or killed does not. A stage stuck inside a busy loop is caught by the turn deadlines instead.
+    """
+
+    def __init__(self, addr: BrokerAddress, run: str, process: str, replicas: list[str], counters: Counters):
+        self.run, self.process, self.replicas, self.counters = run, process, replicas, counters
+        self.addr = addr
+        self.topic = alive_topic(run, process)
+        self.hb_topic = heartbeat_topic(run, process)
+        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"vp-{run}-{process}-alive")
+        self.client.will_set(self.topic, payload=b"", qos=1, retain=True)
+        if addr.username:
+            self.client.username_pw_set(addr.username, addr.password)
+        tls = addr.ssl_context()
+        if tls is not None:
+            self.client.tls_set_context(tls)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def beat(self) -> Beat:
+        published, received, skipped = self.counters()
+        return Beat(cpu_s=time.process_time(), published=published, received=received, skipped=skipped)
+
+    def _connect(self) -> None:
+        self.client.connect(self.addr.host, self.addr.port, keepalive=5)
+        self.client.loop_start()
+        marker = Marker(replicas=self.replicas).model_dump_json().encode()
+        self.client.publish(self.topic, marker, qos=1, retain=True).wait_for_publish(10)
+
+    def _beats(self) -> None:
+        while not self._stop.wait(HEARTBEAT_S):
+            self.client.publish(self.hb_topic, self.beat().model_dump_json().encode(), qos=0)
+
+    async def __aenter__(self) -> Presence:
+        await asyncio.to_thread(self._connect)
+        self.client.publish(self.hb_topic, self.beat().model_dump_json().encode(), qos=0)
+        self._thread = threading.Thread(target=self._beats, name=f"heartbeat-{self.process}", daemon=True)
+        self._thread.start()
+        return self
+
+    def _close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(2)
+        with contextlib.suppress(Exception):
+            self.client.publish(
+                self.hb_topic, self.beat().model_dump_json().encode(), qos=1
+            ).wait_for_publish(2)
+            self.client.publish(self.topic, b"", qos=1, retain=True).wait_for_publish(
+                2
+            )  # final counters, then clear
+        self.client.disconnect()  # a clean disconnect: the will is not sent (the marker is already cleared)
+        self.client.loop_stop()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await asyncio.to_thread(self._close)
+
+
+@dataclass
+class Peer:
+    """What the run knows of one stage process."""
+
+    replicas: list[str] = field(default_factory=list)
+    marked: bool = False
+    last_beat: float | None = None  # monotonic seconds
+    beat: Beat | None = None
+    first: Beat | None = None  # the first heartbeat (CPU spent starting up is before it)
+    dead: str = ""  # why, once dead
+
+
+OnDead = Callable[[str, list[str], str], None]  # process, its replicas, why
+
+
+class Watch:
+    """The run's view of its stage processes: ready when marked and beating, dead on will/exit/silence."""
+
+    def __init__(
+        self,
+        addr: BrokerAddress,
+        run: str,
+        on_dead: OnDead,
+        *,
+        who: str = "run",
+        dead_after_s: float = DEAD_AFTER_S,
+    ):
+        self.run = run
+        self.on_dead = on_dead
+        self.dead_after_s = dead_after_s
+        self.peers: dict[str, Peer] = {}
+        self.changed = asyncio.Event()
+        self.lagged_at = 0.0  # when this process's own loop last ran late (beats may wait unread)
+        self.client = addr.client(identifier=f"vp-{run}-watch-{who}")  # client ids are unique per broker
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def __aenter__(self) -> Watch:
+        await self.client.__aenter__()
+        await self.client.subscribe(alive_topic(self.run, "+"), qos=1)
+        await self.client.subscribe(heartbeat_topic(self.run, "+"), qos=0)
+        self._tasks = [asyncio.create_task(self._read()), asyncio.create_task(self._check())]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        with contextlib.suppress(Exception):
+            await self.client.__aexit__(None, None, None)
+
+    def _die(self, process: str, peer: Peer, why: str) -> None:
+        if peer.dead:
+            return
+        peer.dead = why
+        self.on_dead(process, list(peer.replicas), why)
+        self.changed.set()
+
+    async def _read(self) -> None:
+        async for m in self.client.messages:
+            parts = str(m.topic).split("/")
+            if len(parts) != 4:
+                continue
+            what, process = parts[2], parts[3]
+            body = m.payload if isinstance(m.payload, bytes | bytearray) else b""
+            peer = self.peers.setdefault(process, Peer())
+            try:
+                if what == "_alive":
+                    if body:
+                        peer.replicas = Marker.model_validate_json(body).replicas
+                        peer.marked = True
+                    elif peer.marked or peer.last_beat is not None:
+                        self._die(process, peer, "its marker was cleared (last will or exit)")
+                elif what == "_hb":
+                    peer.beat = Beat.model_validate_json(body)
+                    peer.first = peer.first or peer.beat
+                    peer.last_beat = time.monotonic()
+            except ValidationError:
+                log.warning("bad liveness message", topic=str(m.topic))
+                continue
+            self.changed.set()
+
+    async def _check(self) -> None:
+        prev = time.monotonic()
+        while True:
+            await asyncio.sleep(CHECK_S)
+            now = time.monotonic()
+            if now - prev > CHECK_S + LAG_S:
+                self.lagged_at = now  # our loop ran late: silence may be beats we have not read yet
+            prev = now
+            for process, peer in list(self.peers.items()):
+                beating = peer.marked and peer.last_beat is not None and not peer.dead
+                heard = max(peer.last_beat or 0.0, self.lagged_at)
+                if beating and now - heard > self.dead_after_s:
+                    self._die(process, peer, f"no heartbeat for {self.dead_after_s:g} s")
+
+    def live_replicas(self) -> set[str]:
+        fresh = time.monotonic() - self.dead_after_s
+        return {
+            r
+            for p in self.peers.values()
+            if p.marked and not p.dead and p.last_beat is not None and p.last_beat >= fresh
+            for r in p.replicas
+        }
+
+    async def wait_ready(self, wanted: Callable[[set[str]], bool], timeout_s: float) -> bool:
+        """Wait until ``wanted(live replica ids)`` holds; False after ``timeout_s``."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                while not wanted(self.live_replicas()):
+                    self.changed.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self.changed.wait(), 0.2)
+                return True
+        return False
+
+    def totals(self) -> Beat:
+        """The summed last heartbeats of every process seen: message counters, and CPU seconds since each
+        process's first beat (start-up — imports, connecting — excluded)."""
+        peers = [p for p in self.peers.values() if p.beat is not None and p.first is not None]
+        beats = [p.beat for p in peers if p.beat is not None]
+        return Beat(
+            cpu_s=sum(p.beat.cpu_s - p.first.cpu_s for p in peers),  # type: ignore[union-attr]
+            published=sum(b.published for b in beats),
+            received=sum(b.received for b in beats),
+            skipped=sum(b.skipped for b in beats),
+        )
+
+
+# -- turn deadlines and who held a late turn ----------------------------------------------------------
+PROGRESS_CHANNELS = ("turn/script", "asr/final", "route", "reply/text")
+_TURN = re.compile(rb'"turn":(-?\d{1,9})[,}]')  # the envelope's turn comes before its payload and spans
+_TARGET = re.compile(rb'"target":"(\w{1,20})"')
+_NEXT = {"turn/script": "asr", "asr/final": "router", "reply/text": "tts"}
+
+
+def holder(channel: str, target: str | None = None) -> str:
+    """The stage that acts next after the last step seen on ``channel`` (a route: its target)."""
+    if channel == "route":
+        return "agent" if target in (None, "commit") else target
+    return _NEXT.get(channel, "asr")
+
+
+def turn_deadline_ns(end_of_speech_ns: int, turn_timeout_s: float) -> int:
+    """When a turn that has not been heard yet fails: the scenario's end of speech + the configured wait."""
+    return end_of_speech_ns + round(turn_timeout_s * 1e9)
+
+
+class Progress:
+    """Each session's last step on the bus, from a tap on :data:`PROGRESS_CHANNELS` (a few messages a turn)."""
+
+    def __init__(self, addr: BrokerAddress, run: str) -> None:
+        self.run = run
+        self.last: dict[str, tuple[int, str, str | None]] = {}  # session -> (turn, channel, route target)
+        self.client = addr.client(identifier=f"vp-{run}-progress")
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> Progress:
+        await self.client.__aenter__()
+        for ch in PROGRESS_CHANNELS:
+            await self.client.subscribe(topic(self.run, "+", ch), qos=0)
+        self._task = asyncio.create_task(self._read())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        with contextlib.suppress(Exception):
+            await self.client.__aexit__(None, None, None)
+
+    async def _read(self) -> None:
+        # a diagnostic, not a stage: it reads the envelope's turn (and a route's target) off the raw JSON
+        # instead of validating every reply chunk again — a forged message can at worst misname a holder
+        async for m in self.client.messages:
+            body = bytes(m.payload) if isinstance(m.payload, bytes | bytearray) else b""
+            try:
+                _, session, channel = split_topic(str(m.topic))
+            except BadMessage:
+                continue
+            turn = _TURN.search(body, 0, 4096)
+            if turn is None:
+                continue
+            target = _TARGET.search(body) if channel == "route" else None
+            self.last[session] = (int(turn[1]), channel, target[1].decode() if target else None)
+
+    def held_by(self, session: str, turn: int) -> str:
+        last = self.last.get(session)
+        if last is None or last[0] != turn:
+            return "asr"  # nothing of this turn came past the words: the ASR holds it
+        return holder(last[1], last[2])
