@@ -241,7 +241,7 @@ async def fuzz_run(mosquitto, n: int, *, sessions: int, turns: int) -> None:
     run = f"fz{n}"
     sc = tiny_scenario(turns=turns)
     # the last turn's pause keeps the run (and every stage) alive until the storm has surely been delivered
-    sc.turns[-1] = sc.turns[-1].model_copy(update={"gap_ms": 4000})
+    sc.turns[-1] = sc.turns[-1].model_copy(update={"gap_ms": 8000})
     names = [f"{sc.name}-{i}" for i in range(sessions)]
     rng = random.Random(12)
     msgs = [hostile(rng, run, names, turns) for _ in range(n)]
@@ -257,10 +257,10 @@ async def fuzz_run(mosquitto, n: int, *, sessions: int, turns: int) -> None:
 
     async def storm(_result) -> None:
         async with addr.client() as c:
-            for i in range(0, n, 100):  # paced (<= 2,000/s): the stages must keep answering real turns
+            for i in range(0, n, 100):  # paced (<= 5,000/s): the stages must keep answering real turns
                 await asyncio.gather(*(c.publish(f"voicepipe/{run}/{_topic_session(b)}/{ch}", b, qos=1)
                                        for ch, b in msgs[i : i + 100]))  # fmt: skip
-                await asyncio.sleep(0.05)
+                await asyncio.sleep(0.02)
         done.set()
 
     tasks: list[asyncio.Task] = []

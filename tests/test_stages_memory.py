@@ -10,15 +10,29 @@ from voicepipe.membus import MemoryBroker
 from voicepipe.messages import CancelReason, Envelope, Final, Route, Target, TurnScript, UserWord
 from voicepipe.stages.asr import ASR
 from voicepipe.stages.base import RunContext
+from voicepipe.stages.guard import sign
 from voicepipe.stages.router import Router
 
 MS = 1_000_000
+TOKEN = b"stage unit tests"
+
+
+def _as(src: str, envs: list[tuple[int, Envelope]]) -> list[tuple[int, Envelope]]:
+    """The feed as stage ``src`` sends it: its sender id, a sequence per session and channel, the run's MAC
+    (the stages distrust anything else)."""
+    seqs: dict[tuple[str, str], int] = {}
+    for _, env in envs:
+        key = (env.session, env.type)
+        env.src, env.seq = f"{src}/test", seqs.setdefault(key, -1) + 1
+        seqs[key] = env.seq
+        sign(env, TOKEN)
+    return envs
 
 
 async def _run(stage_cls, cfg, feed, listen: tuple[str, ...]) -> list[tuple[int, Envelope]]:
     """Start one stage, play ``feed`` (at_ns, envelope) into the bus, return what it published, with times."""
     broker = MemoryBroker("t")
-    stage = stage_cls(broker.connect(stage_cls.name), RunContext(run="t", cfg=cfg))
+    stage = stage_cls(broker.connect(stage_cls.name), RunContext(run="t", cfg=cfg, token=TOKEN))
     probe = broker.connect("probe")
     await probe.subscribe(*listen)
     task = asyncio.create_task(stage.run())
@@ -41,11 +55,15 @@ async def _run(stage_cls, cfg, feed, listen: tuple[str, ...]) -> list[tuple[int,
 
 
 def _words(texts: list[str], starts_ms: list[int], dur_ms: int = 200) -> list[tuple[int, Envelope]]:
+    """Words arriving when their audio starts; their media time says the same (start, silence after)."""
     out = []
     for i, (w, s) in enumerate(zip(texts, starts_ms, strict=True)):
+        last = i == len(texts) - 1
+        gap = None if last else (starts_ms[i + 1] - s - dur_ms) * MS
         word = UserWord(
-            text=w, dur_ns=dur_ms * MS, index=i, pause_before=False, last_word=i == len(texts) - 1
-        )
+            text=w, dur_ns=dur_ms * MS, index=i, pause_before=bool(gap), last_word=last, media_ns=s * MS,
+            gap_after_ns=gap,
+        )  # fmt: skip
         out.append((s * MS, Envelope.of(word, "t", "s-0", 0)))
     return out
 
@@ -54,7 +72,7 @@ def test_asr_endpoints_after_the_silence_and_withdraws_a_premature_segment():
     cfg = fast_config("asr.silence_ms=300", "asr.finalize_ms=50")
     script = TurnScript(user="a b c", reply="ok", words=3)
     # "a" "b", then a 400 ms pause (> 300 ms silence: premature endpoint), then "c"
-    feed = [(0, Envelope.of(script, "t", "s-0", 0)), *_words(["a", "b", "c"], [10, 210, 810])]
+    feed = _as("client", [(0, Envelope.of(script, "t", "s-0", 0)), *_words(["a", "b", "c"], [10, 210, 810])])
     got = run_virtual(_run(ASR, cfg, feed, ("asr/final", "control/cancel")))
     finals = [(t, e.payload) for t, e in got if isinstance(e.payload, Final)]
     cancels = [e.payload for _, e in got if e.type == "control.cancel"]
@@ -70,10 +88,14 @@ def test_asr_endpoints_after_the_silence_and_withdraws_a_premature_segment():
 def test_router_sends_each_final_to_the_rule_that_matches():
     cfg = fast_config("router.policy=rules", "router.rules=[{when: {keywords: [menu]}, to: council}]",
                       "router.default=agent:main", "council.members=[groq-lpu/llama-3.1-8b]")  # fmt: skip
-    feed = [
-        (0, Envelope.of(Final(text="show me the menu", words=4, segment=0), "t", "s-0", 0)),
-        (MS, Envelope.of(Final(text="a latte please", words=3, segment=0), "t", "s-0", 1)),
-    ]
+    scripts = [TurnScript(user="show me the menu", reply="ok", words=4), TurnScript(user="a latte please",
+               reply="ok", words=3)]  # fmt: skip
+    feed = sorted(
+        _as("client", [(0, Envelope.of(scripts[0], "t", "s-0", 0)), (MS, Envelope.of(scripts[1], "t", "s-0", 1))])
+        + _as("asr", [(MS // 2, Envelope.of(Final(text="show me the menu", words=4, segment=0), "t", "s-0", 0)),
+                      (2 * MS, Envelope.of(Final(text="a latte please", words=3, segment=0), "t", "s-0", 1))]),
+        key=lambda p: p[0],
+    )  # fmt: skip
     got = run_virtual(_run(Router, cfg, feed, ("route",)))
     routes = [e.payload for _, e in got]
     assert [(r.target, r.route) for r in routes] == [

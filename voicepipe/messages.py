@@ -277,7 +277,8 @@ class Envelope(BaseModel):
         env = object.__new__(cls)
         fields = {
             "v": SCHEMA_VERSION, "type": type_of(payload), "run": run, "session": session, "turn": turn,
-            "id": next_id(), "sent_ns": clock.now_ns(), "spans": spans or [], "payload": payload,
+            "id": next_id(), "sent_ns": clock.now_ns(), "spans": spans or [], "src": "", "seq": -1, "auth": "",
+            "payload": payload,
         }  # fmt: skip
         object.__setattr__(env, "__dict__", fields)
         object.__setattr__(env, "__pydantic_fields_set__", set(_ALL_FIELDS))

@@ -237,7 +237,10 @@ def account(records: Iterable[TurnRecord], expected: int, dropped: int = 0) -> A
     failed: dict[str, int] = {}
     lost: dict[str, int] = {}
     for r in recs:
-        if r.status == "timeout" and dropped:
+        # a turn that ran out of time: the client's own timeout, or the run's deadline watch naming the stage
+        # that held it (voicepipe.liveness)
+        timed_out = r.status == "timeout" or (r.status == "failed" and r.error.startswith("timeout"))
+        if timed_out and dropped:
             why = f"timeout while the broker dropped {dropped} message(s) in this run (a queue limit?)"
             lost[why] = lost.get(why, 0) + 1
         elif r.status in ("failed", "timeout"):

@@ -269,6 +269,8 @@ async def serve_stages(
                 Watch(addr, run, lambda _p, reps, _why: members.remove(reps), who=process)
             )
         stages = build_stages(connect, ctx, [kind_of(r) for r in mine])
+        for s in stages:  # a replica may take over a dead peer's sessions mid-stream (Guard.adopt)
+            s.guard.adopt = isinstance(s.bus, PartitionedBus)
         if on_stages is not None:
             on_stages(stages)
 
@@ -368,7 +370,7 @@ class Failer:
             return
         self.failed.add((session, turn))
         env = Envelope.of(Cancel(reason=CancelReason.FAILED, error=why), self.client.ctx.run, session, turn)
-        task = asyncio.create_task(self.client.bus.publish(env))
+        task = asyncio.create_task(self.client.publish(env))
         task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
     def in_flight(self) -> list[tuple[str, int, int]]:

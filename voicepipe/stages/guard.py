@@ -161,6 +161,9 @@ class Guard:
         self.sessions: dict[str, SessionState] = {}
         self.ended: set[str] = set()
         self.counters = Counters()
+        # a replica that takes over the sessions of a dead peer (voicepipe.partition) first sees them
+        # mid-stream: it adopts each session and each sender's sequence where it finds them
+        self.adopt = False
 
     def __repr__(self) -> str:  # never the token
         return f"Guard(sessions={len(self.sessions)})"
@@ -205,15 +208,18 @@ class Guard:
         if st is None:
             if env.type == "session.end":
                 return Admission(Verdict.LATE, "nothing to end")  # its scripts were all dropped on the way
-            if self.client_side or env.turn != 0:
+            if self.adopt and not self.client_side and (env.turn != 0 or env.seq > 0):
+                st = self.sessions[session] = SessionState(turn=env.turn - (env.type == "turn.script"))
+            elif self.client_side or env.turn != 0:
                 return Admission(Verdict.DEAD, f"unknown session: {session!r} was never opened by the client")
-            if env.type != "turn.script":
+            elif env.type != "turn.script":
                 # authenticated, turn 0: the client opened this session, but its script never came here
                 dropped_script = "the broker dropped the session's first turn.script"
-            st = self.sessions[session] = SessionState(turn=0 if dropped_script else -1)
+            if st is None:
+                st = self.sessions[session] = SessionState(turn=0 if dropped_script else -1)
         # sequence per (sender, channel): MQTT keeps order per topic, not across topics or QoS levels
         key = (env.src, env.type)
-        last = st.seqs.get(key, -1)
+        last = st.seqs.get(key, env.seq - 1 if self.adopt else -1)
         if env.seq <= last:
             return Admission(Verdict.DEAD, f"duplicate or replayed: sequence {env.seq} after {last}")
         st.seqs[key] = env.seq
