@@ -4,12 +4,12 @@ against the fault-injection SSE server (a real socket; the llama.cpp runs are in
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
 import yaml
+from typer.testing import CliRunner
 
 from tests.sse_server import SSEServer
 from voicepipe.backends import build_backend
@@ -17,6 +17,7 @@ from voicepipe.backends.base import LLMRequest
 from voicepipe.backends.openai import config_from_spec
 from voicepipe.backends.profile import load_profile
 from voicepipe.calibrate import Settings, against, calibrate
+from voicepipe.cli import app
 from voicepipe.config import load_config
 from voicepipe.errors import UserError
 
@@ -28,10 +29,19 @@ def server():
     s.stop()
 
 
-def voicepipe(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "voicepipe.cli", *args], capture_output=True, text=True, timeout=120
-    )
+@dataclass
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def voicepipe(*args: str) -> Result:
+    """The CLI in this process (a subprocess per call would cost seconds of imports each)."""
+    r = CliRunner().invoke(app, list(args), env={"COLUMNS": "200"})
+    if r.exception and not isinstance(r.exception, SystemExit):
+        raise r.exception
+    return Result(r.exit_code, r.stdout, r.stderr)
 
 
 async def test_calibrate_measures_each_level_and_excludes_warm_up(server):

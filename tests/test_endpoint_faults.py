@@ -44,8 +44,8 @@ def req(turn: int = 0, out: int = 12) -> LLMRequest:
 async def test_scenario_streams_the_models_own_text_with_measured_spans(server):
     prices = {"input_per_mtok": 1.0, "output_per_mtok": 2.0, "source": "test"}
     cfg = fast_config(endpoint(server, prices=prices), "client.playout=full")  # counts come at the end
-    res = await run_pipeline(cfg, [tiny_scenario()], 1)
-    assert len(res.records) == 2 and res.stage_errors == 0 and res.open_tasks_after == 0
+    res = await run_pipeline(cfg, [tiny_scenario(turns=1)], 1)
+    assert len(res.records) == 1 and res.stage_errors == 0 and res.open_tasks_after == 0
     for r in res.records:
         assert r.status == "ok", r
         assert r.reply_text.startswith("Word0 w1")  # the server's words, not the scenario's reply
@@ -106,8 +106,8 @@ async def test_cancel_closes_the_stream_at_once_and_counts_what_arrived(server):
 )
 async def test_failures_fail_the_turn_with_a_reason_and_the_run_goes_on(server, mode, reason):
     server.mode = mode
-    res = await run_pipeline(fast_config(endpoint(server, timeout=0.5)), [tiny_scenario(turns=2)], 1)
-    assert len(res.records) == 2 and res.open_tasks_after == 0
+    res = await run_pipeline(fast_config(endpoint(server, timeout=0.5)), [tiny_scenario(turns=1)], 1)
+    assert len(res.records) == 1 and res.open_tasks_after == 0
     for r in res.records:
         assert r.status == "failed" and reason in r.error, r
 

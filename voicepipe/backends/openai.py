@@ -180,6 +180,8 @@ class _Pool:
 class EndpointStream:
     """One streamed chat completion (see the module docstring); reading starts at construction."""
 
+    own_text = True  # a TextStream: the reply is the model's own words
+
     def __init__(
         self, backend: EndpointBackend, req: LLMRequest, t0_ns: int, predicted: Timing | None
     ) -> None:

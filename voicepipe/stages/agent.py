@@ -16,7 +16,14 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from voicepipe.backends.base import Backend, EndpointError, LLMRequest, TextStream, TokenStream, tokens_by
+from voicepipe.backends.base import (
+    Backend,
+    EndpointError,
+    LLMRequest,
+    TokenStream,
+    tokens_by,
+    writes_own_text,
+)
 from voicepipe.clock import now_ns, rng_for
 from voicepipe.messages import (
     Cancel,
@@ -75,7 +82,7 @@ class Generation:
     def billed(self) -> tuple[int, int, int]:
         """(prompt, cached prompt, output) tokens: a real model's usage as its server reported it, else
         the modelled prompt and the scripted reply's length."""
-        if isinstance(self.stream, TextStream):
+        if writes_own_text(self.stream):
             return (*self.stream.usage()[:1], 0, self.stream.usage()[1])
         return self.prompt, self.cached, len(self.tokens)
 
@@ -83,7 +90,7 @@ class Generation:
 async def reply_chunks(gen: Generation, chunk_tokens: int) -> AsyncIterator[tuple[int, bool]]:
     """(last token, final) of each chunk once it exists: the script's chunks on the stream's timing, or
     chunks of the text a real model writes, cut by the same rule as it arrives."""
-    if isinstance(gen.stream, TextStream):
+    if writes_own_text(gen.stream):
         async for end, final in gen.stream.chunks(lambda toks: chunk_ends(toks, chunk_tokens)):
             yield end, final
         return
@@ -119,9 +126,9 @@ async def stream_reply(
         if not gen.commit.is_set():
             await gen.commit.wait()
         head = gen.commit_env if gen.commit_env is not None else env
-        if meta is None or (final and isinstance(gen.stream, TextStream)):  # usage is known at the end
+        if meta is None or (final and writes_own_text(gen.stream)):  # usage is known at the end
             meta = meta_of(head)
-            if final and isinstance(gen.stream, TextStream):
+            if final and writes_own_text(gen.stream):
                 meta = meta.model_copy(
                     update={"endpoint": EndpointMetrics.model_validate(gen.stream.metrics())}
                 )
@@ -235,7 +242,7 @@ class Agent(Stage):
         # a preemptive attempt is the same request made earlier: same draw as the segment's own
         rng = rng_for(self.cfg.seed, env.session, env.turn, p.segment, "agent", agent)
         stream = backend.start(req, now_ns(), rng)
-        tokens = stream.pieces if isinstance(stream, TextStream) else tokens  # a real model's own words
+        tokens = stream.pieces if writes_own_text(stream) else tokens  # a real model's own words
         return Generation(stream, tokens, prompt, cached, backend)
 
     async def _run(self, env: Envelope, gen: Generation, key: Any) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from voicepipe.backends.base import EndpointError, LLMRequest, TextStream, tokens_by
+from voicepipe.backends.base import EndpointError, LLMRequest, tokens_by, writes_own_text
 from voicepipe.clock import now_ns, rng_for
 from voicepipe.messages import Cancel, CancelReason, Envelope, Path, Route, Span, Target, TurnMeta, TurnScript
 from voicepipe.stages.agent import (
@@ -86,7 +86,7 @@ class Council(Stage):
         req = LLMRequest(env.session, env.turn, prompt, len(tokens), cached, request_messages(p.text))
         rng = rng_for(self.cfg.seed, env.session, env.turn, p.segment, "council", i)
         stream = backend.start(req, t0, rng)
-        tokens = stream.pieces if isinstance(stream, TextStream) else tokens  # a real model's own words
+        tokens = stream.pieces if writes_own_text(stream) else tokens  # a real model's own words
         return Generation(stream, tokens, prompt, cached, backend)
 
     async def _convene(self, env: Envelope, script: TurnScript) -> None:
