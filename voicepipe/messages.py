@@ -281,7 +281,7 @@ class Envelope(BaseModel):
     @classmethod
     def model_json_schema(cls, *args: Any, **kw: Any) -> dict[str, Any]:  # type: ignore[override]
         """The wire schema: one variant per message type, each with its payload model."""
-        return _WIRE.json_schema(*args, **kw)
+        return {"title": "Envelope", **_WIRE.json_schema(*args, **kw)}
 
 
 _VARIANTS = tuple(
