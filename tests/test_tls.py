@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -231,6 +232,7 @@ def test_stage_banner_and_error_carry_no_password(make_mosquitto, pki):
         [sys.executable, "-m", "voicepipe.cli", "stage", "asr", "--run-id", "r1", "--broker", bad,
          "--ca-file", str(pki.ca)],
         capture_output=True, text=True, timeout=60,
+        env={**os.environ, "VOICEPIPE_RUN_TOKEN": "tls test token"},  # stage processes need the run's secret
     )  # fmt: skip
     assert r.returncode == 2 and "Traceback" not in r.stderr
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]

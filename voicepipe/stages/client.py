@@ -5,6 +5,11 @@ modelled uplink), marks the end of speech on its own monotonic clock, and listen
 first audio chunk of the reply to the whole utterance is "heard" after the modelled downlink. Measured
 voice-to-voice = heard − end of speech. It then plays the reply out (or moves on at first audio), waits
 the turn's gap, and speaks the next turn.
+
+Media time: each word carries its place on the turn's audio timeline (``media_ns``) and the silence that
+follows it (``gap_after_ns``), so the ASR's decisions never depend on when the message arrived. Every turn
+of a conversation yields exactly one record — ok, failed with the reason (a stage's error, an unmeasurable
+reply), lost with the reason (the broker dropped its messages), or a timeout — whatever arrives on the bus.
 """
 
 from __future__ import annotations
