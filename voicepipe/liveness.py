@@ -94,17 +94,29 @@ class Presence:
         if tls is not None:
             self.client.tls_set_context(tls)
         self._stop = threading.Event()
+        self._marked = threading.Event()
         self._thread: threading.Thread | None = None
 
     def beat(self) -> Beat:
         published, received, skipped = self.counters()
         return Beat(cpu_s=time.process_time(), published=published, received=received, skipped=skipped)
 
+    def _on_connect(
+        self, client: mqtt.Client, _userdata: object, _flags: object, rc: object, _p: object
+    ) -> None:
+        # on every (re)connect: paho reconnects by itself, and a restarted broker has lost the retained marker
+        if not getattr(rc, "is_failure", False):
+            client.publish(
+                self.topic, Marker(replicas=self.replicas).model_dump_json().encode(), qos=1, retain=True
+            )
+            self._marked.set()
+
     def _connect(self) -> None:
+        self.client.on_connect = self._on_connect
         self.client.connect(self.addr.host, self.addr.port, keepalive=5)
         self.client.loop_start()
-        marker = Marker(replicas=self.replicas).model_dump_json().encode()
-        self.client.publish(self.topic, marker, qos=1, retain=True).wait_for_publish(10)
+        if not self._marked.wait(10):
+            raise TimeoutError(f"{self.process}: the broker did not accept the liveness client within 10 s")
 
     def _beats(self) -> None:
         while not self._stop.wait(HEARTBEAT_S):
@@ -223,8 +235,9 @@ class Watch:
         while True:
             await asyncio.sleep(CHECK_S)
             now = time.monotonic()
-            if now - prev > CHECK_S + LAG_S:
-                self.lagged_at = now  # our loop ran late: silence may be beats we have not read yet
+            if now - prev > CHECK_S + LAG_S or self._tasks[0].done():
+                # our loop ran late, or our own connection is gone: silence may be beats we cannot read
+                self.lagged_at = now
             prev = now
             for process, peer in list(self.peers.items()):
                 beating = peer.marked and peer.last_beat is not None and not peer.dead
