@@ -2,7 +2,7 @@
 
 Spawns a nodelay mosquitto, plays ``--sessions`` sessions of a ``--turns``-turn conversation (the
 rapid-fire scenario's turns repeated), starts spread ``--spread-ms`` per session, and SIGKILLs + restarts
-the broker (same port, nothing persisted, down ``--down-s``) at ``--restart-at`` of the expected run time.
+the broker (same port, nothing persisted, down ``--down-s``) once ``--restart-at`` of the expected turns are recorded.
 Prints and writes (JSON): turns expected / measured (ok) / failed with their reasons / lost (expected but
 never recorded: the goal is 0), the broker outage, how the run ended, and tax p50/p99 of the measured
 turns.
@@ -48,7 +48,7 @@ async def main() -> None:
     ap.add_argument("--turns", type=int, default=20)
     ap.add_argument("--workers", type=int, default=0)
     ap.add_argument("--spread-ms", type=float, default=20.0, help="start spread per session")
-    ap.add_argument("--restart-at", type=float, default=0.5, help="share of the expected run time")
+    ap.add_argument("--restart-at", type=float, default=0.5, help="restart once this share of the expected turns is recorded")
     ap.add_argument("--down-s", type=float, default=1.0, help="how long the broker stays down")
     ap.add_argument("--no-restart", action="store_true", help="the same soak without the fault")
     ap.add_argument("--backend", default="cerebras-llama-3.1-8b")
@@ -67,12 +67,13 @@ async def main() -> None:
             ],
             broker=mq.url,
         )
-        # the run's length without faults: the scenario's speech, gaps and replies (~4 s a rapid-fire turn)
-        estimate_s = args.spread_ms * args.sessions / 1e3 + 4.0 * len(sc.turns)
         outage: dict[str, float] = {}
+        expected = args.sessions * len(sc.turns)
 
         async def fault() -> None:
-            await asyncio.sleep(estimate_s * args.restart_at)
+            # by progress, not by a time estimate: the restart lands when that share of the turns is recorded
+            while len(records) < args.restart_at * expected:
+                await asyncio.sleep(0.05)
             t0 = time.monotonic()
             outage["at_s"] = t0 - start
             outage["turns_recorded_before"] = len(records)
