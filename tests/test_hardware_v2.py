@@ -96,7 +96,7 @@ def test_over_memory_batch_runs_what_fits():
     with pytest.raises(hm.DoesNotFit, match="does not fit"):  # weights beyond any width stay an error
         hm.predict(cat.device("rtx-4090"), cat.model("llama-3.1-405b"))
     r = runner.invoke(
-        app, ["predict", "-H", "h100-sxm", "-m", "llama-3.1-8b", "-b", "5000", "--format", "json"]
+        app, ["predict", "-H", "h100-sxm", "-m", "llama-3.1-8b", "--batch", "5000", "--format", "json"]
     )
     out = json.loads(r.output)
     assert r.exit_code == 0 and out["fits"] is False and out["effective_batch"] < 5000

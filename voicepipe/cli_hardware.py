@@ -254,7 +254,7 @@ def _predict(
 def predict(
     hardware: str = HardwareOpt,
     model: str = ModelOpt,
-    batch: int = typer.Option(1, "--batch", "-b", min=1, help="concurrent sequences decoding together"),
+    batch: int = typer.Option(1, "--batch", min=1, help="concurrent sequences decoding together"),
     prompt_tokens: int = typer.Option(1024, "--prompt-tokens", min=1),
     output_tokens: int = typer.Option(256, "--output-tokens", min=1),
     tp: int | None = typer.Option(None, "--tp", min=1, help="tensor-parallel width (HBM devices)"),
