@@ -21,7 +21,7 @@ import socket
 import ssl
 import statistics
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlparse
@@ -213,6 +213,12 @@ class Bus(abc.ABC):
     @abc.abstractmethod
     def messages(self) -> AsyncIterator[tuple[str, Envelope]]:
         """(channel, envelope) for every message received on the subscribed channels."""
+
+    async def serve(self, receive: Callable[[Envelope], Awaitable[None]]) -> None:
+        """Hand every received envelope to ``receive``, one at a time in arrival order, until cancelled
+        (a stage's receive loop; the in-memory bus calls ``receive`` without a queue in between)."""
+        async for _channel, env in self.messages():
+            await receive(env)
 
     async def deadletter(self, where: str, reason: str, body: bytes) -> None:
         self.deadletters += 1

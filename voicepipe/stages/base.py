@@ -61,23 +61,26 @@ class Stage:
     async def run(self) -> None:
         await self.bus.subscribe(*self.channels, "session/end")
         self.ready.set()
-        async for _channel, env in self.bus.messages():
-            if env.type == "session.end":
-                self.end_session(env.session)
-                continue
-            if env.type == "control.cancel" and env.payload.reason == CancelReason.USER_RESUMED:
-                key = (env.turn, env.payload.segment or 0)
-                self.dropped.setdefault(env.session, set()).add(key)
-                self.pending.get(env.session, {}).pop(key, None)
-            handler = self.handlers.get(env.type)
-            if handler is None:
-                continue
-            try:
-                await handler(env)
-            except Exception as exc:  # a bad message never kills the stage
-                self._failed(exc)
-                log.warning("handler failed", stage=self.name, type=env.type, error=repr(exc))
-                await self.bus.deadletter(f"{env.session}/{env.type}", f"handler error: {exc!r}", b"")
+        await self.bus.serve(self.receive)
+
+    async def receive(self, env: Envelope) -> None:
+        """One received message (the bus hands them over one at a time, in arrival order)."""
+        if env.type == "session.end":
+            self.end_session(env.session)
+            return
+        if env.type == "control.cancel" and env.payload.reason == CancelReason.USER_RESUMED:
+            key = (env.turn, env.payload.segment or 0)
+            self.dropped.setdefault(env.session, set()).add(key)
+            self.pending.get(env.session, {}).pop(key, None)
+        handler = self.handlers.get(env.type)
+        if handler is None:
+            return
+        try:
+            await handler(env)
+        except Exception as exc:  # a bad message never kills the stage
+            self._failed(exc)
+            log.warning("handler failed", stage=self.name, type=env.type, error=repr(exc))
+            await self.bus.deadletter(f"{env.session}/{env.type}", f"handler error: {exc!r}", b"")
 
     def on(self, type_: str, handler: Handler) -> None:
         self.handlers[type_] = handler
