@@ -37,6 +37,7 @@ from voicepipe.clock import now_ns, run_virtual
 from voicepipe.config import PipelineConfig
 from voicepipe.errors import UserError
 from voicepipe.messages import Envelope, ReplyText
+from voicepipe.parallel import ForkPool, Report
 from voicepipe.records import TurnRecord, percentile
 from voicepipe.runner import RunResult, Slot, simulate_async
 from voicepipe.scenario import Scenario, session_id
@@ -259,6 +260,41 @@ def run_level(
     if res.first_error:
         raise ValueError(res.first_error)
     return level_of(label, cfg, load, p, res, t0, replies, wall)
+
+
+@dataclass(frozen=True)
+class LevelJob:
+    """One configuration at one load level: an independent virtual run (see :mod:`voicepipe.parallel`)."""
+
+    label: str
+    cfg: PipelineConfig
+    scenarios: tuple[Scenario, ...]
+    load: Load
+    conv_s: float
+    minutes: float = 10.0
+
+    def plan(self) -> Plan:
+        return plan(self.load, self.scenarios, self.conv_s, self.cfg.seed, self.minutes)
+
+    def turns(self) -> float:
+        """Turns the run plays (its conversations times the scenarios' mean turns)."""
+        per_conv = sum(len(s.turns) for s in self.scenarios) / len(self.scenarios)
+        return self.plan().conversations * per_conv
+
+    def run(self, report: Report | None = None) -> Level:
+        tell = report or (lambda _n: None)
+        return run_level(self.label, self.cfg, self.scenarios, self.load, conv_s=self.conv_s,
+                         minutes=self.minutes, on_record=lambda _r: tell(1))  # fmt: skip
+
+
+def _run_job(job: LevelJob, report: Report) -> Level:
+    return job.run(report)
+
+
+def level_pool(jobs: Sequence[LevelJob], workers: int) -> ForkPool[LevelJob, Level]:
+    """The jobs' levels in up to ``workers`` processes, heaviest first; results in job order, equal to
+    running them here one by one (each is its own seeded run on its own virtual clock)."""
+    return ForkPool(_run_job, jobs, workers=workers, weights=[j.turns() for j in jobs])
 
 
 def level_of(

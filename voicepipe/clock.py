@@ -18,17 +18,20 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import contextvars
+import gc
 import heapq
 import itertools
 import logging
 import sys
+import threading
 import time
 import weakref
 import zlib
 from asyncio import events
 from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from contextvars import Context
 from typing import Any, TypeVar
 
@@ -322,6 +325,35 @@ class VirtualLoop(asyncio.AbstractEventLoop):
 
 T = TypeVar("T")
 
+# A virtual run allocates futures, handles and tasks by the hundred per turn; with the default collector
+# settings ~10 % of its CPU went to collections, most of it re-walking the long-lived heap (configs, model
+# tables, imports). During a run: what exists before it is frozen (never walked) and the youngest
+# generation is collected every 20,000 allocations instead of 700. Timing only: nothing is leaked, the
+# settings are restored when the last concurrent run ends.
+GC_THRESHOLD = (20_000, 20, 100)
+_gc_lock = threading.Lock()
+_gc_runs = 0
+_gc_saved: tuple[int, int, int] = gc.get_threshold()
+
+
+@contextlib.contextmanager
+def _lean_gc() -> Iterator[None]:
+    global _gc_runs, _gc_saved
+    with _gc_lock:
+        if _gc_runs == 0:
+            _gc_saved = gc.get_threshold()
+            gc.freeze()
+            gc.set_threshold(*GC_THRESHOLD)
+        _gc_runs += 1
+    try:
+        yield
+    finally:
+        with _gc_lock:
+            _gc_runs -= 1
+            if _gc_runs == 0:
+                gc.set_threshold(*_gc_saved)
+                gc.unfreeze()
+
 
 def run_virtual(coro: Coroutine[Any, Any, T], start_ns: int = 0) -> T:
     """Run ``coro`` to completion on a fresh :class:`VirtualLoop`; blocks the caller (in a helper thread
@@ -332,7 +364,8 @@ def run_virtual(coro: Coroutine[Any, Any, T], start_ns: int = 0) -> T:
         # big pipeline in it); a virtual run has nothing to interrupt but the CPU work itself
         loop = VirtualLoop(start_ns)
         try:
-            return loop.run_until_complete(coro)
+            with _lean_gc():
+                return loop.run_until_complete(coro)
         finally:
             left = [t for t in asyncio.all_tasks(loop) if not t.done()]
             for t in left:
