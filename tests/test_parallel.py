@@ -46,6 +46,6 @@ def test_capacity_levels_in_two_processes_equal_the_serial_run():
     runs = []
     for workers in (1, 2):
         with level_pool(jobs, workers) as pool:
-            runs.append([{**lv.to_json(), "wall_s": 0} for lv in pool.results()])
+            runs.append([{**lv.to_json(), "wall_s": 0, "cpu_s": 0} for lv in pool.results()])
     assert runs[0] == runs[1]
     assert [r["load"] for r in runs[0]] == [1, 6, 3]

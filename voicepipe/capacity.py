@@ -106,6 +106,8 @@ class Level:
     devices: list[DeviceStats] = field(default_factory=list)
     wall_s: float = 0.0
     stage_errors: int = 0
+    cpu_s: float = 0.0  # CPU seconds of the run (its process's, measured): steadier than wall on a busy box
+    played_turns: int = 0  # every turn the run played (counted or not): what the CPU seconds bought
 
     def to_json(self) -> dict:
         return {
@@ -113,7 +115,8 @@ class Level:
             "load_label": self.load.label, "conversations": self.conversations, "turns": self.turns,
             "answered": self.answered, "p50_ms": self.p50_ms, "p90_ms": self.p90_ms, "p99_ms": self.p99_ms,
             "within_budget": self.within_budget, "cost_per_hour_usd": self.cost_per_hour_usd,
-            "window_s": self.window_s, "wall_s": self.wall_s, "stage_errors": self.stage_errors,
+            "window_s": self.window_s, "wall_s": self.wall_s, "cpu_s": self.cpu_s,
+            "played_turns": self.played_turns, "stage_errors": self.stage_errors,
             "devices": [d.__dict__ for d in self.devices], "modelled": True,
         }  # fmt: skip
 
@@ -254,12 +257,14 @@ def run_level(
     on_record: Callable[[TurnRecord], None] | None = None,
 ) -> Level:
     p = plan(load, scenarios, conv_s, cfg.seed, minutes)
-    wall = time.perf_counter()
+    wall, cpu = time.perf_counter(), time.process_time()
     res, replies, t0 = run_virtual(_level_async(cfg, scenarios, p, on_record))
-    wall = time.perf_counter() - wall
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     if res.first_error:
         raise ValueError(res.first_error)
-    return level_of(label, cfg, load, p, res, t0, replies, wall)
+    lv = level_of(label, cfg, load, p, res, t0, replies, wall)
+    lv.cpu_s, lv.played_turns = cpu, len(res.records)
+    return lv
 
 
 @dataclass(frozen=True)
