@@ -49,3 +49,14 @@ def test_capacity_levels_in_two_processes_equal_the_serial_run():
             runs.append([{**lv.to_json(), "wall_s": 0, "cpu_s": 0} for lv in pool.results()])
     assert runs[0] == runs[1]
     assert [r["load"] for r in runs[0]] == [1, 6, 3]
+
+
+def test_predict_each_in_two_processes_equals_predict_one_by_one():
+    from voicepipe.predict import predict, predict_each
+
+    sc = tiny_scenario(turns=2)
+    cfgs = [load_config(None, [f"agent.backend={b}"]) for b in ("groq-llama-3.1-8b", "h100-sxm/llama-3.1-8b")]
+    got = predict_each(cfgs, [sc], 2, workers=2)
+    assert [[p.to_json() for p in ps] for ps in got] == [
+        [p.to_json() for p in predict(c, [sc], 2)] for c in cfgs
+    ]

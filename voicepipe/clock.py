@@ -7,6 +7,11 @@ is unchanged: :func:`now_ns` and :func:`sleep_until_ns` follow the running loop,
 (``asyncio.sleep``, ``wait_for``, ``call_later``) run on its time. A virtual run in which every task waits
 and no timer is left is a deadlock: it raises :class:`VirtualDeadlock` instead of hanging.
 
+The virtual loop is a minimal ``AbstractEventLoop`` (not ``BaseEventLoop``: no selector, no debug paths,
+no per-iteration timeout arithmetic): a deque of ready handles and one heap of ``(ns, sequence, item)``
+timers, where a virtual sleep's item is its future itself (no handle, nothing to cancel). Equal deadlines
+run in the order they were scheduled. asyncio's C Futures and Tasks run on it unchanged.
+
 Real-time sleeps: modelled durations are realised by sleeping until absolute deadlines. asyncio's own timers wake up to
 ~1 ms late (epoll takes whole milliseconds), which on a chain of six sleeps would add ~6 ms of fake
 "pipeline tax". So one timer task per event loop serves every deadline: it sleeps coarsely to ~1 ms
