@@ -48,7 +48,12 @@ async def main() -> None:
     ap.add_argument("--turns", type=int, default=20)
     ap.add_argument("--workers", type=int, default=0)
     ap.add_argument("--spread-ms", type=float, default=20.0, help="start spread per session")
-    ap.add_argument("--restart-at", type=float, default=0.5, help="restart once this share of the expected turns is recorded")
+    ap.add_argument(
+        "--restart-at",
+        type=float,
+        default=0.5,
+        help="restart once this share of the expected turns is recorded",
+    )
     ap.add_argument("--down-s", type=float, default=1.0, help="how long the broker stays down")
     ap.add_argument("--no-restart", action="store_true", help="the same soak without the fault")
     ap.add_argument("--backend", default="cerebras-llama-3.1-8b")

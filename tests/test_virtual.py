@@ -67,3 +67,74 @@ def test_memory_bus_delivers_each_message_once_in_order_to_every_subscriber():
     assert [t for _, t, _ in got_b] == [0, 1, 2]  # the publisher's own subscription gets it too
     assert {at for _, _, at in got_a} == {2_000_000}  # one modelled hop each
     assert published == 3
+
+
+def test_asyncio_primitives_run_on_the_virtual_loop():
+    async def main() -> list:
+        loop = asyncio.get_running_loop()
+        seen: list = []
+        loop.call_later(0.002, seen.append, "b")
+        loop.call_later(0.002, seen.append, "c")  # equal deadlines keep their scheduling order
+        loop.call_later(0.001, seen.append, "a")
+        dropped = loop.call_later(0.0015, seen.append, "never")
+        dropped.cancel()
+        q: asyncio.Queue[int] = asyncio.Queue()
+        loop.call_later(0.003, q.put_nowait, 7)
+        seen.append(await q.get())
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.5):
+                await asyncio.Event().wait()
+        seen.append(now_ns())
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(asyncio.sleep(10), 1)
+        seen.append(now_ns())
+
+        async def boom() -> None:
+            await asyncio.sleep(0.1)
+            raise KeyError("x")
+
+        with pytest.raises(KeyError):
+            await asyncio.create_task(boom())
+        return seen
+
+    assert run_virtual(main()) == ["a", "b", "c", 7, 503_000_000, 1_503_000_000]
+
+
+def test_a_failing_callback_goes_to_the_exception_handler_and_the_run_goes_on():
+    async def main() -> list:
+        loop = asyncio.get_running_loop()
+        caught: list = []
+        loop.set_exception_handler(lambda _loop, ctx: caught.append(type(ctx["exception"])))
+        loop.call_soon(lambda: 1 / 0)
+        await asyncio.sleep(1)
+        return caught
+
+    assert run_virtual(main()) == [ZeroDivisionError]
+
+
+def test_a_stage_receive_that_waits_holds_its_later_messages_back_in_order():
+    """serve() without a queue task: a receive that waits continues as a task; the next messages wait."""
+
+    async def main() -> list[tuple[int, int, str]]:
+        broker = MemoryBroker("r1")
+        a, b = broker.connect("a"), broker.connect("b")
+        await b.subscribe("control/cancel")
+        log: list[tuple[int, int, str]] = []
+
+        async def receive(env: Envelope) -> None:
+            log.append((env.turn, now_ns(), "start"))
+            if env.turn == 1:
+                await asyncio.sleep(0.005)  # this one waits
+            log.append((env.turn, now_ns(), "end"))
+
+        server = asyncio.create_task(b.serve(receive))
+        for k in range(3):
+            await a.publish(Envelope.of(Cancel(reason=CancelReason.HEARD), "r1", "s-0", k))
+        await asyncio.sleep(0.01)
+        server.cancel()
+        return log
+
+    ms = 1_000_000
+    assert run_virtual(main()) == [
+        (0, 0, "start"), (0, 0, "end"), (1, 0, "start"), (1, 5 * ms, "end"), (2, 5 * ms, "start"), (2, 5 * ms, "end"),
+    ]  # fmt: skip

@@ -33,7 +33,7 @@ import statistics
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlparse
@@ -252,6 +252,12 @@ class Bus(abc.ABC):
     def disruption_ms(self, start_ns: int, end_ns: int) -> float:
         """How long within [start_ns, end_ns] the broker was unreachable or stalled (0 without a broker)."""
         return 0.0
+
+    async def serve(self, receive: Callable[[Envelope], Awaitable[None]]) -> None:
+        """Hand every received envelope to ``receive``, one at a time in arrival order, until cancelled
+        (a stage's receive loop; the in-memory bus calls ``receive`` without a queue in between)."""
+        async for _channel, env in self.messages():
+            await receive(env)
 
     async def deadletter(self, where: str, reason: str, body: bytes) -> None:
         self.deadletters += 1

@@ -37,6 +37,7 @@ from voicepipe.clock import now_ns, run_virtual
 from voicepipe.config import PipelineConfig
 from voicepipe.errors import UserError
 from voicepipe.messages import Envelope, ReplyText
+from voicepipe.parallel import ForkPool, Report
 from voicepipe.records import TurnRecord, percentile
 from voicepipe.runner import RunResult, Slot, simulate_async
 from voicepipe.scenario import Scenario, session_id
@@ -105,6 +106,8 @@ class Level:
     devices: list[DeviceStats] = field(default_factory=list)
     wall_s: float = 0.0
     stage_errors: int = 0
+    cpu_s: float = 0.0  # CPU seconds of the run (its process's, measured): steadier than wall on a busy box
+    played_turns: int = 0  # every turn the run played (counted or not): what the CPU seconds bought
 
     def to_json(self) -> dict:
         return {
@@ -112,7 +115,8 @@ class Level:
             "load_label": self.load.label, "conversations": self.conversations, "turns": self.turns,
             "answered": self.answered, "p50_ms": self.p50_ms, "p90_ms": self.p90_ms, "p99_ms": self.p99_ms,
             "within_budget": self.within_budget, "cost_per_hour_usd": self.cost_per_hour_usd,
-            "window_s": self.window_s, "wall_s": self.wall_s, "stage_errors": self.stage_errors,
+            "window_s": self.window_s, "wall_s": self.wall_s, "cpu_s": self.cpu_s,
+            "played_turns": self.played_turns, "stage_errors": self.stage_errors,
             "devices": [d.__dict__ for d in self.devices], "modelled": True,
         }  # fmt: skip
 
@@ -253,12 +257,49 @@ def run_level(
     on_record: Callable[[TurnRecord], None] | None = None,
 ) -> Level:
     p = plan(load, scenarios, conv_s, cfg.seed, minutes)
-    wall = time.perf_counter()
+    wall, cpu = time.perf_counter(), time.process_time()
     res, replies, t0 = run_virtual(_level_async(cfg, scenarios, p, on_record))
-    wall = time.perf_counter() - wall
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     if res.first_error:
         raise ValueError(res.first_error)
-    return level_of(label, cfg, load, p, res, t0, replies, wall)
+    lv = level_of(label, cfg, load, p, res, t0, replies, wall)
+    lv.cpu_s, lv.played_turns = cpu, len(res.records)
+    return lv
+
+
+@dataclass(frozen=True)
+class LevelJob:
+    """One configuration at one load level: an independent virtual run (see :mod:`voicepipe.parallel`)."""
+
+    label: str
+    cfg: PipelineConfig
+    scenarios: tuple[Scenario, ...]
+    load: Load
+    conv_s: float
+    minutes: float = 10.0
+
+    def plan(self) -> Plan:
+        return plan(self.load, self.scenarios, self.conv_s, self.cfg.seed, self.minutes)
+
+    def turns(self) -> float:
+        """Turns the run plays (its conversations times the scenarios' mean turns)."""
+        per_conv = sum(len(s.turns) for s in self.scenarios) / len(self.scenarios)
+        return self.plan().conversations * per_conv
+
+    def run(self, report: Report | None = None) -> Level:
+        tell = report or (lambda _n: None)
+        return run_level(self.label, self.cfg, self.scenarios, self.load, conv_s=self.conv_s,
+                         minutes=self.minutes, on_record=lambda _r: tell(1))  # fmt: skip
+
+
+def _run_job(job: LevelJob, report: Report) -> Level:
+    return job.run(report)
+
+
+def level_pool(jobs: Sequence[LevelJob], workers: int) -> ForkPool[LevelJob, Level]:
+    """The jobs' levels in up to ``workers`` processes, heaviest first; results in job order, equal to
+    running them here one by one (each is its own seeded run on its own virtual clock)."""
+    return ForkPool(_run_job, jobs, workers=workers, weights=[j.turns() for j in jobs])
 
 
 def level_of(

@@ -580,15 +580,18 @@ def _compare_predicted(
 ) -> None:
     """`compare --predict`: one row per configuration from the stages on virtual time (no live run)."""
     from voicepipe.compare import compare_rows, display_names, verdict
-    from voicepipe.predict import predict as predict_turns
+    from voicepipe.parallel import ItemFailed
+    from voicepipe.predict import predict_each
     from voicepipe.report.table import PREDICTED, print_compare
 
     runs: dict[str, list[TurnRecord]] = {}
-    for label, cfg in variants:
-        try:
-            preds = predict_turns(cfg, scs, sessions)
-        except ValueError as exc:
-            raise fail(f"configuration {label!r}: {exc}") from None
+    try:  # the configurations in parallel processes: same results as one by one
+        each = predict_each([cfg for _, cfg in variants], scs, sessions)
+    except ItemFailed as failed:
+        if not isinstance(failed.error, ValueError):
+            raise failed.error from None
+        raise fail(f"configuration {variants[failed.index][0]!r}: {failed.error}") from None
+    for (label, _cfg), preds in zip(variants, each, strict=True):
         runs[label] = [p.as_record(label) for p in preds]
         for p in preds:
             sink.write_raw({**p.to_json(), "label": label})

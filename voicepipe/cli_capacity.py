@@ -18,7 +18,8 @@ import typer
 from rich import box
 from rich.table import Table
 
-from voicepipe.capacity import Level, Limit, conversation_s, limit, parse_loads, plan, run_level
+from voicepipe.capacity import Level, LevelJob, Limit, conversation_s, level_pool, limit, parse_loads
+from voicepipe.parallel import ItemFailed, default_workers
 from voicepipe.report.svg import HALO, MUTED, budget_ref, esc, fmt_num, nice_ticks, series_colour
 
 MODELLED = (
@@ -194,6 +195,15 @@ def register(cli: ModuleType) -> None:
         report: Annotated[
             Path | None, typer.Option("--report", help="HTML: table and p90-vs-load chart.")
         ] = None,
+        jobs: Annotated[
+            int | None,
+            typer.Option(
+                "--jobs",
+                min=1,
+                help="Worker processes for the independent runs (load levels x configurations); default: "
+                "this machine's CPUs. Results are the same for any value.",
+            ),
+        ] = None,
     ) -> None:
         """How many concurrent conversations (or calls per minute) keep p90 inside the budget, per configuration.
 
@@ -213,29 +223,32 @@ def register(cli: ModuleType) -> None:
         levels: list[Level] = []
         limits: list[Limit] = []
         budget = variants[0][1].budget_ms
-        per_conv = sum(len(s.turns) for s in scs) / len(scs)
         lengths = {}
         for label, cfg in variants:
             try:
                 lengths[label] = conversation_s(cfg, scs)
             except ValueError as exc:
                 raise fail(f"configuration {label!r}: {exc}") from None
-        total = round(sum(plan(ld, scs, lengths[lb], cfg.seed, minutes).conversations * per_conv
-                          for lb, cfg in variants for ld in loads))  # fmt: skip
-        with cli.progress_bar(total, "capacity") as prog:
+        level_jobs = [
+            LevelJob(label, cfg, tuple(scs), ld, lengths[label], minutes)
+            for label, cfg in variants
+            for ld in loads
+        ]
+        total = round(sum(j.turns() for j in level_jobs))
+        # the pool forks its workers before the progress bar starts its refresh thread
+        with (
+            level_pool(level_jobs, jobs or default_workers()) as pool,
+            cli.progress_bar(total, "capacity") as prog,
+        ):
             task = prog.task_ids[0]
-            for label, cfg in variants:
-                mine = []
-                for ld in loads:
-                    prog.update(task, description=f"{label} · {ld.label}")
-                    try:
-                        lv = run_level(label, cfg, scs, ld, conv_s=lengths[label], minutes=minutes,
-                                       on_record=lambda _r: prog.advance(task))  # fmt: skip
-                    except ValueError as exc:
-                        raise fail(f"configuration {label!r}: {exc}") from None
-                    mine.append(lv)
-                levels += mine
-                limits.append(limit(label, mine, cfg.budget_ms))
+            try:
+                levels = pool.results(lambda n: prog.advance(task, n))
+            except ItemFailed as failed:
+                if not isinstance(failed.error, ValueError):
+                    raise failed.error from None
+                raise fail(f"configuration {level_jobs[failed.index].label!r}: {failed.error}") from None
+        for label, cfg in variants:
+            limits.append(limit(label, [lv for lv in levels if lv.label == label], cfg.budget_ms))
         title = f"capacity: {', '.join(s.name for s in scs)} · budget {budget:g} ms"
         if len(variants) == 1:
             title += f" · {variants[0][0]}"

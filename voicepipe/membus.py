@@ -6,6 +6,13 @@
 subscriber (the publisher too) gets every message exactly once, in publish order per publisher. The
 envelope object itself is passed — no JSON round trip (the payloads were validated when they were built).
 
+A stage's receive loop (:meth:`MemoryBus.serve`) has no queue and no task per message: a delivery puts the
+envelope on the subscriber's backlog and, once per batch, schedules one callback that hands the backlog to
+the stage's ``receive`` in order — as a task reading a queue would, one scheduling hop after the publish.
+A ``receive`` that completes without waiting (the common case: handlers publish and spawn tasks) costs a
+call; one that waits continues as a task, and the subscriber's next messages wait until it is done, so a
+stage still handles its messages one at a time, in arrival order.
+
 A hop costs ``hop_ns`` of (virtual) time: 0 by default, so a run's timing is its modelled spans alone; a
 modelled hop delays delivery: each subscriber's messages wait in a FIFO drained by one timer, so the order
 stays the publish order (asyncio's timer heap does not keep the order of equal deadlines).
@@ -15,7 +22,8 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator
+from typing import Any
 
 from voicepipe.bus import Bus
 from voicepipe.clock import now_ns
@@ -48,7 +56,7 @@ class MemoryBroker:
                 bus.later(due, (channel, env))
         else:
             for bus in subs:
-                bus.inbox.put_nowait((channel, env))
+                bus.push(channel, env)
 
 
 class MemoryBus(Bus):
@@ -60,6 +68,48 @@ class MemoryBus(Bus):
         self.inbox: asyncio.Queue[tuple[str, Envelope]] = asyncio.Queue()
         self.channels: set[str] = set()
         self.in_flight: deque[tuple[int, tuple[str, Envelope]]] = deque()
+        self.receive: Callable[[Envelope], Awaitable[None]] | None = None  # set by serve()
+        self.backlog: deque[Envelope] = deque()
+        self.draining = False  # a drain is scheduled or running
+        self.busy: asyncio.Task[None] | None = None  # a receive that had to wait, continuing as a task
+        self.served: asyncio.Future[None] | None = None
+
+    def push(self, channel: str, env: Envelope) -> None:
+        if self.receive is None:
+            self.inbox.put_nowait((channel, env))
+            return
+        self.backlog.append(env)
+        if not self.draining and self.busy is None:
+            self.draining = True
+            asyncio.get_running_loop().call_soon(self._drain)
+
+    def _drain(self) -> None:
+        backlog, receive = self.backlog, self.receive
+        try:
+            while backlog and self.busy is None and receive is not None:
+                self.received += 1
+                coro = receive(backlog.popleft())
+                try:
+                    waits_on = coro.send(None)
+                except StopIteration:
+                    continue
+                self.busy = asyncio.get_running_loop().create_task(_finish(coro, waits_on))  # type: ignore[arg-type]
+                self.busy.add_done_callback(self._resumed)
+        except BaseException as exc:  # receive itself failed (not a handler): the stage's loop ends with it
+            if self.served is not None and not self.served.done():
+                self.served.set_exception(exc)
+        finally:
+            self.draining = False
+
+    def _resumed(self, task: asyncio.Task[None]) -> None:
+        self.busy = None
+        if not task.cancelled() and task.exception() is not None:
+            if self.served is not None and not self.served.done():
+                self.served.set_exception(task.exception())  # type: ignore[arg-type]
+            return
+        if self.backlog and not self.draining:
+            self.draining = True
+            self._drain()
 
     def later(self, due_ns: int, item: tuple[str, Envelope]) -> None:
         """Deliver ``item`` at ``due_ns`` (dues arrive in non-decreasing order: one hop for all)."""
@@ -71,7 +121,7 @@ class MemoryBus(Bus):
         now = now_ns()
         q = self.in_flight
         while q and q[0][0] <= now + 1:  # the loop's timers have 1 ns resolution
-            self.inbox.put_nowait(q.popleft()[1])
+            self.push(*q.popleft()[1])
         if q:
             asyncio.get_running_loop().call_at(q[0][0] / 1e9, self._land)
 
@@ -94,3 +144,50 @@ class MemoryBus(Bus):
             item = await inbox.get()
             self.received += 1
             yield item
+
+    async def serve(self, receive: Callable[[Envelope], Awaitable[None]]) -> None:
+        self.receive = receive
+        while not self.inbox.empty():  # delivered before serve() began
+            self.backlog.append(self.inbox.get_nowait()[1])
+        self.served = asyncio.get_running_loop().create_future()
+        if self.backlog and not self.draining:
+            self.draining = True
+            asyncio.get_running_loop().call_soon(self._drain)
+        try:
+            await self.served
+        finally:
+            self.receive = None
+            if self.busy is not None:
+                self.busy.cancel()
+
+
+class _Rest:
+    """The rest of a coroutine that has already run up to its first wait on ``first`` (for a task)."""
+
+    __slots__ = ("coro", "first")
+
+    def __init__(self, coro: Coroutine[Any, Any, None], first: Any) -> None:
+        self.coro, self.first = coro, first
+
+    def __await__(self) -> Generator[Any, Any, None]:
+        coro, waits_on = self.coro, self.first
+        while True:
+            try:
+                sent = yield waits_on
+            except GeneratorExit:
+                coro.close()
+                raise
+            except BaseException as exc:
+                try:
+                    waits_on = coro.throw(exc)
+                except StopIteration:
+                    return
+            else:
+                try:
+                    waits_on = coro.send(sent)
+                except StopIteration:
+                    return
+
+
+async def _finish(coro: Coroutine[Any, Any, None], first: Any) -> None:
+    await _Rest(coro, first)

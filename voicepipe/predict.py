@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from voicepipe.config import PipelineConfig
+from voicepipe.parallel import ForkPool, Report, default_workers
 from voicepipe.records import BreakdownPart, TurnRecord
 from voicepipe.runner import RunResult, simulate
 from voicepipe.scenario import Scenario
@@ -113,3 +114,24 @@ def predict(cfg: PipelineConfig, scenarios: Sequence[Scenario], sessions: int = 
     order = {sc.name: i for i, sc in enumerate(scenarios)}
     recs = sorted(res.records, key=lambda r: (order[r.scenario], int(r.session.rsplit("-", 1)[1]), r.turn))
     return [TurnPrediction.of(r, exact_turn(r, shared)) for r in recs]
+
+
+def _predict_job(
+    job: tuple[PipelineConfig, tuple[Scenario, ...], int], _report: Report
+) -> list[TurnPrediction]:
+    cfg, scenarios, sessions = job
+    return predict(cfg, scenarios, sessions)
+
+
+def predict_each(
+    cfgs: Sequence[PipelineConfig],
+    scenarios: Sequence[Scenario],
+    sessions: int = 1,
+    workers: int | None = None,
+) -> list[list[TurnPrediction]]:
+    """:func:`predict` for every config, in up to ``workers`` processes (default: the CPUs); the same
+    results as one by one (each run is independent and seeded). A config the stages reject raises
+    :class:`voicepipe.parallel.ItemFailed` with its index."""
+    jobs = [(cfg, tuple(scenarios), sessions) for cfg in cfgs]
+    with ForkPool(_predict_job, jobs, workers=workers or default_workers()) as pool:
+        return pool.results()

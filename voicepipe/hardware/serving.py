@@ -15,7 +15,8 @@ form. Arrivals and cancels change the future, so the server keeps:
 * a *projection* of the future assuming no more arrivals, recomputed lazily once per change (``version``).
 
 ``DeviceStream.token_time(i)`` sleeps until the projected instant of token ``i`` and re-reads the
-projection if the version moved meanwhile (one timer per waiting token, no background tasks).
+projection when it wakes (one timer per waiting token, no background tasks); a change wakes only the waits
+whose token it moved earlier (a token moved later is re-read when its old timer fires).
 
 Admission: FCFS; the head of the queue starts its prefill when no other prefill runs and fewer than
 ``max_batch`` sequences hold slots. A request alone on the device realises exactly
@@ -240,6 +241,10 @@ class _Recorder:
         self.curve.add(t, v, r)
 
 
+def _always_earlier() -> int:
+    return -1  # a wait without a re-read wakes on every change
+
+
 class DeviceServer:
     """One simulated serving instance shared by every stream started on it."""
 
@@ -268,7 +273,8 @@ class DeviceServer:
         self._proj_version = -1
         self._ids = 0
         self._step_cache: dict[tuple[int, float, int, int], float] = {}
-        self._waiters: set[asyncio.Future[None]] = set()
+        # sleeping token waits: future -> (deadline, re-read of that token's instant)
+        self._waiters: dict[asyncio.Future[None], tuple[int, Callable[[], int]]] = {}
         self._committed = -INF  # latest token instant handed out; the past before it is fixed
 
     # ------------------------------------------------------------ model
@@ -340,8 +346,16 @@ class DeviceServer:
         s = self._state
         self._history.add(s.t, s.v, s.rate())
         self.version += 1
-        for fut in self._waiters:
-            if not fut.done():
+        # a wait whose token moved later keeps its timer (it re-reads when that fires); only one whose token
+        # moved earlier must wake now — the same instants as waking every wait, without B wake-ups per change
+        for fut, (deadline, reread) in self._waiters.items():
+            if fut.done():
+                continue
+            try:
+                moved_earlier = reread() < deadline
+            except Exception:  # let the wait itself raise it, in its own task
+                moved_earlier = True
+            if moved_earlier:
                 fut.set_result(None)
 
     def _prune(self) -> None:
@@ -441,20 +455,21 @@ class DeviceServer:
         arrive = t0_ns + round(request_overhead_s(self.system) * 1e9)
         return DeviceStream(self, self.submit(req, arrive), int(t0_ns), arrive)
 
-    async def wait_change_or(self, deadline_ns: int) -> None:
-        """Sleep until ``deadline_ns`` or until the schedule changes, whichever is first."""
+    async def wait_change_or(self, deadline_ns: int, reread: Callable[[], int] | None = None) -> None:
+        """Sleep until ``deadline_ns`` or until the schedule changes, whichever is first (with ``reread``,
+        the instant waited for: until a change moves it earlier than ``deadline_ns``)."""
         delay = (deadline_ns - now_ns()) / 1e9
         if delay <= 0:
             return
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
         handle = loop.call_later(delay, lambda: fut.done() or fut.set_result(None))
-        self._waiters.add(fut)
+        self._waiters[fut] = (deadline_ns, reread or _always_earlier)
         try:
             await fut
         finally:
             handle.cancel()
-            self._waiters.discard(fut)
+            self._waiters.pop(fut, None)
 
     def commit(self, t_ns: int) -> None:
         self._committed = max(self._committed, float(t_ns))
@@ -496,7 +511,7 @@ class DeviceStream:
             t = self.at_ns(i)
             if now_ns() >= t:
                 break
-            await self.server.wait_change_or(t)
+            await self.server.wait_change_or(t, lambda i=i: self.at_ns(i))
         self._got[i] = t
         self.server.commit(t)
         return t

@@ -91,14 +91,18 @@ class Stage:
             set_clock_offset_ns(self.clock_offset_ns)  # this task and every task it starts
         await self.bus.subscribe(*self.channels, "session/end")
         self.ready.set()
-        async for _channel, env in self.bus.messages():
-            try:
-                await self._receive(env)
-            except Exception as exc:  # nothing a message does may kill the stage
-                self._failed(exc)
-                self.guard.counters.handler_errors += 1
-                log.warning("handler failed", stage=self.name, type=env.type, error=repr(exc))
-                await self.fail_turn(env.session, env.turn, f"{self.name} failed on {env.type}: {exc!r}")
+        await self.bus.serve(self.receive)
+
+    async def receive(self, env: Envelope) -> None:
+        """One received message (the bus hands them over one at a time, in arrival order): admitted by the
+        guard, then handled; nothing a message does may kill the stage."""
+        try:
+            await self._receive(env)
+        except Exception as exc:
+            self._failed(exc)
+            self.guard.counters.handler_errors += 1
+            log.warning("handler failed", stage=self.name, type=env.type, error=repr(exc))
+            await self.fail_turn(env.session, env.turn, f"{self.name} failed on {env.type}: {exc!r}")
 
     async def _receive(self, env: Envelope) -> None:
         got = self.guard.admit(env)
