@@ -99,3 +99,17 @@ def test_no_advice_when_nothing_missed_and_no_fake_fix() -> None:
     a = advice([r], fast, ["cafe-order"])
     assert a is not None and a.part == ("bus", "hops") and a.fix is None
     assert "no shipped change" in a.line()
+
+
+def test_predictions_carry_the_metric_columns_of_the_stages_spans() -> None:
+    """predict runs the real stages, so its records have the same metric columns a live run has."""
+    preds = predict(load_config(None, []), [load_scenario("cafe-order")], 1)
+    agent = [p for p in preds if p.path == "agent"]
+    assert agent
+    for p in agent:
+        rec = p.as_record()
+        assert rec.ttft_ms is not None and rec.ttft_ms > 0
+        assert rec.tts_ttfb_ms is not None and rec.asr_final_ms is not None
+        assert p.to_json()["ttft_ms"] == rec.ttft_ms
+        # the parts named by the metrics are parts of the predicted chain
+        assert rec.ttft_ms + rec.tts_ttfb_ms < p.predicted_ms

@@ -16,11 +16,11 @@ lands mid-generation — live differs by the bus hops it paid (the measured tax)
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from voicepipe.config import PipelineConfig
 from voicepipe.parallel import ForkPool, Report, default_workers
-from voicepipe.records import BreakdownPart, TurnRecord
+from voicepipe.records import METRICS, BreakdownPart, TurnRecord
 from voicepipe.runner import RunResult, simulate
 from voicepipe.scenario import Scenario
 
@@ -42,6 +42,8 @@ class TurnPrediction:
     premature_endpoint: bool = False
     exact: bool = True  # False where live timing can differ by bus hops (overlap, shared-device queueing)
     wasted_tokens: int = 0
+    # the metric columns users know (ttft_ms, tpot_ms, ...), from the turn's modelled spans
+    metrics: dict[str, float | None] = field(default_factory=dict)
 
     @property
     def within_budget(self) -> bool:
@@ -55,7 +57,7 @@ class TurnPrediction:
             scenario=r.scenario, session=r.session, turn=r.turn, user_text=r.user_text, path=r.path,
             route=r.route, backend=r.backend, predicted_ms=r.predicted_ms, budget_ms=r.budget_ms,
             breakdown=r.breakdown, cost_usd=r.cost_usd, quality=r.quality, premature_endpoint=r.premature_endpoint,
-            exact=exact, wasted_tokens=r.wasted_tokens,
+            exact=exact, wasted_tokens=r.wasted_tokens, metrics={k: getattr(r, k) for k in METRICS},
         )  # fmt: skip
 
     def as_record(self, label: str = "") -> TurnRecord:
@@ -66,7 +68,7 @@ class TurnPrediction:
             user_text=self.user_text, backend=self.backend, measured_ms=self.predicted_ms,
             predicted_ms=self.predicted_ms, tax_ms=0.0, budget_ms=self.budget_ms, within_budget=self.within_budget,
             breakdown=self.breakdown, path=self.path, route=self.route, cost_usd=self.cost_usd, quality=self.quality,
-            premature_endpoint=self.premature_endpoint, wasted_tokens=self.wasted_tokens,
+            premature_endpoint=self.premature_endpoint, wasted_tokens=self.wasted_tokens, **self.metrics,
         )  # fmt: skip
 
     def to_json(self) -> dict:
@@ -75,7 +77,7 @@ class TurnPrediction:
             "predicted_ms": self.predicted_ms, "budget_ms": self.budget_ms, "within_budget": self.within_budget,
             "breakdown": [p.model_dump() for p in self.breakdown], "backend": self.backend, "path": self.path,
             "route": self.route, "cost_usd": self.cost_usd, "quality": self.quality,
-            "premature_endpoint": self.premature_endpoint, "exact": self.exact, "modelled": True,
+            "premature_endpoint": self.premature_endpoint, "exact": self.exact, "modelled": True, **self.metrics,
         }  # fmt: skip
 
 
