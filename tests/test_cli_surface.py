@@ -230,3 +230,18 @@ def test_level_flags() -> None:
     assert level_from_flags(5, False) == "debug"
     assert level_from_flags(2, True) == "error"
     assert level_from_flags(0, True, "DEBUG") == "debug"
+
+
+def test_capacity_at_80_columns_shows_every_number_in_full(tmp_path: Path) -> None:
+    out = tmp_path / "cap.jsonl"
+    p = vp(
+        "capacity", "cafe-order", "--vary", "agent.backend=groq-llama-3.1-8b,cerebras-llama-3.1-8b",
+        "--sessions", "1,5", "--json", str(out), "--jobs", "1",
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    fits(p.stdout)
+    levels = [json.loads(line) for line in out.read_text().splitlines() if '"level"' in line]
+    assert len(levels) == 4
+    for lv in levels:  # the percentiles the JSON carries are printed whole
+        for k in ("p50_ms", "p90_ms"):
+            assert f" {ms(lv[k])} " in p.stdout, (k, lv[k])

@@ -15,12 +15,12 @@ from types import ModuleType
 from typing import Annotated
 
 import typer
-from rich import box
-from rich.table import Table
+from rich.text import Text
 
 from voicepipe.capacity import Level, LevelJob, Limit, conversation_s, level_pool, limit, parse_loads
 from voicepipe.parallel import ItemFailed, default_workers
 from voicepipe.report.svg import HALO, MUTED, budget_ref, esc, fmt_num, nice_ticks, series_colour
+from voicepipe.report.term import Cell, Col, print_fitted
 
 MODELLED = (
     "MODELLED on virtual time: the live stages on an in-memory bus with zero hops; a real bus adds its "
@@ -40,28 +40,38 @@ def _devices_cell(lv: Level, attr: str, fmt: str) -> str:
     return " · ".join(f"{b.split('/')[0]} {'–' if v is None else format(v, fmt)}" for b, v in vals)
 
 
-def capacity_table(levels: Sequence[Level], budget_ms: float, title: str) -> Table:
+def capacity_rows(levels: Sequence[Level], budget_ms: float) -> tuple[list[Col], list[list[Cell]]]:
+    """The capacity table as fitted-table columns (voicepipe.report.term): numbers whole, names wrap."""
     from voicepipe.compare import display_names
 
     labels = list(dict.fromkeys(lv.label for lv in levels))
     several = len(labels) > 1
     heading, names = display_names(labels)
     short = dict(zip(labels, names, strict=True))
-    t = Table(title=title, header_style="bold", box=box.SIMPLE_HEAD, caption=MODELLED, padding=(0, 1, 0, 0))
-    heads = [*([heading] if several else []), "load", "turns", "p50", "p90", "p99", f"≤{budget_ms:g}",
-             "queue ms", "tok/s/user", "busy", "$/hour"]  # fmt: skip
-    for h in heads:
-        t.add_column(h, justify="left" if h in (heading, "load") else "right", no_wrap=h != heading)
+    cols = [
+        *([Col(heading, justify="left", text=True, min_width=12)] if several else []),
+        Col("load", justify="left", text=True, min_width=8, max_width=14),
+        Col("turns", priority=3),
+        Col("p50\nms"),
+        Col("p90\nms"),
+        Col("p99\nms", priority=2),
+        Col(f"≤{budget_ms:g}\nms"),
+        Col("queue\nms", priority=1),
+        Col("tok/s\nper user", priority=4),
+        Col("busy", priority=1),
+        Col("$ per\nhour", priority=2),
+    ]
+    rows: list[list[Cell]] = []
     for lv in levels:
         over = lv.p90_ms is None or lv.p90_ms > budget_ms
-        t.add_row(
+        rows.append([
             *([short[lv.label]] if several else []), lv.load.label, str(lv.turns), _ms(lv.p50_ms),
-            f"[bold red]{_ms(lv.p90_ms)}[/]" if over else f"[green]{_ms(lv.p90_ms)}[/]", _ms(lv.p99_ms),
+            Text(_ms(lv.p90_ms), style="bold red" if over else "green"), _ms(lv.p99_ms),
             f"{lv.within_budget * 100:.0f}%", _devices_cell(lv, "queue_mean_ms", ".1f"),
             _devices_cell(lv, "user_tok_s", ".0f"), _devices_cell(lv, "busy_share", ".0%"),
             f"{lv.cost_per_hour_usd:.3g}",
-        )  # fmt: skip
-    return t
+        ])  # fmt: skip
+    return cols, rows
 
 
 def write_csv(path: Path, levels: Sequence[Level]) -> None:
@@ -169,6 +179,7 @@ def register(cli: ModuleType) -> None:
     once it has defined them, so this module never imports ``voicepipe.cli`` itself)."""
     app, out, fail, user_errors = cli.app, cli.out, cli.fail, cli.user_errors
     ConfigsOpt, ScenariosArg, SetOpt, VaryOpt = cli.ConfigsOpt, cli.ScenariosArg, cli.SetOpt, cli.VaryOpt
+    WideOpt = cli.WideOpt
 
     @app.command()
     def capacity(
@@ -187,14 +198,16 @@ def register(cli: ModuleType) -> None:
             float, typer.Option("--minutes", min=0.1, help="Arrival horizon (with --arrivals).")
         ] = 10.0,
         json_out: Annotated[
-            Path | None, typer.Option("--json", help="JSON lines: one per load level, then limits.")
+            Path | None,
+            typer.Option("--json", metavar="FILE", help="JSON lines: one per load level, then limits."),
         ] = None,
         csv: Annotated[
-            Path | None, typer.Option("--csv", help="One row per load level (and device).")
+            Path | None, typer.Option("--csv", metavar="FILE", help="One row per load level (and device).")
         ] = None,
         report: Annotated[
-            Path | None, typer.Option("--report", help="HTML: table and p90-vs-load chart.")
+            Path | None, typer.Option("--report", metavar="FILE", help="HTML: table and p90-vs-load chart.")
         ] = None,
+        wide: WideOpt = False,
         jobs: Annotated[
             int | None,
             typer.Option(
@@ -252,9 +265,10 @@ def register(cli: ModuleType) -> None:
         title = f"capacity: {', '.join(s.name for s in scs)} · budget {budget:g} ms"
         if len(variants) == 1:
             title += f" · {variants[0][0]}"
-        out.print(capacity_table(levels, budget, title))
+        cols, rows = capacity_rows(levels, budget)
+        print_fitted(out, cols, rows, wide=wide, title=title, caption=MODELLED)
         for lim in limits:
-            out.print(lim.sentence(), highlight=False, markup=False, soft_wrap=True)
+            out.print(lim.sentence(), highlight=False, markup=False)
         if json_out:
             lines = [json.dumps({"kind": "level", **lv.to_json()}) for lv in levels]
             lines += [json.dumps({"kind": "limit", "label": lim.label, "budget_ms": lim.budget_ms,
