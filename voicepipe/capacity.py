@@ -347,13 +347,23 @@ class Limit:
     def sentence(self) -> str:
         """The answer line: how much load keeps p90 inside the budget."""
         some = self.largest_ok or self.first_over
-        unit = "concurrent conversations" if some is None or some.load.kind == "sessions" else "calls/min"
+        kind = "sessions" if some is None else some.load.kind
+
+        def unit(n: float) -> str:
+            if kind != "sessions":
+                return "calls/min"
+            return "concurrent conversation" if n == 1 else "concurrent conversations"
+
         b = f"{self.budget_ms:g} ms"
         if self.largest_ok is None:
             over = self.first_over
-            at = f"{over.load.value:g} {unit} (p90 {_ms(over.p90_ms)} ms)" if over else "every tested load"
+            at = (
+                f"{over.load.value:g} {unit(over.load.value)} (p90 {_ms(over.p90_ms)} ms)"
+                if over
+                else "every tested load"
+            )
             return f"{self.label}: p90 is over {b} already at {at} — no tested load fits"
-        ok = f"{self.largest_ok.load.value:g} {unit}"
+        ok = f"{self.largest_ok.load.value:g} {unit(self.largest_ok.load.value)}"
         if self.first_over is None:
             p90 = _ms(self.largest_ok.p90_ms)
             return f"{self.label}: {ok}, the largest load tested, keep p90 inside {b} (p90 {p90} ms)"

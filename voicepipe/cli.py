@@ -864,7 +864,11 @@ def scenarios_new(
     """Write a commented starter scenario (every field explained; see docs/scenarios.md)."""
     from voicepipe.scenario import starter
 
-    path = output or Path(f"{name}.yaml")
+    given = Path(name)
+    if given.suffix in (".yaml", ".yml") or len(given.parts) > 1:  # `new path/to/booking.yaml`: name it booking
+        path, name = output or (given if given.suffix else given.with_suffix(".yaml")), given.stem
+    else:
+        path = output or Path(f"{name}.yaml")
     with user_errors():
         if path.exists() and not force:
             raise UserError(str(path), "already exists (--force overwrites)")

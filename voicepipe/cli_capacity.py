@@ -65,7 +65,7 @@ def capacity_rows(levels: Sequence[Level], budget_ms: float) -> tuple[list[Col],
     for lv in levels:
         over = lv.p90_ms is None or lv.p90_ms > budget_ms
         rows.append([
-            *([short[lv.label]] if several else []), lv.load.label, str(lv.turns), _ms(lv.p50_ms),
+            *([short[lv.label]] if several else []), lv.load.label, f"{lv.turns:,}", _ms(lv.p50_ms),
             Text(_ms(lv.p90_ms), style="bold red" if over else "green"), _ms(lv.p99_ms),
             f"{lv.within_budget * 100:.0f}%", _devices_cell(lv, "queue_mean_ms", ".1f"),
             _devices_cell(lv, "user_tok_s", ".0f"), _devices_cell(lv, "busy_share", ".0%"),
