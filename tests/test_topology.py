@@ -239,3 +239,19 @@ async def test_a_stale_retained_marker_without_heartbeat_does_not_start_a_run(mo
         await run_pipeline(
             cfg, [tiny_scenario(turns=1)], 1, run_id=run, external=frozenset({"asr"}), ready_timeout_s=2
         )
+
+
+async def test_a_replica_drops_foreign_sessions_by_topic_before_parsing():
+    """The MQTT bus asks the replica's filter on the topic alone; other replicas' sessions are never parsed."""
+    from voicepipe.bus import BrokerAddress, MqttBus
+
+    members = Membership(["asr.0", "asr.1"])
+    inner = MqttBus(BrokerAddress.parse("mqtt://127.0.0.1:1"), "r", "asr.0")  # never connected
+    bus = PartitionedBus(inner, "asr.0", members)
+    assert inner.accept is not None
+    sessions = [f"s-{i}" for i in range(40)]
+    mine = [s for s in sessions if members.owner("asr", s) == "asr.0"]
+    assert 0 < len(mine) < len(sessions)
+    assert [s for s in sessions if inner.accept(s, "user/word")] == mine
+    assert bus.skipped == len(sessions) - len(mine)
+    assert all(inner.accept(s, "session/end") for s in sessions)  # every replica forgets every session

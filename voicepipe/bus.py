@@ -578,6 +578,9 @@ class MqttBus(Bus):
         )  # type: ignore[assignment]
         self.topics: list[str] = []
         self.duplicates = 0
+        # (session, channel) -> act on it? Checked on the topic, before the body is parsed: a replica
+        # (voicepipe.partition) drops other replicas' sessions without paying for their JSON
+        self.accept: Callable[[str, str], bool] | None = None
         self.dropped_qos0 = 0
         self._seen: set[str] = set()
         self._seen_order: deque[str] = deque()
@@ -650,6 +653,8 @@ class MqttBus(Bus):
                 self.received += 1
                 try:
                     _, session, channel = split_topic(t)
+                    if self.accept is not None and not self.accept(session, channel):
+                        continue
                     env = parse(body)
                     if channel_of(env.type) != channel:
                         raise BadMessage(f"type {env.type!r} does not belong on channel {channel!r}")

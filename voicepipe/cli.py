@@ -865,7 +865,9 @@ def scenarios_new(
     from voicepipe.scenario import starter
 
     given = Path(name)
-    if given.suffix in (".yaml", ".yml") or len(given.parts) > 1:  # `new path/to/booking.yaml`: name it booking
+    if (
+        given.suffix in (".yaml", ".yml") or len(given.parts) > 1
+    ):  # `new path/to/booking.yaml`: name it booking
         path, name = output or (given if given.suffix else given.with_suffix(".yaml")), given.stem
     else:
         path = output or Path(f"{name}.yaml")

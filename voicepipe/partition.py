@@ -113,6 +113,14 @@ class PartitionedBus(Bus):
         self.members = members
         self.served: set[str] = set()  # sessions this replica acted on
         self.skipped = 0  # messages of sessions another replica owns
+        if hasattr(inner, "accept"):  # the MQTT bus drops them by topic, before parsing their bodies
+            inner.accept = self._accept  # type: ignore[attr-defined]
+
+    def _accept(self, session: str, channel: str) -> bool:
+        if channel == "session/end" or self.members.owner(self.kind, session) == self.replica:
+            return True
+        self.skipped += 1
+        return False
 
     @property
     def client(self):  # type: ignore[no-untyped-def]  # the MQTT client, where the inner bus has one
