@@ -92,10 +92,6 @@ BEGIN, END = "<!-- residuals:begin -->", "<!-- residuals:end -->"
 
 def update_doc(path: str = "docs/hardware-model.md") -> None:
     """Rewrite the residual table between the markers in ``path`` from the current model."""
-    from pathlib import Path
+    from voicepipe.hardware.doctable import write_between
 
-    doc = Path(path)
-    text = doc.read_text()
-    head, _, rest = text.partition(BEGIN)
-    _, _, tail = rest.partition(END)
-    doc.write_text(f"{head}{BEGIN}\n{residual_table()}\n{END}{tail}")
+    write_between(path, BEGIN, END, residual_table())

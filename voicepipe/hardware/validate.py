@@ -357,13 +357,9 @@ BEGIN, END = "<!-- validation:begin -->", "<!-- validation:end -->"
 
 def update_doc(path: str = "docs/hardware-model.md") -> None:
     """Rewrite the validation table between the markers in ``path``."""
-    from pathlib import Path
+    from voicepipe.hardware.doctable import write_between
 
-    doc = Path(path)
-    text = doc.read_text()
-    head, _, rest = text.partition(BEGIN)
-    _, _, tail = rest.partition(END)
-    doc.write_text(f"{head}{BEGIN}\n{markdown(run())}\n{END}{tail}")
+    write_between(path, BEGIN, END, markdown(run()))
 
 
 def largest_misses(rep: Report, n: int = 5) -> list[Row]:
