@@ -75,11 +75,11 @@ class Efficiency:
     """Efficiency factors, one set for every HBM device (η_mem, MFU, η_wq, η_moe fitted; see docs §2)."""
 
     # fitted on every point of data/validation.yaml (`voicepipe hardware validate`; docs §2 and §3)
-    eta_mem: float = 0.77  # share of the sustained (STREAM-like) bandwidth a native decode step streams
-    mfu: float = 0.77  # share of the sustained (measured maximum) matmul FLOP/s a serving step reaches
+    eta_mem: float = 0.79  # share of the sustained (STREAM-like) bandwidth a native decode step streams
+    mfu: float = 0.76  # share of the sustained (measured maximum) matmul FLOP/s a serving step reaches
     eta_wq: float = 1.0  # weight-only kernels' efficiency relative to native ones (dequant in the loop)
     eta_moe: float = 1.0  # expert (grouped-GEMM) streaming efficiency relative to dense GEMV + routing
-    layer_s: float = 13e-6  # per layer per step on HBM devices beyond the stack's own gaps (launch, sync)
+    layer_s: float = 14e-6  # per layer per step on HBM devices beyond the stack's own gaps (launch, sync)
     ar_growth: float = 0.5  # all-reduce latency growth per doubling of the TP group beyond 2
     moe_route_s: float = 20e-6  # per MoE layer per step: router, top-k, permute, grouped-GEMM launches
     link_eff: float = 0.45  # share of link bandwidth NCCL reaches at 0.1-10 MB messages
@@ -196,6 +196,20 @@ def weight_read_params(model: ModelSpec, tokens: ArrayLike) -> FArray:
     """Params one forward step over ``tokens`` tokens streams: dense + touched experts − embedding."""
     dense, experts = _read_split(model, tokens)
     return dense + experts
+
+
+MLA_ROPE_DIM = 64  # decoupled rotary key width of MLA (DeepSeek-V2/V3/R1, Kimi K2: qk_rope_head_dim)
+
+
+def decode_attention_width(model: ModelSpec) -> float:
+    """Multiply-adds per head per (query, cached token) pair in decode attention: scores plus values.
+
+    Standard attention: ``2 · head_dim``. MLA decodes in the absorbed form (DeepSeek-V2, arXiv
+    2405.04434 §2.1.2; FlashMLA): every head scores the whole cached latent plus its rotary key
+    (``kv_dim``) and reads the latent back as its value (``kv_dim − rope``), ~4× a 128-wide head."""
+    if model.kv_dim is None:
+        return 2.0 * model.head_dim
+    return 2.0 * model.kv_dim - MLA_ROPE_DIM
 
 
 def matmul_params(model: ModelSpec) -> float:
@@ -347,7 +361,8 @@ class StepParts:
     dense_s: FArray  # dense weight bytes per chip / BW
     expert_s: FArray  # routed-expert weight bytes per chip / BW
     spill_s: FArray  # weights streamed from the offload tier (at its full bandwidth)
-    flops_s: FArray  # FLOPs per chip / peak
+    flops_s: FArray  # weight-matmul FLOPs per chip / sustained rate at the precision
+    attn_s: FArray  # attention (scores, values) FLOPs per chip / sustained 16-bit rate
     comm_s: FArray  # all-reduces (latency + bandwidth), set constants
     fixed_s: FArray  # stack per-step and per-layer costs (SRAM: per-layer time, sweep)
     layers: FArray  # layers whose fitted per-layer cost τ applies (HBM: all; SRAM: none)
@@ -413,9 +428,10 @@ def step_parts(
     bpp = bytes_per_param(system.precision)
     kvb = kv_bytes_per_token(m, system.kv)
     dense_p, expert_p = _read_split(m, tokens)
-    attn_dim = m.heads * m.head_dim
     linear = 2.0 * matmul_params(m) * tokens
-    attention = 4.0 * m.layers * attn_dim * (q * kv + n * (c + n / (2.0 * ps)))
+    attention = 2.0 * m.layers * m.heads * (
+        decode_attention_width(m) * q * kv + 2.0 * m.head_dim * n * (c + n / (2.0 * ps))
+    )
     stk = system.serving
     # a decode kernel that does not share a GQA group's KV head reads it once per query head
     reread = 1.0 if stk.gqa_kv_shared else m.gqa_group
@@ -426,9 +442,8 @@ def step_parts(
     par = 1 if pipeline else system.chips
     # weights' matmuls run at the precision's rate; attention (scores, values) in 16-bit math
     # sustained (microbenchmarked) matmul rates; MFU is the share of them a serving step reaches
-    flops_s = (
-        linear / dev.matmul_flops(system.precision) + attention / dev.matmul_flops("bf16")
-    ) / par + zero
+    flops_s = linear / dev.matmul_flops(system.precision) / par + zero
+    attn_s = attention / dev.matmul_flops("bf16") / par + zero
     if dev.kind == "hbm":
         bw = dev.stream_bytes_s  # sustained (microbenchmarked) bandwidth; η_mem is the kernels' share of it
         tp = system.chips
@@ -451,6 +466,7 @@ def step_parts(
             expert_s=expert_p * bpp / par * hbm_share / bw + zero,
             spill_s=weights_s * (1.0 - hbm_share) / offload_bw + zero,
             flops_s=flops_s,
+            attn_s=attn_s,
             comm_s=comm,
             fixed_s=zero
             + m.layers * (stk.layer_overhead_us + np.where(n > 0, stk.prefill_layer_overhead_us, 0.0)) * 1e-6
@@ -470,6 +486,7 @@ def step_parts(
         expert_s=zero,
         spill_s=zero,
         flops_s=flops_s,
+        attn_s=attn_s,
         comm_s=zero + (system.chips - 1) * float(dev.hop_us or 0) * 1e-6,
         fixed_s=zero + m.layers * float(dev.layer_us or 0) * 1e-6 + sweep,
         layers=zero,
@@ -490,12 +507,18 @@ def combine(
     passes a column of candidate constants against a row of points)."""
     w = np.where(parts.weight_only, np.asarray(eta_wq, dtype=float), 1.0)
     eta = np.asarray(eta_mem, dtype=float)
-    memory = (
-        parts.kv_s + parts.dense_s / w + parts.expert_s / (w * np.asarray(eta_moe))
-    ) / eta + parts.spill_s
-    compute = parts.flops_s / (np.asarray(mfu, dtype=float) * w)
-    # HBM: the roofline's max; SRAM: the token walks layers, so its parts add up
-    busy = np.where(parts.sram, memory + compute, np.maximum(memory, compute))
+    u = np.asarray(mfu, dtype=float)
+    weights = (parts.dense_s / w + parts.expert_s / (w * np.asarray(eta_moe))) / eta + parts.spill_s
+    cache = parts.kv_s / eta
+    matmul = parts.flops_s / (u * w)  # weight-only kernels dequantise inside the GEMM
+    attention = parts.attn_s / u  # attention math is 16-bit whatever the weight format
+    memory, compute = weights + cache, matmul + attention
+    # HBM: one roofline per kernel class, run one after the other on the stream: the weight GEMMs
+    # (weight bytes vs matmul FLOPs) and attention (KV bytes vs attention FLOPs) do not overlap.
+    # SRAM: the token walks layers, so its parts add up.
+    busy = np.where(
+        parts.sram, memory + compute, np.maximum(weights, matmul) + np.maximum(cache, attention)
+    )
     return (
         memory,
         compute,
