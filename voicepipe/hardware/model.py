@@ -279,6 +279,19 @@ def max_sequences(system: System, context: int) -> int:
     return max(0, math.floor(free / per_seq)) if free > 0 else 0
 
 
+def running_sequences(system: System, prompt_tokens: int, output_tokens: int) -> int:
+    """How many sequences of ``prompt + output`` tokens a paged-KV server keeps running at once.
+
+    Serving stacks allocate KV-cache blocks as a sequence grows (PagedAttention, Kwon et al. 2023,
+    arXiv 2309.06180; TensorRT-LLM's and LMDeploy's paged/blocked caches alike), so what bounds the
+    running batch is the cache at the sequences' current context — over a decode, on average
+    ``prompt + output/2`` — not the cache each would reach at its end. 0 when not even one whole
+    sequence fits beside the weights."""
+    if max_sequences(system, prompt_tokens + output_tokens) < 1:
+        return 0
+    return max_sequences(system, max(1, math.floor(mean_context(prompt_tokens, output_tokens))))
+
+
 def sram_units(
     device: Device, model: ModelSpec, precision: str, seqs: int, context: int, eff: Efficiency, kv: str
 ) -> int:
@@ -429,8 +442,11 @@ def step_parts(
     kvb = kv_bytes_per_token(m, system.kv)
     dense_p, expert_p = _read_split(m, tokens)
     linear = 2.0 * matmul_params(m) * tokens
-    attention = 2.0 * m.layers * m.heads * (
-        decode_attention_width(m) * q * kv + 2.0 * m.head_dim * n * (c + n / (2.0 * ps))
+    attention = (
+        2.0
+        * m.layers
+        * m.heads
+        * (decode_attention_width(m) * q * kv + 2.0 * m.head_dim * n * (c + n / (2.0 * ps)))
     )
     stk = system.serving
     # a decode kernel that does not share a GQA group's KV head reads it once per query head
@@ -516,9 +532,7 @@ def combine(
     # HBM: one roofline per kernel class, run one after the other on the stream: the weight GEMMs
     # (weight bytes vs matmul FLOPs) and attention (KV bytes vs attention FLOPs) do not overlap.
     # SRAM: the token walks layers, so its parts add up.
-    busy = np.where(
-        parts.sram, memory + compute, np.maximum(weights, matmul) + np.maximum(cache, attention)
-    )
+    busy = np.where(parts.sram, memory + compute, np.maximum(weights, matmul) + np.maximum(cache, attention))
     return (
         memory,
         compute,
@@ -679,15 +693,15 @@ def predict(
         device, model, precision, tp=tp, seqs=batch if device.kind == "sram" else 1, context=ctx_max,
         eff=eff, kv_precision=kv_precision, stack=stack,
     )  # fmt: skip
-    room = max_sequences(system, ctx_max)
+    room = running_sequences(system, prompt_tokens, output_tokens)
     run = batch if device.kind == "sram" else min(batch, room)
+    ctx = mean_context(prompt_tokens, output_tokens)
     note = ""
     if run < batch:
         note = (
-            f"KV for {batch} x {ctx_max} tokens exceeds memory: the server runs {run} at a time and "
-            f"queues the rest"
+            f"KV for {batch} sequences at their mean context of {ctx:.0f} tokens exceeds memory: the "
+            f"server runs {run} at a time and queues the rest"
         )
-    ctx = mean_context(prompt_tokens, output_tokens)
     st = step_time(system, run, run * ctx)
     step = float(decode_step_s(system, run, ctx, spec))
     per_user = tokens_per_step(spec) / step

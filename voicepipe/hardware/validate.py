@@ -41,8 +41,8 @@ from voicepipe.hardware.model import (
     System,
     combine,
     make_system,
-    max_sequences,
     request_overhead_s,
+    running_sequences,
     step_parts,
 )
 
@@ -155,7 +155,7 @@ def prepare(p: Point) -> Prepared:
             )  # fmt: skip
         except DoesNotFit as exc:
             return Prepared(p, reason=str(exc))
-        batch = asked if dev.kind == "sram" else min(asked, max_sequences(system, ctx_max))
+        batch = asked if dev.kind == "sram" else min(asked, running_sequences(system, prompt, out))
     else:
         if p.chips > dev.max_tp:
             return Prepared(
@@ -164,7 +164,7 @@ def prepare(p: Point) -> Prepared:
         system = System(
             dev, mdl, p.precision, p.chips, DEFAULT_EFFICIENCY, p.kv_precision, stk, p.attention_dp
         )
-        batch = min(asked, max_sequences(system, ctx_max))
+        batch = min(asked, running_sequences(system, prompt, out))
         if batch < 1:
             return Prepared(p, reason=f"weights do not fit {p.chips} x {dev.key} at {p.precision}")
     ctx = prompt + out / 2.0
