@@ -15,9 +15,16 @@ Weight formats (``--weights``):
 
 A format the installed torch or device cannot run is reported as a row saying so, not skipped silently.
 
-    python bench/gpu_decode.py                                   # H200: 1B and 8B, bf16/fp8/int4
-    python bench/gpu_decode.py --dry-run                         # CPU, no torch needed: print the plan
+    python bench/gpu_decode.py --quick                           # H200, < 5 min: TP1 bf16/fp8/int4
+    python bench/gpu_decode.py                                   # H200: 1B and 8B, batches 1..64
+    python bench/gpu_decode.py --quick --dry-run                 # CPU, no torch needed: print the plan
     python bench/gpu_decode.py --shape tiny --device cpu --batches 1,2 --steps 3   # smoke test
+
+``--quick`` is the check a session with a GPU runs: 1B and 8B shapes on one chip (TP 1), bf16, fp8 and
+int4 decode at batch 1 and 8, and the eager TTFT of 16- and 128-token prompts, 20 timed steps each; it
+stops starting new rows after ``--budget-s`` seconds (default 270 with ``--quick``) so the whole run fits
+in five minutes, and says which rows it skipped. The JSON records the device, torch version, wall time
+and every row (measured with CUDA events over the timed steps, after warm-up).
 
 The "model" columns come from ``voicepipe.hardware.model`` for ``--hardware`` (the numbers of
 ``voicepipe hardware predict --hardware h200-sxm --model llama-3.1-8b --batch B --precision P``):
@@ -30,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +47,7 @@ from voicepipe.hardware import catalog
 from voicepipe.hardware import model as hm
 
 FORMATS = ("bf16", "fp8", "int4")
+QUICK_BUDGET_S = 270.0  # --quick starts no row after this, so the run (torch import included) fits 5 min
 INT4_GROUP = 128
 
 
@@ -284,22 +293,45 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         "--no-graphs", action="store_true", help="time eager decode steps (launch overhead included)"
     )
     ap.add_argument("--dry-run", action="store_true", help="print the plan and the model's numbers; no torch")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="the short GPU check: 1b,8b x bf16,fp8,int4 at batch 1 and 8, TTFT 16/128, 20 steps, 270 s budget",
+    )
+    ap.add_argument(
+        "--budget-s", type=float, default=None, help="start no new row after this many seconds (0: no limit)"
+    )
     ap.add_argument("--out", default="bench/results/gpu_decode.json", help="JSON results file ('' = none)")
     args = ap.parse_args(argv)
+    if args.quick:  # the short check overrides the sweep's defaults (explicit flags still win)
+        given = sys.argv[1:] if argv is None else argv
+        for flag, value in (("--batches", "1,8"), ("--steps", 20), ("--ttft-prompts", "16,128")):
+            if not any(a == flag or a.startswith(flag + "=") for a in given):
+                setattr(args, flag.lstrip("-").replace("-", "_"), value)
+        if args.budget_s is None:
+            args.budget_s = QUICK_BUDGET_S
     for fmt in args.weights.split(","):
         if fmt not in FORMATS:
             ap.error(f"--weights: unknown format {fmt!r}; use {', '.join(FORMATS)}")
     rows = plan(args)
+    started = time.monotonic()
+    meta: dict[str, Any] = {"quick": args.quick, "budget_s": args.budget_s}
     header = f"{'what':>6} {'shape':>5} {'weights':>7} {'batch':>5} {'prompt':>6} {'measured ms':>12} {'model kernel ms':>16} {'model serving ms':>17}"
     print(header)
     if not args.dry_run:
         import torch
 
         device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        meta.update(device=device, torch=torch.__version__)
         if device.startswith("cuda"):
-            print(f"# {torch.cuda.get_device_name()}  torch {torch.__version__}")
+            meta["device_name"] = torch.cuda.get_device_name()
+            print(f"# {meta['device_name']}  torch {torch.__version__}")
         for row in rows:
             shape = SHAPES[row["shape"]]
+            if args.budget_s and time.monotonic() - started > args.budget_s:
+                row["unsupported"] = f"skipped: past the {args.budget_s:.0f} s budget"
+                _print_row(row)
+                continue
             try:
                 if row["what"] == "decode":
                     dec = Decoder(torch, shape, row["batch"], args.context, device, row["weights"])
@@ -325,7 +357,18 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     if args.out and not args.dry_run:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(
-            json.dumps({"hardware": args.hardware, "context": args.context, "rows": rows}, indent=2) + "\n"
+            json.dumps(
+                {
+                    "hardware": args.hardware,
+                    "context": args.context,
+                    "steps": args.steps,
+                    "wall_s": round(time.monotonic() - started, 1),
+                    **meta,
+                    "rows": rows,
+                },
+                indent=2,
+            )
+            + "\n"
         )
     return rows
 

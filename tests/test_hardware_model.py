@@ -298,3 +298,19 @@ def test_gpu_bench_runs_a_tiny_shape_on_cpu(monkeypatch):
     assert all(float(r["measured_ms"]) > 0 for r in rows)
     kernel, serving = bench.modelled("h200-sxm", "llama-3.1-8b", 1, 1024)
     assert serving - kernel == pytest.approx(cat.stack().step_overhead_us * 1e-6)
+
+
+def test_gpu_bench_quick_plan_is_the_device_check(monkeypatch, capsys):
+    bench = _load_gpu_bench(monkeypatch)
+    rows = bench.main(["--quick", "--dry-run"])
+    decode = {(r["shape"], r["weights"], r["batch"]) for r in rows if r["what"] == "decode"}
+    ttft = {(r["shape"], r["weights"], r["prompt"]) for r in rows if r["what"] == "ttft"}
+    for shape in ("1b", "8b"):
+        for fmt in ("bf16", "fp8", "int4"):
+            assert {(shape, fmt, 1), (shape, fmt, 8)} <= decode
+            assert (shape, fmt, 16) in ttft
+    assert {r["batch"] for r in rows if r["what"] == "decode"} == {1, 8}
+    # an explicit flag still wins over the quick defaults
+    rows = bench.main(["--quick", "--dry-run", "--batches", "4", "--shape", "8b", "--weights", "bf16"])
+    assert [r["batch"] for r in rows if r["what"] == "decode"] == [4]
+    assert bench.QUICK_BUDGET_S < 300

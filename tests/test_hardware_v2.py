@@ -416,3 +416,55 @@ def test_measured_rates_need_a_source(tmp_path):
     dev.write_text(DEVICE_YAML.replace("mem_bw_tbs: 2.0\n", "mem_bw_tbs: 2.0\nstream_bw_tbs: 1.7\n"))
     with pytest.raises(ValueError, match=r"dev\.yaml: .*no source for stream_bw_tbs"):
         cat.device(str(dev))
+
+
+# ---------------------------------------------------------------- third accuracy pass: kernels, MLA, paged KV
+
+
+def test_weight_gemms_and_attention_each_have_their_own_roofline():
+    # 13B with 1,024 short sequences: the weight GEMMs are compute-bound, attention is KV-bound; the
+    # kernels run one after the other, so the step pays both, not the larger of the two sums
+    s = system("h200-sxm", "llama-2-13b", precision="fp8", tp=1)
+    parts = hm.step_parts(s, 1024, 1024 * 192)
+    eta, mfu = 0.8, 0.7
+    memory, compute, total = (float(x) for x in hm.combine(parts, eta, mfu, 1.0, 1.0, 0.0))
+    weights, cache = float(parts.dense_s) / eta, float(parts.kv_s) / eta
+    matmul, attention = float(parts.flops_s) / mfu, float(parts.attn_s) / mfu
+    assert matmul > weights and cache > attention  # the two classes sit on opposite sides of the ridge
+    busy = total - float(parts.comm_s) - float(parts.fixed_s)
+    assert busy == pytest.approx(matmul + cache)
+    assert busy > 1.3 * max(memory, compute)
+    # a batch-1 step is memory-bound in both classes: the roofline adds the two streams
+    one = hm.step_parts(s, 1, 1024)
+    m1, _, t1 = (float(x) for x in hm.combine(one, eta, mfu, 1.0, 1.0, 0.0))
+    assert t1 - float(one.comm_s) - float(one.fixed_s) == pytest.approx(m1)
+
+
+def test_mla_decode_attention_uses_the_absorbed_latent_width():
+    r1, llama = cat.model("deepseek-r1"), cat.model("llama-3.1-70b")
+    assert hm.decode_attention_width(llama) == 2 * llama.head_dim
+    assert r1.kv_dim is not None
+    assert hm.decode_attention_width(r1) == 2 * r1.kv_dim - hm.MLA_ROPE_DIM  # scores 576 + values 512
+    s = system("h200-sxm", "deepseek-r1", tp=8)
+    kv = 64 * 4096
+    parts = hm.step_parts(s, 64, kv)
+    flops = 2.0 * r1.layers * r1.heads * hm.decode_attention_width(r1) * kv
+    assert float(parts.attn_s) == pytest.approx(flops / s.device.matmul_flops("bf16") / 8)
+    # prefill attention keeps the per-head form (prompts are not decoded through the latent)
+    pre = hm.step_parts(s, 0, 0, prefill_tokens=1000)
+    assert float(pre.attn_s) == pytest.approx(
+        4.0 * r1.layers * r1.heads * r1.head_dim * 1000 * 500 / s.device.matmul_flops("bf16") / 8
+    )
+
+
+def test_paged_kv_runs_the_sequences_that_fit_at_their_mean_context():
+    s = system("a100-80gb", "llama-2-7b", precision="fp16", tp=1)
+    full, mean = hm.max_sequences(s, 128 + 2048), hm.max_sequences(s, 128 + 1024)
+    assert hm.running_sequences(s, 128, 2048) == mean > full  # blocks allocated as sequences grow
+    p = hm.predict(s.device, s.model, precision="fp16", batch=5000, prompt_tokens=128, output_tokens=2048)
+    assert not p.fits and p.effective_batch == p.max_batch_fits == mean
+    assert "mean context of 1152 tokens" in p.note
+    # nothing runs when not even one whole sequence fits beside the weights
+    big = system("h100-sxm", "llama-3.1-70b", precision="fp8", tp=1)
+    assert hm.max_sequences(big, 1_000_000) == 0
+    assert hm.running_sequences(big, 1_000_000, 2) == 0
