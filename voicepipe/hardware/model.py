@@ -8,14 +8,19 @@ tokens. ``T = d·q + n`` tokens go through the weights.
 HBM devices (GPUs, TPUs), per chip of a tensor-parallel group of ``tp``::
 
     w      = η_wq if the precision is weight-only on this device (dequantised in-kernel), else 1
-    t_mem  = (KV(r·K + m + T)/shards + W_dense/tp / w + W_exp(T)/tp / (w·η_moe)) / (η_mem · BW_s)
-             + W_spill/tp / BW_offload
-    t_comp = (2·P_matmul·T / F_s(precision) + 4·L·H·hd·(q·K + n·(m + n/2)) / F_s(bf16)) / (tp · MFU · w)
+    t_W    = (W_dense/tp / w + W_exp(T)/tp / (w·η_moe)) / (η_mem · BW_s) + W_spill/tp / BW_offload
+    t_KV   = KV(r·K + m + T)/shards / (η_mem · BW_s)
+    t_GEMM = 2·P_matmul·T / F_s(precision) / (tp · MFU · w)
+    t_attn = 2·L·H·(a·q·K + 2·hd·n·(m + n/2)) / F_s(bf16) / (tp · MFU)
+             (a = 2·hd; MLA decodes in the absorbed form over its latent: a = 2·kv_dim − rope)
     t_comm = [tp > 1] · 2·L · (α(tp) + 2·(tp−1)/tp · T·hidden·2 B / (link_BW · η_link))
     α(tp)  = α_2 · (1 + g·log2(tp/2))                       (α_2: the device's measured-class latency)
-    t_step = max(t_mem, t_comp) + t_comm + L·(t_layer + τ) + L_moe·t_route + t_step_fixed
-             + (sequences in the step)·t_seq
+    t_step = max(t_W, t_GEMM) + max(t_KV, t_attn) + t_comm + L·(t_layer + τ) + L_moe·t_route
+             + t_step_fixed + (sequences in the step)·t_seq
              (stack: t_layer, t_step_fixed, t_seq; fitted: τ, the per-layer cost beyond the stack's)
+
+One roofline per kernel class: the weight GEMMs and attention are separate kernels run one after the
+other, so each is bound by its own bytes or FLOPs and their times add.
 
 ``BW_s`` and ``F_s`` are the device's sustained bandwidth and matmul rate: published microbenchmark
 figures (STREAM-like triad/copy, maximum achievable matmul FLOPS) where the catalog records them, else a
@@ -36,7 +41,9 @@ routed experts that ``T`` tokens touch, ``1 − (1 − k/E)^T`` (= the active pa
 embedding table is not streamed (one row per token) unless it is tied to the output head.
 
 TTFT adds the stack's per-request cost to the prefill step. A batch whose KV does not fit runs as many
-sequences as fit (:func:`predict` says ``fits: false`` and the effective batch).
+sequences as fit (:func:`predict` says ``fits: false`` and the effective batch); serving stacks allocate
+KV blocks as sequences grow (paged KV), so that is what fits at the sequences' mean context
+(:func:`running_sequences`).
 
 The constants η_mem, MFU, η_wq, η_moe and τ are fitted (:mod:`voicepipe.hardware.validate`); every
 step is first split into raw parts (:class:`StepParts`, seconds at efficiency 1) that :func:`combine`

@@ -10,7 +10,8 @@ is then a closed-form function of those parts and the constants θ = (η_mem, MF
     tpot_ms, itl_ms = t_d             tok_s_user = 1/t_d        ttft_ms = t_p
     tok_s_total = B·O / (t_p + O·t_d)          e2e_latency_s, e2el_ms = t_p + (O − 1)·t_d
 
-(B is the batch that fits when the published one does not.) A per-token metric at concurrency B > 1 is
+(B is the batch that runs: the published one, or fewer when their KV does not fit at the mean context,
+:func:`voicepipe.hardware.model.running_sequences`.) A per-token metric at concurrency B > 1 is
 a loaded server's mean step: besides B decodes it prefills B·P/O prompt tokens (every request brings P
 prompt tokens per O output tokens), on average half-way into their prompt. The fit minimises the mean absolute log
 error over the training points inside published ranges (a coarse grid, then a pattern search), with a
