@@ -140,10 +140,13 @@ class Stage:
 
     async def publish(self, env: Envelope, *, qos: int | None = None) -> None:
         """Send ``env`` as this stage: sender, next sequence number for its session and channel, signature."""
-        seqs = self.seqs.setdefault(env.session, {})
-        seq = seqs[env.type] = seqs.get(env.type, -1) + 1
-        env.src = self.src
-        env.seq = seq
+        d = env.__dict__  # plain field writes: every field of an envelope is set when it is built
+        seqs = self.seqs.get(d["session"])
+        if seqs is None:
+            seqs = self.seqs[d["session"]] = {}
+        seq = seqs[d["type"]] = seqs.get(d["type"], -1) + 1
+        d["src"] = self.src
+        d["seq"] = seq
         sign(env, self.ctx.token)
         await self.bus.publish(env, qos=qos)
 
