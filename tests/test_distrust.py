@@ -252,7 +252,7 @@ async def fuzz_run(mosquitto, n: int, *, sessions: int, turns: int) -> None:
 
     subs: dict[str, int] = {}
     for name in needed_stages(cfg):
-        for ch in (*STAGES[name].channels, "session/end"):
+        for ch in (*STAGES[name].channels_for(cfg), "session/end"):
             subs[ch] = subs.get(ch, 0) + 1
     deliveries = sum(subs.get(ch, 0) for ch, _ in msgs)
     done = asyncio.Event()

@@ -89,9 +89,16 @@ class Stage:
             from voicepipe.clock import set_clock_offset_ns
 
             set_clock_offset_ns(self.clock_offset_ns)  # this task and every task it starts
-        await self.bus.subscribe(*self.channels, "session/end")
+        await self.bus.subscribe(*self.channels_for(self.cfg), "session/end")
         self.ready.set()
         await self.bus.serve(self.receive)
+
+    @classmethod
+    def channels_for(cls, cfg: PipelineConfig) -> tuple[str, ...]:
+        """The channels this stage acts on in ``cfg`` (it subscribes to these and ``session/end``): by
+        default all of :attr:`channels`; a stage that would ignore one under ``cfg`` leaves it out, so no
+        message is delivered, authenticated and checked only to be dropped."""
+        return cls.channels
 
     async def receive(self, env: Envelope) -> None:
         """One received message (the bus hands them over one at a time, in arrival order): admitted by the
