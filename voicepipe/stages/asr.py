@@ -16,7 +16,7 @@ heard strictly in order, each after the previous word's silence has been handled
 
 from __future__ import annotations
 
-import asyncio
+from collections import deque
 from dataclasses import dataclass, field
 
 from voicepipe.clock import now_ns, rng_for, sleep_until_ns
@@ -75,7 +75,10 @@ class Utterance:
     pauses_seen: int = 0
     complete_at_pauses: list[bool] = field(default_factory=list)
     last: Envelope | None = None
-    heard: asyncio.Task[None] | None = None  # hearing the previous word (and its silence): words go in order
+    # words (with their arrival instants) waiting to be heard, and whether a listener is hearing them: one
+    # task per utterance hears its words in order, each after the previous word's silence was handled
+    queue: deque[tuple[Envelope, int]] = field(default_factory=deque)
+    listening: bool = False
 
 
 NEVER = 2**62  # the silence after the last word: it lasts until the turn is over
@@ -102,18 +105,25 @@ class ASR(Stage):
             u.complete_at_pauses = list(script.complete_at_pauses) if script else []
             self.utt[env.session] = u
         # each word is heard after the one before it (and its silence), however late its message came
-        u.heard = self.spawn(
-            env.session, ("word", env.payload.index), self._hear(env, u, arrived, u.heard), turn=env.turn
-        )
+        u.queue.append((env, arrived))
+        if not u.listening:
+            u.listening = True
+            self.spawn(env.session, ("listen", env.turn), self._listen(u), turn=env.turn)
 
-    async def _hear(
-        self, env: Envelope, u: Utterance, arrived: int, before: asyncio.Task[None] | None
-    ) -> None:
+    async def _listen(self, u: Utterance) -> None:
+        """Hear the utterance's words in arrival order until none is waiting (the next word starts a new
+        listener): one task per run of words, not one per word."""
+        try:
+            while u.queue:
+                env, arrived = u.queue.popleft()
+                await self._hear(env, u, arrived)
+        finally:
+            u.listening = False
+
+    async def _hear(self, env: Envelope, u: Utterance, arrived: int) -> None:
         """One word on media time: its audio, then the silence after it (``gap_after_ns``), decide whether
         that silence ends the turn. Timing follows arrival (a late word is heard late: tax); the decisions
         follow the media timeline alone (a late word never turns a pause into an endpoint)."""
-        if before is not None and not before.done():
-            await asyncio.wait([before])
         p: UserWord = env.payload  # type: ignore[assignment]
         if u.finalised:
             # the user kept talking after we endpointed: that endpoint was premature
