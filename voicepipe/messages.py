@@ -271,19 +271,19 @@ class Envelope(BaseModel):
         cls, payload: BaseModel, run: str, session: str, turn: int = -1, spans: list[Span] | None = None
     ) -> Envelope:
         """A new envelope around an already validated payload (built without validating it again)."""
-        if not isinstance(payload, Payload | TurnRecord):
-            raise TypeError(f"not a message payload: {type(payload).__name__}")
+        type_ = _TYPE_OF.get(payload.__class__)
+        if type_ is None:
+            type_ = _type_of_subclass(payload)
         # what model_construct does, without its per-field default handling (this is the bus's hot path)
-        env = object.__new__(cls)
-        fields = {
-            "v": SCHEMA_VERSION, "type": type_of(payload), "run": run, "session": session, "turn": turn,
-            "id": next_id(), "sent_ns": clock.now_ns(), "spans": spans or [], "src": "", "seq": -1, "auth": "",
-            "payload": payload,
-        }  # fmt: skip
-        object.__setattr__(env, "__dict__", fields)
-        object.__setattr__(env, "__pydantic_fields_set__", set(_ALL_FIELDS))
-        object.__setattr__(env, "__pydantic_extra__", None)
-        object.__setattr__(env, "__pydantic_private__", None)
+        env = _new(cls)
+        _set_dict(env, {
+            "v": SCHEMA_VERSION, "type": type_, "run": run, "session": session, "turn": turn,
+            "id": f"{_origin}-{next(_ids):x}", "sent_ns": clock.now_ns(), "spans": spans or [], "src": "",
+            "seq": -1, "auth": "", "payload": payload,
+        })  # fmt: skip
+        _set_fields_set(env, set(_ALL_FIELDS))
+        _set_extra(env, None)
+        _set_private(env, None)
         return env
 
     def to_bytes(self) -> bytes:
@@ -305,6 +305,20 @@ class Envelope(BaseModel):
 
 
 _ALL_FIELDS = frozenset(Envelope.model_fields)
+# Envelope.of's shortcuts: the payload class -> its message type, and BaseModel's slot setters
+_TYPE_OF: dict[type, str] = {m: t for t, m in PAYLOADS.items()}
+_new = object.__new__
+_set_dict = BaseModel.__dict__["__dict__"].__set__
+_set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
+_set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
+_set_private = BaseModel.__dict__["__pydantic_private__"].__set__
+
+
+def _type_of_subclass(payload: BaseModel) -> str:
+    """The message type of an instance of a subclass of a payload model (rare: tests, plugins)."""
+    if not isinstance(payload, Payload | TurnRecord):
+        raise TypeError(f"not a message payload: {type(payload).__name__}")
+    return type_of(payload)
 _VARIANTS = tuple(
     create_model(
         f"{model.__name__}Message",

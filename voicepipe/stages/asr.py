@@ -16,6 +16,7 @@ heard strictly in order, each after the previous word's silence has been handled
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -79,6 +80,7 @@ class Utterance:
     # task per utterance hears its words in order, each after the previous word's silence was handled
     queue: deque[tuple[Envelope, int]] = field(default_factory=deque)
     listening: bool = False
+    wake: asyncio.Future[None] | None = None  # the listener waits here for the utterance's next word
 
 
 NEVER = 2**62  # the silence after the last word: it lasts until the turn is over
@@ -106,17 +108,28 @@ class ASR(Stage):
             self.utt[env.session] = u
         # each word is heard after the one before it (and its silence), however late its message came
         u.queue.append((env, arrived))
-        if not u.listening:
+        if u.wake is not None:
+            if not u.wake.done():
+                u.wake.set_result(None)
+        elif not u.listening:
             u.listening = True
             self.spawn(env.session, ("listen", env.turn), self._listen(u), turn=env.turn)
 
     async def _listen(self, u: Utterance) -> None:
-        """Hear the utterance's words in arrival order until none is waiting (the next word starts a new
-        listener): one task per run of words, not one per word."""
+        """Hear the utterance's words in arrival order, waiting for the next one until its last word is
+        heard: one task per utterance, not one per word."""
         try:
-            while u.queue:
+            while True:
+                if not u.queue:
+                    u.wake = asyncio.get_running_loop().create_future()
+                    try:
+                        await u.wake
+                    finally:
+                        u.wake = None
                 env, arrived = u.queue.popleft()
                 await self._hear(env, u, arrived)
+                if env.payload.last_word and not u.queue:
+                    return
         finally:
             u.listening = False
 

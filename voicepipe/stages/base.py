@@ -37,7 +37,7 @@ from voicepipe.bus import Bus
 from voicepipe.clock import now_ns
 from voicepipe.config import PipelineConfig
 from voicepipe.messages import Cancel, CancelReason, Envelope, Span, TurnScript
-from voicepipe.stages.guard import Guard, Verdict, run_token, sign
+from voicepipe.stages.guard import ADMITTED, Guard, Verdict, run_token, sign
 
 log = structlog.get_logger("voicepipe.stage")
 
@@ -102,36 +102,36 @@ class Stage:
 
     async def receive(self, env: Envelope) -> None:
         """One received message (the bus hands them over one at a time, in arrival order): admitted by the
-        guard, then handled; nothing a message does may kill the stage."""
+        guard, then handled; nothing a message does may kill the stage. (One coroutine per message: this
+        is every message's path.)"""
         try:
-            await self._receive(env)
+            got = self.guard.admit(env)
+            if got is not ADMITTED:
+                if got.verdict is Verdict.DEAD:
+                    await self._deadletter(env, got.reason)
+                    return
+                if got.verdict is Verdict.LATE:
+                    return
+            type_ = env.type
+            env = rebase(env, now_ns())
+            if type_ == "session.end":
+                self.guard.end(env.session)
+                self.end_session(env.session)
+                return
+            if got.lost:
+                await self.fail_turn(env.session, env.turn, got.lost, lost=True)
+            if type_ == "control.cancel" and env.payload.reason == CancelReason.USER_RESUMED:
+                key = (env.turn, env.payload.segment or 0)
+                self.dropped.setdefault(env.session, set()).add(key)
+                self.pending.get(env.session, {}).pop(key, None)
+            handler = self.handlers.get(type_)
+            if handler is not None:
+                await handler(env)
         except Exception as exc:
             self._failed(exc)
             self.guard.counters.handler_errors += 1
             log.warning("handler failed", stage=self.name, type=env.type, error=repr(exc))
             await self.fail_turn(env.session, env.turn, f"{self.name} failed on {env.type}: {exc!r}")
-
-    async def _receive(self, env: Envelope) -> None:
-        got = self.guard.admit(env)
-        if got.verdict is Verdict.DEAD:
-            await self._deadletter(env, got.reason)
-            return
-        if got.verdict is Verdict.LATE:
-            return
-        env = rebase(env, now_ns())
-        if env.type == "session.end":
-            self.guard.end(env.session)
-            self.end_session(env.session)
-            return
-        if got.lost:
-            await self.fail_turn(env.session, env.turn, got.lost, lost=True)
-        if env.type == "control.cancel" and env.payload.reason == CancelReason.USER_RESUMED:
-            key = (env.turn, env.payload.segment or 0)
-            self.dropped.setdefault(env.session, set()).add(key)
-            self.pending.get(env.session, {}).pop(key, None)
-        handler = self.handlers.get(env.type)
-        if handler is not None:
-            await handler(env)
 
     async def reject(self, env: Envelope, reason: str) -> None:
         """A handler found ``env`` impossible in the session's state: dead-letter and count it."""
