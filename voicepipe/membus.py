@@ -125,6 +125,10 @@ class MemoryBus(Bus):
         if q:
             asyncio.get_running_loop().call_at(q[0][0] / 1e9, self._land)
 
+    def wanted(self, channel: str) -> bool:
+        """Would a message on ``channel`` reach anyone (a subscriber, or the tap that sees everything)?"""
+        return self.broker.tap is not None or bool(self.broker.subs.get(channel))
+
     async def subscribe(self, *channels: str) -> None:
         for ch in channels:
             if ch not in self.channels:

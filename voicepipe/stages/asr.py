@@ -169,6 +169,8 @@ class ASR(Stage):
 
     async def _partial(self, env: Envelope, u: Utterance) -> None:
         u.partials = len(u.words)
+        if not self.wanted("asr/partial"):
+            return  # nobody could receive it (in-memory bus, no subscriber): not built, not sent
         payload = Partial(text=" ".join(u.words), words=len(u.words), segment=u.segment)
         await self.publish(self.reply(env, payload, []), qos=0)
 
@@ -188,8 +190,9 @@ class ASR(Stage):
         if pre.enabled and stable < wait + infer and gap >= stable:
             # eager end of turn: the transcript has been stable (silence) for stable_ms
             await sleep_until_ns(speech_end + stable)
-            payload = Partial(text=text, words=n_words, segment=u.segment, eager=True)
-            await self.publish(self.reply(env, payload, []), qos=0)
+            if self.wanted("asr/partial"):
+                payload = Partial(text=text, words=n_words, segment=u.segment, eager=True)
+                await self.publish(self.reply(env, payload, []), qos=0)
         if gap < wait + infer:
             return  # the user speaks again before the silence ends the turn: no spans built, no draw made
         t = speech_end + wait + infer

@@ -157,6 +157,13 @@ class Stage:
         sign(env, self.ctx.token)
         await self.bus.publish(env, qos=qos)
 
+    def wanted(self, channel: str) -> bool:
+        """Could anyone receive a message on ``channel``? Always on a bus that cannot tell (MQTT: any client
+        may subscribe); the in-memory bus knows its subscribers (and its tap), so a stage may skip building
+        a message no one would see (``MemoryBus.wanted``)."""
+        wanted = getattr(self.bus, "wanted", None)
+        return True if wanted is None else wanted(channel)
+
     async def fail_turn(self, session: str, turn: int, reason: str, *, lost: bool = False) -> None:
         """Fail (or, for dropped messages, lose) ``turn`` of ``session`` once, with ``reason``: everyone drops
         its work and the client records it."""
