@@ -319,6 +319,8 @@ def _type_of_subclass(payload: BaseModel) -> str:
     if not isinstance(payload, Payload | TurnRecord):
         raise TypeError(f"not a message payload: {type(payload).__name__}")
     return type_of(payload)
+
+
 _VARIANTS = tuple(
     create_model(
         f"{model.__name__}Message",
