@@ -36,7 +36,7 @@ from voicepipe.backends import BackendPool
 from voicepipe.bus import Bus
 from voicepipe.clock import now_ns
 from voicepipe.config import PipelineConfig
-from voicepipe.messages import Cancel, CancelReason, Envelope, Span, TurnScript
+from voicepipe.messages import Cancel, CancelReason, Envelope, Span, TurnScript, copied
 from voicepipe.stages.guard import ADMITTED, Guard, Verdict, run_token, sign
 
 log = structlog.get_logger("voicepipe.stage")
@@ -288,22 +288,21 @@ class Stage:
 
 def rebase(env: Envelope, arrived_ns: int) -> Envelope:
     """``env`` with its spans moved onto the receiver's clock as if it had arrived when it was sent (the
-    hop squeezed out; any offset between sender's and receiver's clocks cancels)."""
+    hop squeezed out; any offset between sender's and receiver's clocks cancels). A new envelope with new
+    spans (the received one may be shared by other subscribers); the fields are copied as they are: they
+    were validated when the message came in, and shifting a time keeps it an int."""
     shift = arrived_ns - env.sent_ns
     if not shift or not env.spans:
         return env
-    spans = [
-        Span.model_construct(
-            stage=s.stage,
-            what=s.what,
-            start_ns=s.start_ns + shift,
-            dur_ns=s.dur_ns,
-            modelled=s.modelled,
-            predicted_ns=s.predicted_ns,
-        )
-        for s in env.spans
-    ]
-    return env.model_copy(update={"spans": spans, "sent_ns": arrived_ns})
+    spans = []
+    for s in env.spans:
+        d = s.__dict__.copy()
+        d["start_ns"] += shift
+        spans.append(copied(s, d))
+    d = env.__dict__.copy()
+    d["spans"] = spans
+    d["sent_ns"] = arrived_ns
+    return copied(env, d)
 
 
 async def cancel_quietly(task: asyncio.Task[Any]) -> None:
