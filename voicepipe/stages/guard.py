@@ -117,7 +117,17 @@ def _key(token: bytes) -> bytes:
 
 def mac(env: Envelope, token: bytes) -> str:
     """The envelope's MAC under ``token`` (hex, 128 bits)."""
-    return _blake2b(_facts(env), key=token if len(token) <= 64 else _key(token), digest_size=16).hexdigest()
+    keyed = _keyed.get(token)
+    if keyed is None:
+        if len(_keyed) >= 64:  # one token per run: a long-lived process running many runs keeps a few
+            _keyed.clear()
+        keyed = _keyed[token] = _blake2b(key=_key(token), digest_size=16)
+    h = keyed.copy()  # the key block is already compressed: only the facts are hashed per message
+    h.update(_facts(env))
+    return h.hexdigest()
+
+
+_keyed: dict[bytes, hashlib._Hash] = {}  # token -> BLAKE2b state after its key block
 
 
 def sign(env: Envelope, token: bytes) -> None:
