@@ -61,6 +61,7 @@ class Stage:
 
     def __init__(self, bus: Bus, ctx: RunContext) -> None:
         self.bus = bus
+        self._wanted: Callable[[str], bool] | None = getattr(bus, "wanted", None)  # see wanted()
         self.ctx = ctx
         self.cfg = ctx.cfg
         self.tasks: dict[str, dict[Any, asyncio.Task[None]]] = {}
@@ -161,7 +162,7 @@ class Stage:
         """Could anyone receive a message on ``channel``? Always on a bus that cannot tell (MQTT: any client
         may subscribe); the in-memory bus knows its subscribers (and its tap), so a stage may skip building
         a message no one would see (``MemoryBus.wanted``)."""
-        wanted = getattr(self.bus, "wanted", None)
+        wanted = self._wanted
         return True if wanted is None else wanted(channel)
 
     async def fail_turn(self, session: str, turn: int, reason: str, *, lost: bool = False) -> None:
