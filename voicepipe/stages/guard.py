@@ -8,8 +8,9 @@ message only when all of these hold, in this order:
    session, turn — under the run's **token**, a secret the run generates and shares with its stages
    (``VOICEPIPE_RUN_TOKEN`` for stages in other processes). The MAC is keyed BLAKE2b (RFC 7693's keyed mode,
    a MAC by design; a token longer than its 64-byte key is hashed to one): one pass where HMAC-SHA256 makes
-   two, timed at ~0.6 µs against ~2.1 µs per MAC of a typical envelope (timeit, CPython 3.11), and every
-   message is MACed once by its sender and once by each receiver. The token itself never travels, is never
+   two, and the keyed state is kept per token, so only the facts are hashed — timed at ~0.4 µs against
+   ~2.1 µs per MAC of a typical envelope (timeit, CPython 3.11); every message is MACed once by its sender
+   and once by each receiver. The token itself never travels, is never
    printed and has no repr. Why a MAC in the envelope rather than MQTT 5 user properties: it works the same
    on every bus (MQTT 3.1.1, the embedded amqtt broker, the in-memory bus of ``predict``), and a property
    holding a plain token would hand it to anyone who can read the run's topics. The payload is not in the
