@@ -254,7 +254,7 @@ class Envelope(BaseModel):
     sent_ns: int = Field(default_factory=lambda: clock.now_ns())
     spans: list[Span] = Field(default_factory=list)
     # who sent it (stage kind/instance), its number in that sender's stream for this session and channel,
-    # and an HMAC of these routing facts under the run's token (voicepipe.stages.guard)
+    # and a MAC (keyed BLAKE2b) of these routing facts under the run's token (voicepipe.stages.guard)
     src: str = Field("", max_length=64)
     seq: int = -1
     auth: str = Field("", max_length=64)
