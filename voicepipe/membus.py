@@ -5,6 +5,8 @@
 :class:`~voicepipe.messages.Envelope` objects, QoS-1 delivery as the MQTT bus gives it on one broker: every
 subscriber (the publisher too) gets every message exactly once, in publish order per publisher. The
 envelope object itself is passed — no JSON round trip (the payloads were validated when they were built).
+Unlike a broker, it knows who listens: :meth:`MemoryBus.wanted` tells a stage that a message on a channel no
+one subscribes to (and no tap watches) would reach nobody, so it need not be built at all.
 
 A stage's receive loop (:meth:`MemoryBus.serve`) has no queue and no task per message: a delivery puts the
 envelope on the subscriber's backlog and, once per batch, schedules one callback that hands the backlog to
