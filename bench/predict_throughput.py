@@ -10,6 +10,10 @@ Prints a table and writes JSON. The issue's goal is >= 2,000 turns per second on
 ``--profile`` adds the top functions by own time (cProfile) to the JSON.
 
     python bench/predict_throughput.py [--scenario support-call] [--sessions 1,50,200] [--repeat 3] [--profile]
+
+An older checkout is measured the same way by putting it first on the path (``--label`` names it in the JSON):
+``git archive df00153 voicepipe scenarios | tar -x -C /tmp/old && PYTHONPATH=/tmp/old python
+bench/predict_throughput.py --label df00153 --out bench/results/predict-before-stagecpu.json``.
 """
 
 from __future__ import annotations
@@ -21,12 +25,14 @@ import json
 import os
 import platform
 import pstats
+import subprocess
 import time
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
+import voicepipe
 from voicepipe.config import PipelineConfig, load_config
 from voicepipe.parallel import ForkPool, default_workers
 from voicepipe.runner import simulate
@@ -46,6 +52,16 @@ def _timed(job: tuple[PipelineConfig, str, int], _report: object = None) -> tupl
     return len(res.records), time.perf_counter() - t0, time.process_time() - c0
 
 
+def _git_head() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        )
+        return out.stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scenario", default="support-call")
@@ -54,6 +70,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=default_workers())
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--out", type=Path, default=Path("bench/results/predict.json"))
+    ap.add_argument("--label", default=None, help="what code was measured (default: git HEAD)")
     args = ap.parse_args()
     load_before = os.getloadavg()
     sizes = [int(x) for x in args.sessions.split(",")]
@@ -95,6 +112,8 @@ def main() -> None:
         "measured": "runner.simulate in one process after a warm-up run, fastest of `repeats`: wall clock "
         "(perf_counter) and this process's CPU time (process_time; steadier on a shared box); `parallel`: "
         "the largest run once per worker process at the same time (ForkPool), turns per wall second",
+        "code": args.label or _git_head(),
+        "voicepipe": str(Path(voicepipe.__file__).parent),
         "scenario": args.scenario,
         "goal_turns_per_s": GOAL,
         "rows": rows,

@@ -100,6 +100,21 @@ def test_guard_admits_only_what_fits_the_session():
     assert "test token" not in repr(g)
 
 
+def test_the_mac_is_keyed_blake2b_of_the_routing_facts_and_any_token_length_works():
+    import hashlib
+
+    from voicepipe.stages.guard import mac, verified
+
+    env = audio(0, 3)
+    facts = "\0".join(str(x) for x in (env.src, env.id, env.seq, env.type, env.run, env.session, env.turn))
+    assert env.auth == hashlib.blake2b(facts.encode(), key=TOKEN, digest_size=16).hexdigest()
+    for token in (b"k", b"x" * 64, b"y" * 65, b"z" * 500):  # longer than BLAKE2b's key: hashed to one
+        e = audio(0, 3, token=token)
+        assert verified(e, token) and not verified(e, token + b"!") and mac(e, token) == e.auth
+        assert Guard(token).admit(e).verdict is not Verdict.DEAD
+    assert mac(env, b"y" * 65) != mac(env, b"y" * 66)  # long tokens still differ (hashed, not cut)
+
+
 def forged(run: str, session: str, type_: str, turn: object, payload: dict) -> bytes:
     return json.dumps({"v": 1, "type": type_, "run": run, "session": session, "turn": turn,
                        "payload": payload}).encode()  # fmt: skip
@@ -252,7 +267,7 @@ async def fuzz_run(mosquitto, n: int, *, sessions: int, turns: int) -> None:
 
     subs: dict[str, int] = {}
     for name in needed_stages(cfg):
-        for ch in (*STAGES[name].channels, "session/end"):
+        for ch in (*STAGES[name].channels_for(cfg), "session/end"):
             subs[ch] = subs.get(ch, 0) + 1
     deliveries = sum(subs.get(ch, 0) for ch, _ in msgs)
     done = asyncio.Event()

@@ -82,3 +82,25 @@ def test_schema_describes_each_type_with_its_payload():
     cancel = schema["$defs"]["Cancel"]["properties"]["reason"]
     assert cancel["$ref"].endswith("CancelReason")
     assert set(schema["$defs"]["CancelReason"]["enum"]) == {r.value for r in CancelReason}
+
+
+def test_rebase_shifts_a_copy_and_leaves_the_received_envelope_alone():
+    """A receiver moves the spans onto its clock on a copy (the received envelope may be shared by other
+    subscribers); the copy is what model_copy would give, and survives the wire."""
+    from voicepipe.messages import Final, Span
+    from voicepipe.stages.base import rebase
+
+    spans = [Span(stage="asr", what="endpoint wait", start_ns=1_000, dur_ns=5), Span(
+        stage="asr", what="finalise", start_ns=2_000, dur_ns=7, modelled=False, predicted_ns=6)]  # fmt: skip
+    env = parse(Envelope.of(Final(text="a b", words=2, segment=0), "r", "s", 1, spans).to_bytes())
+    moved = rebase(env, env.sent_ns + 500)
+    want = env.model_copy(
+        update={
+            "sent_ns": env.sent_ns + 500,
+            "spans": [s.model_copy(update={"start_ns": s.start_ns + 500}) for s in env.spans],
+        }
+    )
+    assert moved == want and type(moved) is type(env)
+    assert [s.start_ns for s in env.spans] == [1_000, 2_000]  # the received one is unchanged
+    assert parse(moved.to_bytes()).model_dump() == moved.model_dump()
+    assert rebase(env, env.sent_ns) is env  # no hop, nothing to move

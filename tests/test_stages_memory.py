@@ -103,3 +103,24 @@ def test_router_sends_each_final_to_the_rule_that_matches():
         (Target.AGENT, "rules default"),
     ]
     assert isinstance(routes[1], Route) and routes[1].agent == "main"
+
+
+def test_asr_builds_partials_only_when_someone_can_receive_them():
+    """In memory the bus knows its subscribers: with none on asr/partial (and no tap) the ASR skips them,
+    and the final transcript comes at the same instant either way."""
+    cfg = fast_config("asr.silence_ms=300", "asr.finalize_ms=50")
+    script = TurnScript(user="a b", reply="ok", words=2)
+
+    def feed() -> list[tuple[int, Envelope]]:
+        return _as("client", [(0, Envelope.of(script, "t", "s-0", 0)), *_words(["a", "b"], [10, 210])])
+
+    with_partials = run_virtual(_run(ASR, cfg, feed(), ("asr/final", "asr/partial")))
+    without = run_virtual(_run(ASR, cfg, feed(), ("asr/final",)))
+    assert [e.payload.text for _, e in with_partials if e.type == "asr.partial"] == ["a", "a b"]
+    finals = [[(t, e.payload) for t, e in got if e.type == "asr.final"] for got in (with_partials, without)]
+    assert finals[0] == finals[1] == [(760 * MS, Final(text="a b", words=2, segment=0))]
+
+
+def test_the_router_takes_partials_only_for_preemptive_generation():
+    assert "asr/partial" not in Router.channels_for(fast_config())
+    assert "asr/partial" in Router.channels_for(fast_config("router.preemptive.enabled=true"))

@@ -47,18 +47,22 @@ def measure(spans: Iterable[Span], t0_ns: int, t1_ns: int) -> Measurement:
     if t1_ns < t0_ns:
         raise ValueError("first audio before end of speech")
     clipped = [
-        (max(s.start_ns, t0_ns), min(s.end_ns, t1_ns), order, s)
+        (max(s.start_ns, t0_ns), min(s.end_ns, t1_ns), s.start_ns, order, s)
         for order, s in enumerate(spans)
         if s.end_ns > t0_ns and s.start_ns < t1_ns and s.dur_ns > 0
     ]
-    cuts = sorted({t0_ns, t1_ns, *(a for a, _, _, _ in clipped), *(b for _, b, _, _ in clipped)})
+    cuts = sorted({t0_ns, t1_ns, *(c[0] for c in clipped), *(c[1] for c in clipped)})
     totals: dict[tuple[str, str], int] = {}
     modelled: dict[tuple[str, str], bool] = {}
     predicted = 0
     for a, b in itertools.pairwise(cuts):
-        covering = [(s.start_ns, order, s) for lo, hi, order, s in clipped if lo <= a and hi >= b]
-        if covering:
-            _, _, s = max(covering, key=lambda c: (c[0], c[1]))
+        # the covering span that started last (ties: the later on the chain)
+        best = None
+        for lo, hi, start, order, s in clipped:
+            if lo <= a and hi >= b and (best is None or (start, order) > (best[0], best[1])):
+                best = (start, order, s)
+        if best is not None:
+            s = best[2]
             key = (s.stage, s.what)
             modelled[key] = s.modelled
             if s.modelled:

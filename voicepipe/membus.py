@@ -5,6 +5,8 @@
 :class:`~voicepipe.messages.Envelope` objects, QoS-1 delivery as the MQTT bus gives it on one broker: every
 subscriber (the publisher too) gets every message exactly once, in publish order per publisher. The
 envelope object itself is passed — no JSON round trip (the payloads were validated when they were built).
+Unlike a broker, it knows who listens: :meth:`MemoryBus.wanted` tells a stage that a message on a channel no
+one subscribes to (and no tap watches) would reach nobody, so it need not be built at all.
 
 A stage's receive loop (:meth:`MemoryBus.serve`) has no queue and no task per message: a delivery puts the
 envelope on the subscriber's backlog and, once per batch, schedules one callback that hands the backlog to
@@ -125,6 +127,10 @@ class MemoryBus(Bus):
         if q:
             asyncio.get_running_loop().call_at(q[0][0] / 1e9, self._land)
 
+    def wanted(self, channel: str) -> bool:
+        """Would a message on ``channel`` reach anyone (a subscriber, or the tap that sees everything)?"""
+        return self.broker.tap is not None or bool(self.broker.subs.get(channel))
+
     async def subscribe(self, *channels: str) -> None:
         for ch in channels:
             if ch not in self.channels:
@@ -134,7 +140,7 @@ class MemoryBus(Bus):
     async def publish(self, env: Envelope, *, qos: int | None = None) -> None:
         if env.run != self.run:
             raise ValueError(f"envelope of run {env.run!r} published on run {self.run!r}")
-        env.sent_ns = now_ns()
+        env.__dict__["sent_ns"] = now_ns()  # a plain field write (every field is set when it is built)
         self.published += 1
         self.broker.deliver(channel_of(env.type), env)
 

@@ -89,8 +89,10 @@ class TurnRecord(BaseModel):
     @model_validator(mode="after")
     def _derive_metrics(self) -> TurnRecord:
         if self.spans:
-            for k, v in span_metrics(self.spans, self.reply_text, self.output_tokens).items():
-                setattr(self, k, v)
+            # plain field writes (as setattr would, without its per-call checks: the values are computed here)
+            metrics = span_metrics(self.spans, self.reply_text, self.output_tokens)
+            self.__dict__.update(metrics)
+            self.__pydantic_fields_set__.update(metrics)
         return self
 
     endpoint: EndpointMetrics | None = None  # set when a real endpoint answered and the reply played out

@@ -6,6 +6,7 @@ thumb, https://help.openai.com/en/articles/4936856), punctuation a token of its 
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass
@@ -58,6 +59,17 @@ def tokens_of(text: str) -> list[str]:
     Returns token strings whose concatenation (with the original spacing approximated) is the text, so a
     chunk boundary after a token that ends a clause is a clause boundary.
     """
+    return list(_tokens(text))
+
+
+def count_tokens(text: str) -> int:
+    return len(_tokens(text))
+
+
+@functools.lru_cache(maxsize=4096)
+def _tokens(text: str) -> tuple[str, ...]:
+    """:func:`tokens_of`, memoised: a run splits the same scripted replies and questions once per session
+    and turn (every session of a capacity sweep plays the same scenarios)."""
     out: list[str] = []
     for w in text.split():
         core = len(w.rstrip(",.;:!?…—\"'"))
@@ -66,11 +78,7 @@ def tokens_of(text: str) -> list[str]:
         pieces = [w[i : i + step] for i in range(0, len(w), step)]
         pieces[0] = " " + pieces[0] if out else pieces[0]
         out.extend(pieces)
-    return out
-
-
-def count_tokens(text: str) -> int:
-    return len(tokens_of(text))
+    return tuple(out)
 
 
 def first_clause_end(words: list[str], min_words: int, sentence: bool = False) -> int | None:

@@ -17,6 +17,7 @@ heard strictly in order, each after the previous word's silence has been handled
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from dataclasses import dataclass, field
 
 from voicepipe.clock import now_ns, rng_for, sleep_until_ns
@@ -75,7 +76,11 @@ class Utterance:
     pauses_seen: int = 0
     complete_at_pauses: list[bool] = field(default_factory=list)
     last: Envelope | None = None
-    heard: asyncio.Task[None] | None = None  # hearing the previous word (and its silence): words go in order
+    # words (with their arrival instants) waiting to be heard, and whether a listener is hearing them: one
+    # task per utterance hears its words in order, each after the previous word's silence was handled
+    queue: deque[tuple[Envelope, int]] = field(default_factory=deque)
+    listening: bool = False
+    wake: asyncio.Future[None] | None = None  # the listener waits here for the utterance's next word
 
 
 NEVER = 2**62  # the silence after the last word: it lasts until the turn is over
@@ -102,18 +107,36 @@ class ASR(Stage):
             u.complete_at_pauses = list(script.complete_at_pauses) if script else []
             self.utt[env.session] = u
         # each word is heard after the one before it (and its silence), however late its message came
-        u.heard = self.spawn(
-            env.session, ("word", env.payload.index), self._hear(env, u, arrived, u.heard), turn=env.turn
-        )
+        u.queue.append((env, arrived))
+        if u.wake is not None:
+            if not u.wake.done():
+                u.wake.set_result(None)
+        elif not u.listening:
+            u.listening = True
+            self.spawn(env.session, ("listen", env.turn), self._listen(u), turn=env.turn)
 
-    async def _hear(
-        self, env: Envelope, u: Utterance, arrived: int, before: asyncio.Task[None] | None
-    ) -> None:
+    async def _listen(self, u: Utterance) -> None:
+        """Hear the utterance's words in arrival order, waiting for the next one until its last word is
+        heard: one task per utterance, not one per word."""
+        try:
+            while True:
+                if not u.queue:
+                    u.wake = asyncio.get_running_loop().create_future()
+                    try:
+                        await u.wake
+                    finally:
+                        u.wake = None
+                env, arrived = u.queue.popleft()
+                await self._hear(env, u, arrived)
+                if env.payload.last_word and not u.queue:
+                    return
+        finally:
+            u.listening = False
+
+    async def _hear(self, env: Envelope, u: Utterance, arrived: int) -> None:
         """One word on media time: its audio, then the silence after it (``gap_after_ns``), decide whether
         that silence ends the turn. Timing follows arrival (a late word is heard late: tax); the decisions
         follow the media timeline alone (a late word never turns a pause into an endpoint)."""
-        if before is not None and not before.done():
-            await asyncio.wait([before])
         p: UserWord = env.payload  # type: ignore[assignment]
         if u.finalised:
             # the user kept talking after we endpointed: that endpoint was premature
@@ -146,6 +169,8 @@ class ASR(Stage):
 
     async def _partial(self, env: Envelope, u: Utterance) -> None:
         u.partials = len(u.words)
+        if not self.wanted("asr/partial"):
+            return  # nobody could receive it (in-memory bus, no subscriber): not built, not sent
         payload = Partial(text=" ".join(u.words), words=len(u.words), segment=u.segment)
         await self.publish(self.reply(env, payload, []), qos=0)
 
@@ -165,8 +190,9 @@ class ASR(Stage):
         if pre.enabled and stable < wait + infer and gap >= stable:
             # eager end of turn: the transcript has been stable (silence) for stable_ms
             await sleep_until_ns(speech_end + stable)
-            payload = Partial(text=text, words=n_words, segment=u.segment, eager=True)
-            await self.publish(self.reply(env, payload, []), qos=0)
+            if self.wanted("asr/partial"):
+                payload = Partial(text=text, words=n_words, segment=u.segment, eager=True)
+                await self.publish(self.reply(env, payload, []), qos=0)
         if gap < wait + infer:
             return  # the user speaks again before the silence ends the turn: no spans built, no draw made
         t = speech_end + wait + infer

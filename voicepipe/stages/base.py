@@ -36,8 +36,8 @@ from voicepipe.backends import BackendPool
 from voicepipe.bus import Bus
 from voicepipe.clock import now_ns
 from voicepipe.config import PipelineConfig
-from voicepipe.messages import Cancel, CancelReason, Envelope, Span, TurnScript
-from voicepipe.stages.guard import Guard, Verdict, run_token, sign
+from voicepipe.messages import Cancel, CancelReason, Envelope, Span, TurnScript, copied
+from voicepipe.stages.guard import ADMITTED, Guard, Verdict, run_token, sign
 
 log = structlog.get_logger("voicepipe.stage")
 
@@ -61,6 +61,7 @@ class Stage:
 
     def __init__(self, bus: Bus, ctx: RunContext) -> None:
         self.bus = bus
+        self._wanted: Callable[[str], bool] | None = getattr(bus, "wanted", None)  # see wanted()
         self.ctx = ctx
         self.cfg = ctx.cfg
         self.tasks: dict[str, dict[Any, asyncio.Task[None]]] = {}
@@ -89,42 +90,49 @@ class Stage:
             from voicepipe.clock import set_clock_offset_ns
 
             set_clock_offset_ns(self.clock_offset_ns)  # this task and every task it starts
-        await self.bus.subscribe(*self.channels, "session/end")
+        await self.bus.subscribe(*self.channels_for(self.cfg), "session/end")
         self.ready.set()
         await self.bus.serve(self.receive)
 
+    @classmethod
+    def channels_for(cls, cfg: PipelineConfig) -> tuple[str, ...]:
+        """The channels this stage acts on in ``cfg`` (it subscribes to these and ``session/end``): by
+        default all of :attr:`channels`; a stage that would ignore one under ``cfg`` leaves it out, so no
+        message is delivered, authenticated and checked only to be dropped."""
+        return cls.channels
+
     async def receive(self, env: Envelope) -> None:
         """One received message (the bus hands them over one at a time, in arrival order): admitted by the
-        guard, then handled; nothing a message does may kill the stage."""
+        guard, then handled; nothing a message does may kill the stage. (One coroutine per message: this
+        is every message's path.)"""
         try:
-            await self._receive(env)
+            got = self.guard.admit(env)
+            if got is not ADMITTED:
+                if got.verdict is Verdict.DEAD:
+                    await self._deadletter(env, got.reason)
+                    return
+                if got.verdict is Verdict.LATE:
+                    return
+            type_ = env.type
+            env = rebase(env, now_ns())
+            if type_ == "session.end":
+                self.guard.end(env.session)
+                self.end_session(env.session)
+                return
+            if got.lost:
+                await self.fail_turn(env.session, env.turn, got.lost, lost=True)
+            if type_ == "control.cancel" and env.payload.reason == CancelReason.USER_RESUMED:
+                key = (env.turn, env.payload.segment or 0)
+                self.dropped.setdefault(env.session, set()).add(key)
+                self.pending.get(env.session, {}).pop(key, None)
+            handler = self.handlers.get(type_)
+            if handler is not None:
+                await handler(env)
         except Exception as exc:
             self._failed(exc)
             self.guard.counters.handler_errors += 1
             log.warning("handler failed", stage=self.name, type=env.type, error=repr(exc))
             await self.fail_turn(env.session, env.turn, f"{self.name} failed on {env.type}: {exc!r}")
-
-    async def _receive(self, env: Envelope) -> None:
-        got = self.guard.admit(env)
-        if got.verdict is Verdict.DEAD:
-            await self._deadletter(env, got.reason)
-            return
-        if got.verdict is Verdict.LATE:
-            return
-        env = rebase(env, now_ns())
-        if env.type == "session.end":
-            self.guard.end(env.session)
-            self.end_session(env.session)
-            return
-        if got.lost:
-            await self.fail_turn(env.session, env.turn, got.lost, lost=True)
-        if env.type == "control.cancel" and env.payload.reason == CancelReason.USER_RESUMED:
-            key = (env.turn, env.payload.segment or 0)
-            self.dropped.setdefault(env.session, set()).add(key)
-            self.pending.get(env.session, {}).pop(key, None)
-        handler = self.handlers.get(env.type)
-        if handler is not None:
-            await handler(env)
 
     async def reject(self, env: Envelope, reason: str) -> None:
         """A handler found ``env`` impossible in the session's state: dead-letter and count it."""
@@ -140,12 +148,22 @@ class Stage:
 
     async def publish(self, env: Envelope, *, qos: int | None = None) -> None:
         """Send ``env`` as this stage: sender, next sequence number for its session and channel, signature."""
-        seqs = self.seqs.setdefault(env.session, {})
-        seq = seqs[env.type] = seqs.get(env.type, -1) + 1
-        env.src = self.src
-        env.seq = seq
+        d = env.__dict__  # plain field writes: every field of an envelope is set when it is built
+        seqs = self.seqs.get(d["session"])
+        if seqs is None:
+            seqs = self.seqs[d["session"]] = {}
+        seq = seqs[d["type"]] = seqs.get(d["type"], -1) + 1
+        d["src"] = self.src
+        d["seq"] = seq
         sign(env, self.ctx.token)
         await self.bus.publish(env, qos=qos)
+
+    def wanted(self, channel: str) -> bool:
+        """Could anyone receive a message on ``channel``? Always on a bus that cannot tell (MQTT: any client
+        may subscribe); the in-memory bus knows its subscribers (and its tap), so a stage may skip building
+        a message no one would see (``MemoryBus.wanted``)."""
+        wanted = self._wanted
+        return True if wanted is None else wanted(channel)
 
     async def fail_turn(self, session: str, turn: int, reason: str, *, lost: bool = False) -> None:
         """Fail (or, for dropped messages, lose) ``turn`` of ``session`` once, with ``reason``: everyone drops
@@ -271,22 +289,21 @@ class Stage:
 
 def rebase(env: Envelope, arrived_ns: int) -> Envelope:
     """``env`` with its spans moved onto the receiver's clock as if it had arrived when it was sent (the
-    hop squeezed out; any offset between sender's and receiver's clocks cancels)."""
+    hop squeezed out; any offset between sender's and receiver's clocks cancels). A new envelope with new
+    spans (the received one may be shared by other subscribers); the fields are copied as they are: they
+    were validated when the message came in, and shifting a time keeps it an int."""
     shift = arrived_ns - env.sent_ns
     if not shift or not env.spans:
         return env
-    spans = [
-        Span.model_construct(
-            stage=s.stage,
-            what=s.what,
-            start_ns=s.start_ns + shift,
-            dur_ns=s.dur_ns,
-            modelled=s.modelled,
-            predicted_ns=s.predicted_ns,
-        )
-        for s in env.spans
-    ]
-    return env.model_copy(update={"spans": spans, "sent_ns": arrived_ns})
+    spans = []
+    for s in env.spans:
+        d = s.__dict__.copy()
+        d["start_ns"] += shift
+        spans.append(copied(s, d))
+    d = env.__dict__.copy()
+    d["spans"] = spans
+    d["sent_ns"] = arrived_ns
+    return copied(env, d)
 
 
 async def cancel_quietly(task: asyncio.Task[Any]) -> None:

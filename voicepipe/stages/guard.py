@@ -4,10 +4,14 @@ Anyone who can publish on the broker can put a well-formed envelope on a run's t
 ``tts.audio`` crashed a run, others falsified turns or cost each turn a 29 s timeout). So a stage admits a
 message only when all of these hold, in this order:
 
-1. **authenticated**: ``auth`` is the HMAC-SHA256 (first 128 bits) of the routing facts — sender, id, sequence,
-   type, run, session, turn — under the run's **token**, a secret the run generates and shares with its
-   stages (``VOICEPIPE_RUN_TOKEN`` for stages in other processes). The token itself never travels, is never
-   printed and has no repr. Why an HMAC in the envelope rather than MQTT 5 user properties: it works the same
+1. **authenticated**: ``auth`` is a 128-bit MAC of the routing facts — sender, id, sequence, type, run,
+   session, turn — under the run's **token**, a secret the run generates and shares with its stages
+   (``VOICEPIPE_RUN_TOKEN`` for stages in other processes). The MAC is keyed BLAKE2b (RFC 7693's keyed mode,
+   a MAC by design; a token longer than its 64-byte key is hashed to one): one pass where HMAC-SHA256 makes
+   two, and the keyed state is kept per token, so only the facts are hashed — timed at ~0.4 µs against
+   ~2.1 µs per MAC of a typical envelope (timeit, CPython 3.11); every message is MACed once by its sender
+   and once by each receiver. The token itself never travels, is never
+   printed and has no repr. Why a MAC in the envelope rather than MQTT 5 user properties: it works the same
    on every bus (MQTT 3.1.1, the embedded amqtt broker, the in-memory bus of ``predict``), and a property
    holding a plain token would hand it to anyone who can read the run's topics. The payload is not in the
    MAC (it would cost a second serialisation per message): a captured message re-sent with another payload
@@ -47,6 +51,7 @@ from enum import Enum
 from voicepipe.messages import Audio, Cancel, CancelReason, Envelope, UserWord
 
 TOKEN_ENV = "VOICEPIPE_RUN_TOKEN"
+_blake2b = hashlib.blake2b
 
 # A span longer than an hour is not a voice turn (the longest scripted or modelled duration is a minute:
 # voicepipe.limits.MAX_MS); the chain of one turn is ~10-20 spans, 256 leaves room for any council.
@@ -102,16 +107,36 @@ def require_shared_token(where: str) -> None:
 
 
 def _facts(env: Envelope) -> bytes:
-    return f"{env.src}\0{env.id}\0{env.seq}\0{env.type}\0{env.run}\0{env.session}\0{env.turn}".encode()
+    d = env.__dict__  # the fields themselves: no attribute machinery on a path every message takes twice
+    return f"{d['src']}\0{d['id']}\0{d['seq']}\0{d['type']}\0{d['run']}\0{d['session']}\0{d['turn']}".encode()
+
+
+def _key(token: bytes) -> bytes:
+    """BLAKE2b's key is at most 64 bytes: a longer token is hashed to one (same token, same key everywhere)."""
+    return token if len(token) <= 64 else hashlib.blake2b(token, digest_size=64).digest()
+
+
+def mac(env: Envelope, token: bytes) -> str:
+    """The envelope's MAC under ``token`` (hex, 128 bits)."""
+    keyed = _keyed.get(token)
+    if keyed is None:
+        if len(_keyed) >= 64:  # one token per run: a long-lived process running many runs keeps a few
+            _keyed.clear()
+        keyed = _keyed[token] = _blake2b(key=_key(token), digest_size=16)
+    h = keyed.copy()  # the key block is already compressed: only the facts are hashed per message
+    h.update(_facts(env))
+    return h.hexdigest()
+
+
+_keyed: dict[bytes, hashlib._Hash] = {}  # token -> BLAKE2b state after its key block
 
 
 def sign(env: Envelope, token: bytes) -> None:
-    env.auth = hmac.digest(token, _facts(env), hashlib.sha256)[:16].hex()
+    env.__dict__["auth"] = mac(env, token)  # every field is set already: no pydantic bookkeeping to do
 
 
 def verified(env: Envelope, token: bytes) -> bool:
-    want = hmac.digest(token, _facts(env), hashlib.sha256)[:16].hex()
-    return hmac.compare_digest(want, env.auth)
+    return hmac.compare_digest(mac(env, token), env.auth)
 
 
 class Verdict(Enum):
@@ -145,11 +170,14 @@ class SessionState:
     ids: set[str] = field(default_factory=set)
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class Admission:
     verdict: Verdict
     reason: str = ""
     lost: str = ""  # with OK: the broker dropped messages before this one (why the turn is lost)
+
+
+ADMITTED = Admission(Verdict.OK)  # the common verdict, shared (an admission is never changed)
 
 
 class Guard:
@@ -189,18 +217,19 @@ class Guard:
         return got
 
     def _check(self, env: Envelope) -> Admission:
-        if not env.auth or not verified(env, self.token):
+        d = env.__dict__  # the fields themselves (every message takes this path)
+        if not d["auth"] or not verified(env, self.token):
             return Admission(Verdict.DEAD, "unauthenticated: no valid run token MAC")
-        kind = env.src.split("/", 1)[0]
-        if kind not in OWNERS[env.type]:
+        kind = d["src"].partition("/")[0]
+        if kind not in OWNERS[d["type"]]:
             return Admission(Verdict.DEAD, f"wrong sender: {kind!r} may not send {env.type}")
-        p = env.payload
+        p = d["payload"]
         if isinstance(p, Cancel) and kind not in CANCEL_OWNERS[p.reason]:
             return Admission(Verdict.DEAD, f"wrong sender: {kind!r} may not cancel for {p.reason.value!r}")
         bad = out_of_range(env)
         if bad:
             return Admission(Verdict.DEAD, f"out of range: {bad}")
-        session = env.session
+        session = d["session"]
         if session in self.ended:
             return Admission(Verdict.LATE, "session ended")
         st = self.sessions.get(session)
@@ -228,7 +257,7 @@ class Guard:
         st.ids.add(env.id)
         lost = env.seq - last - 1
         if env.type == "session.end":
-            return Admission(Verdict.OK)
+            return ADMITTED
         if self.client_side:
             if env.turn > st.turn:
                 return Admission(Verdict.DEAD, f"turn ahead: {env.turn} while the session is at {st.turn}")
@@ -263,21 +292,23 @@ class Guard:
                     lost=f"the broker dropped {lost} {env.type} message(s) from {kind} "
                     f"(sequence {last} -> {env.seq}; a queue limit?)",
                 )
-        return Admission(Verdict.OK)
+        return ADMITTED
 
 
 def out_of_range(env: Envelope) -> str:
     """What in ``env`` no real turn could produce ("" when nothing)."""
-    if env.turn < -1 or (env.turn == -1) != (env.type == "session.end"):
+    d = env.__dict__
+    turn, spans = d["turn"], d["spans"]
+    if turn < -1 or (turn == -1) != (d["type"] == "session.end"):
         return f"turn {env.turn} of a {env.type}"
-    if env.seq < 0:
+    if d["seq"] < 0:
         return f"sequence {env.seq}"
-    if len(env.spans) > MAX_SPANS:
-        return f"{len(env.spans)} spans"
-    for s in env.spans:
+    if len(spans) > MAX_SPANS:
+        return f"{len(spans)} spans"
+    for s in spans:
         if not 0 <= s.dur_ns <= MAX_SPAN_NS:
             return f"span {s.stage}/{s.what} duration {s.dur_ns} ns"
-    p = env.payload
+    p = d["payload"]
     if isinstance(p, Audio) and p.duration_ms > MAX_AUDIO_MS:
         return f"audio duration {p.duration_ms:g} ms"
     if isinstance(p, UserWord) and (

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from voicepipe.clock import now_ns, sleep_until_ns
-from voicepipe.config import RouterConfig, RuleWhen
+from voicepipe.config import PipelineConfig, RouterConfig, RuleWhen
 from voicepipe.messages import (
     Cancel,
     CancelReason,
@@ -90,6 +90,14 @@ class Router(Stage):
         self.turns: dict[str, TurnState] = {}
         self.on("asr.final", self.final)
         self.on("asr.partial", self.partial)
+
+    @classmethod
+    def channels_for(cls, cfg: PipelineConfig) -> tuple[str, ...]:
+        """Partials matter only to preemptive generation (eager ones): without it the router does not
+        subscribe to them (they are most of a turn's messages; the cache, when on, still gets them)."""
+        if cfg.router.preemptive.enabled:
+            return cls.channels
+        return tuple(ch for ch in cls.channels if ch != "asr/partial")
 
     def forget(self, session: str) -> None:
         self.turns.pop(session, None)
