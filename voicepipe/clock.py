@@ -13,10 +13,13 @@ timers, where a virtual sleep's item is its future itself (no handle, nothing to
 run in the order they were scheduled. asyncio's C Futures and Tasks run on it unchanged.
 
 Real-time sleeps: modelled durations are realised by sleeping until absolute deadlines. asyncio's own timers wake up to
-~1 ms late (epoll takes whole milliseconds), which on a chain of six sleeps would add ~6 ms of fake
-"pipeline tax". So one timer task per event loop serves every deadline: it sleeps coarsely to ~1 ms
-before the earliest deadline, then yields to the loop until the deadline passes. Only that task ever
-spins, whatever the number of sessions, and I/O keeps flowing while it does.
+~1 ms late (epoll and libuv take whole milliseconds), which on a chain of six sleeps would add ~6 ms of fake
+"pipeline tax". So one deadline timer per event loop serves every deadline, on Linux through a kernel
+``timerfd`` armed at the earliest deadline (absolute CLOCK_MONOTONIC, ns resolution, timer slack set to
+1 µs for the loop's thread) and watched by the loop like any socket: the loop sleeps in epoll until the
+deadline or I/O, whichever comes first, and burns no CPU waiting. Elsewhere (no timerfd) the timer sleeps
+coarsely to ~1 ms before the earliest deadline, then yields to the loop until it passes (a spin that costs
+a core while deadlines are near: measured at ~43 % of a live run's CPU on the rapid-fire scenario).
 """
 
 from __future__ import annotations
@@ -25,10 +28,12 @@ import asyncio
 import concurrent.futures
 import contextlib
 import contextvars
+import ctypes
 import gc
 import heapq
 import itertools
 import logging
+import os
 import sys
 import threading
 import time
@@ -46,8 +51,87 @@ SPIN_NS = 1_200_000  # finish the last stretch by yielding, not by an epoll time
 log = logging.getLogger("voicepipe.clock")
 
 
+class _TimerFd:
+    """A Linux timerfd on CLOCK_MONOTONIC (``os.timerfd_*`` from Python 3.13, else libc through ctypes)."""
+
+    def __init__(self) -> None:
+        flags = os.O_NONBLOCK | os.O_CLOEXEC  # TFD_NONBLOCK / TFD_CLOEXEC have these values on Linux
+        if hasattr(os, "timerfd_create"):
+            self.fd = os.timerfd_create(time.CLOCK_MONOTONIC, flags=flags)
+            self._set = lambda ns: os.timerfd_settime_ns(self.fd, flags=os.TFD_TIMER_ABSTIME, initial=ns)
+        else:
+            libc = _libc()
+            fd = libc.timerfd_create(time.CLOCK_MONOTONIC, flags)
+            if fd < 0:
+                raise OSError(ctypes.get_errno(), "timerfd_create failed")
+            self.fd = fd
+            spec = _ITimerSpec()
+
+            def settime(ns: int) -> None:
+                spec.it_value.tv_sec, spec.it_value.tv_nsec = divmod(ns, 1_000_000_000)
+                if libc.timerfd_settime(self.fd, 1, ctypes.byref(spec), None) != 0:  # 1: TFD_TIMER_ABSTIME
+                    raise OSError(ctypes.get_errno(), "timerfd_settime failed")
+
+            self._set = settime
+        _tighten_timer_slack()
+
+    def arm(self, deadline_ns: int) -> None:
+        self._set(max(deadline_ns, 1))  # 0 would disarm it
+
+    def drain(self) -> None:
+        with contextlib.suppress(BlockingIOError, InterruptedError):
+            os.read(self.fd, 8)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+
+
+class _TimeSpec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+class _ITimerSpec(ctypes.Structure):
+    _fields_ = [("it_interval", _TimeSpec), ("it_value", _TimeSpec)]
+
+
+def _libc() -> ctypes.CDLL:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.timerfd_create.argtypes = [ctypes.c_int, ctypes.c_int]
+    libc.timerfd_settime.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+    return libc
+
+
+def _tighten_timer_slack() -> None:
+    """The kernel delays a thread's timer wake-ups by its slack (default 50 µs): 1 µs for this thread."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(29, 1000, 0, 0, 0)  # PR_SET_TIMERSLACK, ns
+
+
+def _timerfd_or_none() -> _TimerFd | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return _TimerFd()
+    except (OSError, AttributeError) as exc:
+        log.debug("no timerfd (%s): deadlines are met by yielding to the loop", exc)
+        return None
+
+
 class _DeadlineTimer:
+    """Every real-time deadline of one event loop: a heap of futures, woken by a timerfd (or a short spin)."""
+
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.fd = _timerfd_or_none()
+        if self.fd is not None:
+            try:
+                loop.add_reader(self.fd.fd, self._fire)
+            except (NotImplementedError, RuntimeError):  # a loop without readers (e.g. Windows proactor)
+                self.fd.close()
+                self.fd = None
+            else:
+                weakref.finalize(loop, self.fd.close)
+        self.armed_ns = 0
         self.loop = loop
         self.heap: list[tuple[int, int, asyncio.Future[None]]] = []
         self.seq = itertools.count()
@@ -57,11 +141,30 @@ class _DeadlineTimer:
     def add(self, deadline_ns: int) -> asyncio.Future[None]:
         fut: asyncio.Future[None] = self.loop.create_future()
         heapq.heappush(self.heap, (deadline_ns, next(self.seq), fut))
+        if self.fd is not None:
+            if self.heap[0][2] is fut or not self.armed_ns:
+                self.armed_ns = self.heap[0][0]
+                self.fd.arm(self.armed_ns)
+            return fut
         if self.task is None or self.task.done():
             self.task = self.loop.create_task(self._run(), name="voicepipe-deadline-timer")
         elif self.heap[0][2] is fut and self.wake is not None and not self.wake.done():
             self.wake.set_result(None)  # a new earliest deadline: re-plan the coarse sleep
         return fut
+
+    def _fire(self) -> None:
+        """The timerfd is readable: resolve every due deadline, re-arm for the next one."""
+        assert self.fd is not None
+        self.fd.drain()
+        heap = self.heap
+        now = time.monotonic_ns()
+        while heap and (heap[0][0] <= now or heap[0][2].done()):
+            _, _, fut = heapq.heappop(heap)
+            if not fut.done():
+                fut.set_result(None)
+        self.armed_ns = heap[0][0] if heap else 0
+        if heap:
+            self.fd.arm(self.armed_ns)
 
     async def _run(self) -> None:
         heap = self.heap

@@ -1,0 +1,60 @@
+"""Real-time deadlines (clock.sleep_until_ns on a real loop): never early, in deadline order, on both the
+Linux timerfd path and the portable yield path. Lateness is a benchmark's business (bench/tax.py), not a test's."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+
+import pytest
+
+from voicepipe import clock
+
+
+async def _sleepers(n: int) -> list[tuple[int, int, int]]:
+    """n concurrent sleepers with shuffled deadlines 200-205 ms ahead (far enough for all to be waiting
+    before the first is due, even on a loaded box): (deadline, woke, order of waking)."""
+    base = time.monotonic_ns() + 200_000_000
+    woke: list[tuple[int, int, int]] = []
+
+    async def one(k: int) -> None:
+        deadline = base + ((k * 7919) % n) * 5_000_000 // n
+        await clock.sleep_until_ns(deadline)
+        woke.append((deadline, time.monotonic_ns(), len(woke)))
+
+    await asyncio.gather(*(one(k) for k in range(n)))
+    return woke
+
+
+def _check(woke: list[tuple[int, int, int]]) -> None:
+    assert all(t >= d for d, t, _ in woke), "a deadline sleeper woke before its deadline"
+    by_order = [d for d, _, _ in sorted(woke, key=lambda w: w[2])]
+    assert by_order == sorted(by_order), "sleepers woke out of deadline order"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="timerfd is Linux-only")
+async def test_timerfd_path_wakes_every_sleeper_never_early_and_in_order() -> None:
+    woke = await _sleepers(300)
+    assert clock._timers[asyncio.get_running_loop()].fd is not None  # the timerfd path was taken
+    _check(woke)
+    # a deadline already past returns at once, a cancelled sleeper leaves the others undisturbed
+    await clock.sleep_until_ns(time.monotonic_ns() - 1)
+    t = asyncio.create_task(clock.sleep_until_ns(time.monotonic_ns() + 2_000_000))
+    await asyncio.sleep(0)
+    t.cancel()
+    _check(await _sleepers(20))
+
+
+async def test_portable_path_wakes_every_sleeper_never_early_and_in_order(monkeypatch) -> None:
+    monkeypatch.setattr(clock, "_timerfd_or_none", lambda: None)
+    woke = await _sleepers(300)
+    assert clock._timers[asyncio.get_running_loop()].fd is None
+    _check(woke)
+
+
+def test_timerfd_path_on_uvloop() -> None:
+    uvloop = pytest.importorskip("uvloop")
+    if not sys.platform.startswith("linux"):
+        pytest.skip("timerfd is Linux-only")
+    _check(uvloop.run(_sleepers(200)))
