@@ -37,7 +37,7 @@ from rich.table import Table
 from voicepipe.brokers import Mosquitto
 from voicepipe.bus import BrokerAddress
 from voicepipe.config import load_config
-from voicepipe.runner import run_pipeline
+from voicepipe.runner import run_live_loop, run_pipeline
 from voicepipe.scenario import load_scenario
 
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -146,7 +146,7 @@ def fmt(v: float | None, spec: str = ".1f") -> str:
     return "—" if v is None else format(v, spec)
 
 
-async def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scenario", default="rapid-fire")
     ap.add_argument("--sessions", default="50,100,200,500,1000")
@@ -157,7 +157,14 @@ async def main() -> None:
     ap.add_argument("--spread-ms", type=float, default=20.0, help="start spread per session")
     ap.add_argument("--backend", default="cerebras-llama-3.1-8b")
     ap.add_argument("--out", type=Path, default=Path("bench/results/scale.json"))
-    args = ap.parse_args()
+    ap.add_argument(
+        "--loop", choices=("auto", "asyncio"), default="auto",
+        help="event loop of the run process: uvloop where installed, like `voicepipe run` (auto), or asyncio's",
+    )  # fmt: skip
+    return ap.parse_args()
+
+
+async def main(args: argparse.Namespace) -> None:
     sessions = [50, 200] if args.quick else [int(x) for x in args.sessions.split(",")]
     workers = [0, 2] if args.quick else [int(x) for x in args.workers.split(",")]
     rows: list[dict] = []
@@ -169,6 +176,7 @@ async def main() -> None:
         "scenario": args.scenario,
         "spread_ms_per_session": args.spread_ms,
         "backend": args.backend,
+        "loop": type(asyncio.get_running_loop()).__module__.split(".")[0],
         "rows": rows,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -206,4 +214,6 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    a = parse_args()
+    # the run process's event loop as `voicepipe run` picks it (the workers pick theirs: runner.worker_entry)
+    (asyncio.run if a.loop == "asyncio" else run_live_loop)(main(a))

@@ -35,6 +35,7 @@ from voicepipe.bus import (
     BrokerOutage,
     Bus,
     MqttBus,
+    MqttLink,
     negotiate_protocol,
     probe_round_trip,
 )
@@ -180,11 +181,14 @@ def build_stages(
 def mqtt_connector(
     addr: BrokerAddress, ctx: RunContext, protocol: str = "3.1.1", health: BrokerHealth | None = None
 ) -> Callable[[str], Bus]:
+    """Buses for the stages of this process, all on one MQTT connection (:class:`~voicepipe.bus.MqttLink`:
+    a message several of them subscribe to crosses the wire once; one ``send`` per event-loop batch)."""
     b = ctx.cfg.broker
-    shared = health or BrokerHealth()
-    return lambda name: MqttBus(
-        addr, ctx.run, name, qos=b.qos, protocol=protocol, outage_window_s=b.outage_window_s, health=shared
-    )
+    link = MqttLink(
+        addr, ctx.run, f"p{secrets.token_hex(3)}", b.qos, protocol=protocol,
+        outage_window_s=b.outage_window_s, health=health or BrokerHealth(),
+    )  # fmt: skip
+    return lambda name: MqttBus(addr, ctx.run, name, qos=b.qos, link=link)
 
 
 async def start_stages(stack: contextlib.AsyncExitStack, stages: list[Stage]) -> list[asyncio.Task[None]]:
@@ -313,7 +317,7 @@ def worker_entry() -> None:
             )
         guard.cancel()
 
-    asyncio.run(main())
+    run_live_loop(main())
 
 
 class Workers:
