@@ -353,6 +353,18 @@ class _BufferedSocket:
         self.rpos = min(start + n, len(self.rbuf))
         return self.rbuf[start : self.rpos]
 
+    def fill(self) -> int:
+        """Append what the kernel has to the unread rest: 1 read some, 0 nothing now, -1 end of stream."""
+        try:
+            data = self.sock.recv(65536)
+        except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            return 0
+        if not data:
+            return -1
+        rest = self.rbuf[self.rpos :]
+        self.rbuf, self.rpos = (rest + data if rest else data), 0
+        return 1
+
     def buffered(self) -> int:
         pend = getattr(self.sock, "pending", None)  # TLS: decrypted bytes the SSL object still holds
         return len(self.rbuf) - self.rpos + (pend() if pend else 0)
@@ -445,11 +457,27 @@ class LeanClient(aiomqtt.Client):
         self._sockw = w
 
         def readable() -> None:
+            took = False
             try:
-                while client.loop_read() == 0 and client._sock is w and w.buffered():
-                    pass
+                while client._sock is w:
+                    if client._in_packet["command"] == 0:  # paho is not in the middle of a packet
+                        got = self._take(w)
+                        if got:
+                            took = True
+                            continue
+                        if got is None:  # the next packet is not all here yet
+                            more = w.fill()
+                            if more > 0:
+                                continue
+                            if more == 0:
+                                break
+                    # paho's own packets (CONNACK, SUBACK, PINGRESP, QoS 2...), and the end of the stream
+                    if client.loop_read() != 0 or client._sock is not w or not w.buffered():
+                        break
             except Exception as exc:  # a broken connection: reconnect, as aiomqtt would disconnect
                 self._lose(exc)
+            if took:
+                client._last_bytes_received = time.monotonic()  # paho's keep-alive clock (time_func)
             self._flush_soon()
 
         def misc() -> None:
@@ -457,6 +485,91 @@ class LeanClient(aiomqtt.Client):
 
         self._loop.call_soon_threadsafe(self._loop.add_reader, raw.fileno(), readable)
         self._loop.call_soon_threadsafe(misc)
+
+    def _take(self, w: _BufferedSocket) -> bool | None:
+        """Handle the packet at the head of the read buffer if it is a PUBLISH (QoS 0 or 1) or a PUBACK
+        (success): True. False: one for paho (anything else, or anything unusual: it decodes and reports
+        it). None: the packet is not complete yet.
+
+        paho decodes every packet into objects (an MQTTMessage, MQTT 5 Properties and a ReasonCode, a
+        callback lookup by topic) and queues each PUBACK through its locks; the two packets of every bus
+        message are read here from the buffer instead. The QoS 1 state stays paho's: a PUBACK completes the
+        message through paho (``_do_on_publish``: its out-message table, in-flight count and callback), a
+        received QoS 1 PUBLISH is acknowledged at once, as paho does without manual acks.
+        """
+        buf, pos = w.rbuf, w.rpos
+        end = len(buf)
+        if end - pos < 2:
+            return None
+        cmd = buf[pos]
+        kind = cmd & 0xF0
+        if kind != 0x30 and kind != 0x40:
+            return False
+        n, i, mul = 0, pos + 1, 1
+        while True:  # remaining length: up to 4 bytes, 7 bits each
+            if i >= end:
+                return None
+            b = buf[i]
+            n += (b & 127) * mul
+            i += 1
+            if b < 128:
+                break
+            mul <<= 7
+            if mul > 1 << 21:
+                return False
+        stop = i + n
+        if stop > end:
+            return None
+        c = self._client
+        if kind == 0x40:  # PUBACK: mid, then (MQTT 5) a reason code, omitted when it is success
+            code = buf[i + 2] if n > 2 else 0
+            # a success code (0; 16: no subscriber matched) without properties; errors are paho's
+            if cmd != 0x40 or n < 2 or n > 4 or code not in (0, 16) or (n == 4 and buf[i + 3]):
+                return False
+            w.rpos = stop
+            mid = (buf[i] << 8) | buf[i + 1]
+            with c._out_message_mutex:
+                if mid in c._out_messages:
+                    c._do_on_publish(mid, *_puback(code))
+            return True
+        qos = (cmd >> 1) & 3
+        if qos == 2 or n < 2:
+            return False
+        j = i + 2 + ((buf[i] << 8) | buf[i + 1])
+        if j == i + 2 or j + (2 if qos else 0) > stop:  # a topic alias, or malformed: paho's to judge
+            return False
+        try:
+            t = buf[i + 2 : j].decode()
+        except UnicodeDecodeError:
+            return False
+        mid = 0
+        if qos:
+            mid = (buf[j] << 8) | buf[j + 1]
+            j += 2
+        if c._protocol == 5:  # skip the properties (their length is a variable byte integer)
+            plen, mul = 0, 1
+            while True:
+                if j >= stop:
+                    return False
+                b = buf[j]
+                plen += (b & 127) * mul
+                j += 1
+                if b < 128:
+                    break
+                mul <<= 7
+            j += plen
+            if j > stop:
+                return False
+        w.rpos = stop
+        body = buf[j:stop]
+        if qos:
+            w.wbuf.append(bytes((0x40, 2, mid >> 8, mid & 255)))  # PUBACK (MQTT 5: success, no properties)
+        if self.sink is not None:
+            self.sink(t, body)
+        else:
+            self.inbox.append((t, body))
+            self._wake()
+        return True
 
     def _on_socket_close(self, client: Any, userdata: Any, sock: Any) -> None:
         if self._writer:
@@ -545,6 +658,23 @@ class LeanClient(aiomqtt.Client):
         return int(info.rc)
 
 
+_PUBACKS: dict[int, tuple[Any, Any]] = {}
+
+
+def _puback(code: int) -> tuple[Any, Any]:
+    """(reason code, properties) of a PUBACK without properties, as paho hands them to ``on_publish``: made
+    once per code."""
+    got = _PUBACKS.get(code)
+    if got is None:
+        from paho.mqtt.reasoncodes import ReasonCode
+
+        got = _PUBACKS[code] = (
+            ReasonCode(PacketTypes.PUBACK, identifier=code),
+            Properties(PacketTypes.PUBACK),
+        )
+    return got
+
+
 MQTT_ERR_NO_CONN = 4  # paho.mqtt.enums.MQTTErrorCode.MQTT_ERR_NO_CONN
 REPLAY_NS = 2_000_000_000  # published this long before a lost connection: sent again after reconnecting
 SEEN_IDS = 16384  # ids remembered per client for deduplication (QoS 1 redelivers after reconnects)
@@ -596,7 +726,9 @@ class MqttLink:
         self.client.sink = self._deliver
         self.client.wakers.append(self._wake_all)
         self.subs: dict[str, list[MqttBus]] = {}  # channel -> the buses subscribed to it
-        self.topics: list[str] = []
+        self.taps: dict[str, list[Callable[[str, str, bytes], None]]] = {}  # channel -> raw observers
+        self.wire: dict[str, int] = {}  # topic filter -> QoS subscribed with on the broker
+        self.delivered = 0  # messages that came over the wire (each to every bus and tap on its channel)
         self.users = 0
         self._entering = asyncio.Lock()
         self._watch: asyncio.Task[None] | None = None
@@ -627,22 +759,36 @@ class MqttLink:
             with contextlib.suppress(Exception):
                 await self.client.__aexit__(None, None, None)
 
+    async def _want(self, channel: str, qos: int) -> None:
+        t = topic(self.run, "+", channel)
+        if self.wire.get(t, -1) < qos:  # a new filter, or one a stage now needs at a higher QoS than a tap
+            self.wire[t] = qos
+            await self.client.subscribe(t, qos=qos)
+
     async def subscribe(self, bus: MqttBus, channel: str) -> None:
-        buses = self.subs.get(channel)
-        if buses is None:
-            buses = self.subs[channel] = []
-            t = topic(self.run, "+", channel)
-            self.topics.append(t)
-            await self.client.subscribe(t, qos=self.qos)
+        await self._want(channel, self.qos)
+        buses = self.subs.setdefault(channel, [])
         if bus not in buses:
             buses.append(bus)
 
+    async def tap(self, channels: tuple[str, ...], see: Callable[[str, str, bytes], None]) -> None:
+        """Call ``see(session, channel, body)`` for every message on ``channels``, in the receive callback (it
+        must be quick and must not raise): a diagnostic observer (:class:`~voicepipe.liveness.Progress`)
+        without a connection of its own. Channels no stage of the link subscribes to are taken at QoS 0."""
+        for ch in channels:
+            await self._want(ch, 0)
+            self.taps.setdefault(ch, []).append(see)
+
     def _deliver(self, t: str, body: bytes) -> None:
         """paho's on_message: hand the message to every bus subscribed to its channel (a replica's filter
-        first: a foreign session's message never wakes its stage)."""
+        first: a foreign session's message never wakes its stage) and to the taps on it."""
         parts = t.split("/", 3)  # voicepipe/{run}/{session}/{channel}: what the subscriptions let through
         if len(parts) < 4:
             return
+        self.delivered += 1
+        if self.taps:
+            for see in self.taps.get(parts[3], ()):
+                see(parts[2], parts[3], body)
         for bus in self.subs.get(parts[3], ()):
             bus.received += 1
             if bus.accept is not None and not bus.accept(parts[2], parts[3]):
@@ -711,8 +857,8 @@ class MqttLink:
             try:
                 async with asyncio.timeout(max(0.1, min(left, 5.0))):
                     await c.__aenter__()
-                    for t in self.topics:  # a persistent session keeps them; a broker that lost it does not
-                        await c.subscribe(t, qos=self.qos)
+                    for t, q in self.wire.items():  # a persistent session keeps them; a lost broker does not
+                        await c.subscribe(t, qos=q)
             except (aiomqtt.MqttError, OSError, TimeoutError) as exc:
                 log.debug("reconnect failed", link=self.name, attempt=attempt, error=str(exc))
                 continue

@@ -178,17 +178,28 @@ def build_stages(
     return [STAGES[n](connect(n), ctx, **(client_kw if n == "client" else {})) for n in names]
 
 
-def mqtt_connector(
+def process_link(
     addr: BrokerAddress, ctx: RunContext, protocol: str = "3.1.1", health: BrokerHealth | None = None
-) -> Callable[[str], Bus]:
-    """Buses for the stages of this process, all on one MQTT connection (:class:`~voicepipe.bus.MqttLink`:
-    a message several of them subscribe to crosses the wire once; one ``send`` per event-loop batch)."""
+) -> MqttLink:
+    """This process's one MQTT connection for run ``ctx.run`` (its stages and its progress tap share it)."""
     b = ctx.cfg.broker
-    link = MqttLink(
+    return MqttLink(
         addr, ctx.run, f"p{secrets.token_hex(3)}", b.qos, protocol=protocol,
         outage_window_s=b.outage_window_s, health=health or BrokerHealth(),
     )  # fmt: skip
-    return lambda name: MqttBus(addr, ctx.run, name, qos=b.qos, link=link)
+
+
+def mqtt_connector(
+    addr: BrokerAddress,
+    ctx: RunContext,
+    protocol: str = "3.1.1",
+    health: BrokerHealth | None = None,
+    link: MqttLink | None = None,
+) -> Callable[[str], Bus]:
+    """Buses for the stages of this process, all on one MQTT connection (:class:`~voicepipe.bus.MqttLink`:
+    a message several of them subscribe to crosses the wire once; one ``send`` per event-loop batch)."""
+    shared = link or process_link(addr, ctx, protocol, health)
+    return lambda name: MqttBus(addr, ctx.run, name, qos=ctx.cfg.broker.qos, link=shared)
 
 
 async def start_stages(stack: contextlib.AsyncExitStack, stages: list[Stage]) -> list[asyncio.Task[None]]:
@@ -476,9 +487,10 @@ async def run_pipeline(
 
         local = [n for n in needed if n not in served_elsewhere]
         health = BrokerHealth()
-        stages = build_stages(mqtt_connector(addr, ctx, protocol, health), ctx, local, on_record=record)
+        link = process_link(addr, ctx, protocol, health)
+        stages = build_stages(mqtt_connector(addr, ctx, link=link), ctx, local, on_record=record)
         client = next(s for s in stages if isinstance(s, Client))
-        progress = await stack.enter_async_context(Progress(addr, run))
+        progress = await stack.enter_async_context(Progress(addr, run, link))
         members = Membership(remote)
         failer = Failer(client, members, result, progress)
         watch = await stack.enter_async_context(Watch(addr, run, failer.on_dead)) if remote else None
