@@ -458,6 +458,7 @@ class LeanClient(aiomqtt.Client):
 
         def readable() -> None:
             took = False
+            reads = 0
             try:
                 while client._sock is w:
                     if client._in_packet["command"] == 0:  # paho is not in the middle of a packet
@@ -466,6 +467,11 @@ class LeanClient(aiomqtt.Client):
                             took = True
                             continue
                         if got is None:  # the next packet is not all here yet
+                            if reads and (reads > 1 or w.rpos >= len(w.rbuf)):
+                                # one kernel read per callback (and one more to complete its last packet):
+                                # the stages run before the next, so a busy link cannot starve them
+                                break
+                            reads += 1
                             more = w.fill()
                             if more > 0:
                                 continue

@@ -1,4 +1,4 @@
-"""Runs scenarios through the pipeline: a bus, the stages (one bus connection each), sessions, records.
+"""Runs scenarios through the pipeline: a bus, the stages (live: one MQTT connection per process), sessions.
 
 :func:`run_pipeline` runs live: real time, an MQTT broker (embedded amqtt, or the configured one).
 :func:`simulate` runs the same stages on the in-memory bus and the virtual clock (``predict``, ``capacity``):
@@ -174,7 +174,8 @@ def needed_stages(cfg: PipelineConfig) -> list[str]:
 def build_stages(
     connect: Callable[[str], Bus], ctx: RunContext, names: list[str], **client_kw: object
 ) -> list[Stage]:
-    """One stage per name, each with its own bus connection ``connect(name)`` (not yet connected)."""
+    """One stage per name, each with its own bus ``connect(name)`` (not yet connected; live buses of one process
+    share its MQTT connection, :func:`mqtt_connector`)."""
     return [STAGES[n](connect(n), ctx, **(client_kw if n == "client" else {})) for n in names]
 
 
