@@ -10,7 +10,10 @@ threads) over each:
 
 Messages are counted by the broker itself (``$SYS/broker/publish/messages/received`` + ``.../sent``: every
 PUBLISH a client of ours sent or got), so the count does not depend on the code under test. µs/message =
-CPU µs / (published + delivered). mosquitto's own CPU is not included (another process).
+CPU µs / (published + delivered); µs/published = CPU µs / published (the broker's ``received``), the measure
+that stays comparable when the fan-out changes (stages of a process sharing one connection receive one copy
+of a message several of them subscribe to: fewer deliveries, the same work). mosquitto's own CPU is not
+included (another process).
 
 Only public entry points are used (``MqttBus``, ``run_pipeline``, ``Mosquitto``), so the same file measures an
 older checkout: ``PYTHONPATH=/path/to/old/checkout python bench/msgcost.py --label first-wave``.
@@ -32,6 +35,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -54,8 +58,8 @@ class CountingMosquitto(Mosquitto):
         return super().config_text(workdir) + "sys_interval 1\n"
 
 
-async def broker_counts(addr: BrokerAddress) -> int:
-    """PUBLISH packets the broker received plus sent so far (its $SYS counters, refreshed each second)."""
+async def broker_counts(addr: BrokerAddress) -> tuple[int, int]:
+    """(PUBLISH packets the broker received, and sent) so far (its $SYS counters, refreshed each second)."""
     want = ("$SYS/broker/publish/messages/received", "$SYS/broker/publish/messages/sent")
     got: dict[str, int] = {}
     async with addr.client(identifier=f"msgcost-sys-{time.monotonic_ns():x}") as c:
@@ -66,19 +70,21 @@ async def broker_counts(addr: BrokerAddress) -> int:
                 got[str(m.topic)] = int(bytes(m.payload))
                 if len(got) == len(want):
                     break
-    return sum(got.values())
+    return got[want[0]], got[want[1]]
 
 
-async def counted(addr: BrokerAddress, work: Callable[[], Awaitable[None]]) -> tuple[float, int]:
-    """(CPU seconds of this process during ``work``, PUBLISH packets the broker saw meanwhile)."""
+async def counted(addr: BrokerAddress, work: Callable[[], Awaitable[None]]) -> tuple[float, int, int]:
+    """(CPU seconds of this process during ``work``, PUBLISH packets the broker saw meanwhile (received plus
+    sent), of which received: the messages our clients published)."""
     await asyncio.sleep(2.2)  # the counters include everything sent before
-    before = await broker_counts(addr)
+    r0, s0 = await broker_counts(addr)
     cpu0 = time.process_time()
     await work()
     cpu = time.process_time() - cpu0
     await asyncio.sleep(2.2)  # two $SYS periods: the counters include the last message
-    # the count's own subscription messages (2 before, 2 after) are subtracted
-    return cpu, (await broker_counts(addr)) - before - 2 - 2
+    r1, s1 = await broker_counts(addr)
+    # the count's own subscription messages (2 before, 2 after) are subtracted: the broker sent them
+    return cpu, (r1 - r0) + (s1 - s0) - 2 - 2, r1 - r0
 
 
 async def bus_only(addr: BrokerAddress, n: int) -> None:
@@ -168,7 +174,7 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
     with CountingMosquitto() as mq:
         addr = BrokerAddress.parse(mq.url)
         await bus_only(addr, 200)  # warm-up: imports, first connections
-        cpu_b, n_b = await counted(addr, lambda: bus_only(addr, args.messages))
+        cpu_b, n_b, pub_b = await counted(addr, lambda: bus_only(addr, args.messages))
         pipe: dict[str, float] = {}
 
         cfg = load_config(
@@ -186,7 +192,7 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         async def play() -> None:
             pipe.update(await pipeline(cfg, scenario, args.sessions))
 
-        cpu_p, n_p = await counted(addr, play)
+        cpu_p, n_p, pub_p = await counted(addr, play)
     loop = type(asyncio.get_running_loop()).__module__.split(".")[0]
     return {
         "what": "CPU µs of the voicepipe process per MQTT PUBLISH it sent or received (broker $SYS counts), "
@@ -196,15 +202,25 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         "loop": loop,
         "machine": platform.platform(),
         "python": platform.python_version(),
-        "bus": {"messages": n_b, "cpu_s": cpu_b, "us_per_message": cpu_b * 1e6 / max(1, n_b)},
+        "bus": {
+            "messages": n_b,
+            "published": pub_b,
+            "cpu_s": cpu_b,
+            "us_per_message": cpu_b * 1e6 / max(1, n_b),
+            "us_per_published": cpu_b * 1e6 / max(1, pub_b),
+        },
         "pipeline": {
             "scenario": args.scenario,
             "sessions": args.sessions,
             "start_spread_ms": args.spread_ms,
             **pipe,
             "messages": n_p,
+            "published": pub_p,
             "cpu_s": cpu_p,
             "us_per_message": cpu_p * 1e6 / max(1, n_p),
+            # fan-out free: a process that receives one copy for several stages has fewer messages per turn
+            "us_per_published": cpu_p * 1e6 / max(1, pub_p),
+            "ms_per_turn": cpu_p * 1e3 / max(1, pipe.get("turns", 0)),
         },
     }
 
@@ -220,12 +236,12 @@ def run_on(loop_kind: str, args: argparse.Namespace) -> dict[str, object]:
 def interleaved(args: argparse.Namespace) -> None:
     """Rounds of (this checkout, the one at ``--against``) one after the other, each in a fresh process:
     on a shared box the load drifts, so the ratio is taken from runs that saw the same load."""
-    import os
     import statistics
     import tempfile
 
     here = Path(__file__).resolve()
     runs: dict[str, list[dict]] = {"current": [], "against": []}
+    load0 = os.getloadavg()[0]
     common = ["--messages", str(args.messages), "--sessions", str(args.sessions), "--scenario", args.scenario,
               "--spread-ms", str(args.spread_ms), "--no-codec"]  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
@@ -239,29 +255,35 @@ def interleaved(args: argparse.Namespace) -> None:
                     cmd += ["--loop", args.against_loop]
                 subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
                 runs[who].append(json.loads(out.read_text()))
-                print(f"round {r + 1}/{args.rounds} {who}: bus {runs[who][-1]['bus']['us_per_message']:.1f}"
-                      f" µs/msg, pipeline {runs[who][-1]['pipeline']['us_per_message']:.1f} µs/msg")  # fmt: skip
+                last = runs[who][-1]
+                print(f"round {r + 1}/{args.rounds} {who}: bus {last['bus']['us_per_message']:.1f}"
+                      f" µs/msg, pipeline {last['pipeline']['us_per_message']:.1f} µs/msg, "
+                      f"{last['pipeline']['us_per_published']:.0f} µs/published")  # fmt: skip
     summary: dict[str, object] = {
-        "what": "CPU µs per MQTT PUBLISH sent or received (broker $SYS counts), medians of interleaved "
-        "rounds, each in a fresh process, spawned nodelay mosquitto; time.process_time",
+        "what": "CPU µs per MQTT PUBLISH sent or received (broker $SYS counts), and per PUBLISH our clients "
+        "sent (us_per_published: the same work whatever the fan-out), medians of interleaved rounds, each in "
+        "a fresh process, spawned nodelay mosquitto; time.process_time",
+        "load_avg_1m_before_after": [load0, os.getloadavg()[0]],
         "machine": platform.platform(),
         "rounds": args.rounds,
         "current": {"code": runs["current"][0]["code"], "loop": runs["current"][0]["loop"]},
         "against": {"code": args.against_code or str(args.against), "loop": args.against_loop},
     }
     print(f"CPU per bus message, median of {args.rounds} interleaved rounds (measured)")
-    print(f"{'workload':<30} {'against µs/msg':>15} {'current µs/msg':>15} {'ratio':>6}")
+    print(f"{'workload':<40} {'against':>9} {'current':>9} {'ratio':>6}")
     for key, name in (("bus", "bus only"), ("pipeline", f"pipeline {args.scenario} x{args.sessions}")):
-        old = statistics.median(x[key]["us_per_message"] for x in runs["against"])
-        new = statistics.median(x[key]["us_per_message"] for x in runs["current"])
-        summary[key] = {
-            "against_us_per_message": old,
-            "current_us_per_message": new,
-            "ratio": old / new,
-            "rounds_against": [x[key]["us_per_message"] for x in runs["against"]],
-            "rounds_current": [x[key]["us_per_message"] for x in runs["current"]],
-        }
-        print(f"{name:<30} {old:>15.1f} {new:>15.1f} {old / new:>5.1f}x")
+        summary[key] = {}
+        for measure, unit in (("us_per_message", "µs/msg"), ("us_per_published", "µs/published")):
+            old = statistics.median(x[key][measure] for x in runs["against"])
+            new = statistics.median(x[key][measure] for x in runs["current"])
+            summary[key] |= {  # type: ignore[operator]
+                f"against_{measure}": old,
+                f"current_{measure}": new,
+                f"ratio_{measure}": old / new,
+                f"rounds_against_{measure}": [x[key][measure] for x in runs["against"]],
+                f"rounds_current_{measure}": [x[key][measure] for x in runs["current"]],
+            }
+            print(f"{name + ', ' + unit:<40} {old:>9.1f} {new:>9.1f} {old / new:>5.2f}x")
     summary["codec_us"] = codec_us()
     dest = args.out or Path("bench/results/msgcost.json")
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -303,7 +325,7 @@ def cli() -> None:
         out["code"] = args.code
     rows = [("bus only", "bus"), (f"pipeline {args.scenario} x{args.sessions}", "pipeline")]
     old = json.loads(args.compare.read_text()) if args.compare else None
-    head = f"{'workload':<30} {'messages':>9} {'CPU s':>7} {'µs/msg':>8}"
+    head = f"{'workload':<30} {'messages':>9} {'CPU s':>7} {'µs/msg':>8} {'µs/published':>13}"
     if old:
         head += f" {'µs/msg ' + str(old['label'])[:12]:>20} {'ratio':>6}"
     print(f"CPU per bus message — {out['label']} ({out['code']}, {out['loop']} loop), measured")
@@ -311,6 +333,7 @@ def cli() -> None:
     for name, key in rows:
         r = out[key]
         line = f"{name:<30} {r['messages']:>9} {r['cpu_s']:>7.2f} {r['us_per_message']:>8.1f}"
+        line += f" {r['us_per_published']:>13.1f}"
         if old:
             o = old[key]["us_per_message"]
             line += f" {o:>20.1f} {o / r['us_per_message']:>5.1f}x"

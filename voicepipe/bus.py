@@ -4,16 +4,18 @@
 envelopes, iterate over received ones, dead-letter what cannot be used. Two implementations share that
 contract — topics ``voicepipe/{run}/{session}/{channel}``, one :class:`~voicepipe.messages.Envelope` per
 message, QoS 1 (every subscriber gets each message, in publish order per publisher, the publisher too when
-subscribed): :class:`MqttBus` (one aiomqtt client per stage, here) and
-:class:`voicepipe.membus.MemoryBus` (in-process, for virtual time). Stages do not know which one they run on.
+subscribed): :class:`MqttBus` (here: the stages of one process share one MQTT connection, an
+:class:`MqttLink`) and :class:`voicepipe.membus.MemoryBus` (in-process, for virtual time). Stages do not know
+which one they run on.
 
-MQTT: every client sets TCP_NODELAY (small QoS 1 messages otherwise wait on delayed ACKs). A stage subscribes to
-``voicepipe/{run}/+/{channel}`` once and serves every session through that one subscription.
+MQTT: every client sets TCP_NODELAY (small QoS 1 messages otherwise wait on delayed ACKs). A link subscribes
+to ``voicepipe/{run}/+/{channel}`` once per channel its stages want and serves every session of every stage
+through it: a message several stages of the process subscribe to crosses the wire once.
 
 The message path is lean (:class:`LeanClient`: no future, task or timer per message, one socket write per
-event-loop batch; bench/msgcost.py measures it) and survives the broker going away (:class:`MqttBus`:
-reconnect with backoff and jitter, persistent session, QoS 1 resend, resubscribe, replay after a restart,
-duplicates dropped by envelope id; :class:`BrokerHealth` records outages and stalls for the turns they
+event-loop batch for every stage of the process; bench/msgcost.py measures it) and survives the broker going
+away (:class:`MqttLink`: reconnect with backoff and jitter, persistent session, QoS 1 resend, resubscribe,
+replay after a restart; :class:`MqttBus`: duplicates dropped by envelope id; :class:`BrokerHealth` records outages and stalls for the turns they
 hit; past ``outage_window_s`` :class:`BrokerOutage` ends the run). Validation happens here, where bytes
 enter from the network (:func:`voicepipe.messages.parse`); the in-memory bus passes validated objects.
 """
@@ -351,6 +353,18 @@ class _BufferedSocket:
         self.rpos = min(start + n, len(self.rbuf))
         return self.rbuf[start : self.rpos]
 
+    def fill(self) -> int:
+        """Append what the kernel has to the unread rest: 1 read some, 0 nothing now, -1 end of stream."""
+        try:
+            data = self.sock.recv(65536)
+        except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            return 0
+        if not data:
+            return -1
+        rest = self.rbuf[self.rpos :]
+        self.rbuf, self.rpos = (rest + data if rest else data), 0
+        return 1
+
     def buffered(self) -> int:
         pend = getattr(self.sock, "pending", None)  # TLS: decrypted bytes the SSL object still holds
         return len(self.rbuf) - self.rpos + (pend() if pend else 0)
@@ -399,6 +413,9 @@ class LeanClient(aiomqtt.Client):
         self._writer = False
         self._waiter: asyncio.Future[None] | None = None
         self.inbox: deque[tuple[str, bytes]] = deque()
+        # MqttLink: every received message goes to ``sink`` (not the inbox); ``wakers`` hear of a lost link
+        self.sink: Callable[[str, bytes], None] | None = None
+        self.wakers: list[Callable[[], None]] = []
         self.unacked: dict[int, int] = {}  # QoS 1 mid -> when it was handed over (stall detection)
         self._client.disable_logger()  # paho formats a debug line per packet otherwise (errors still raise)
 
@@ -440,11 +457,33 @@ class LeanClient(aiomqtt.Client):
         self._sockw = w
 
         def readable() -> None:
+            took = False
+            reads = 0
             try:
-                while client.loop_read() == 0 and client._sock is w and w.buffered():
-                    pass
+                while client._sock is w:
+                    if client._in_packet["command"] == 0:  # paho is not in the middle of a packet
+                        got = self._take(w)
+                        if got:
+                            took = True
+                            continue
+                        if got is None:  # the next packet is not all here yet
+                            if reads and (reads > 1 or w.rpos >= len(w.rbuf)):
+                                # one kernel read per callback (and one more to complete its last packet):
+                                # the stages run before the next, so a busy link cannot starve them
+                                break
+                            reads += 1
+                            more = w.fill()
+                            if more > 0:
+                                continue
+                            if more == 0:
+                                break
+                    # paho's own packets (CONNACK, SUBACK, PINGRESP, QoS 2...), and the end of the stream
+                    if client.loop_read() != 0 or client._sock is not w or not w.buffered():
+                        break
             except Exception as exc:  # a broken connection: reconnect, as aiomqtt would disconnect
                 self._lose(exc)
+            if took:
+                client._last_bytes_received = time.monotonic()  # paho's keep-alive clock (time_func)
             self._flush_soon()
 
         def misc() -> None:
@@ -452,6 +491,91 @@ class LeanClient(aiomqtt.Client):
 
         self._loop.call_soon_threadsafe(self._loop.add_reader, raw.fileno(), readable)
         self._loop.call_soon_threadsafe(misc)
+
+    def _take(self, w: _BufferedSocket) -> bool | None:
+        """Handle the packet at the head of the read buffer if it is a PUBLISH (QoS 0 or 1) or a PUBACK
+        (success): True. False: one for paho (anything else, or anything unusual: it decodes and reports
+        it). None: the packet is not complete yet.
+
+        paho decodes every packet into objects (an MQTTMessage, MQTT 5 Properties and a ReasonCode, a
+        callback lookup by topic) and queues each PUBACK through its locks; the two packets of every bus
+        message are read here from the buffer instead. The QoS 1 state stays paho's: a PUBACK completes the
+        message through paho (``_do_on_publish``: its out-message table, in-flight count and callback), a
+        received QoS 1 PUBLISH is acknowledged at once, as paho does without manual acks.
+        """
+        buf, pos = w.rbuf, w.rpos
+        end = len(buf)
+        if end - pos < 2:
+            return None
+        cmd = buf[pos]
+        kind = cmd & 0xF0
+        if kind != 0x30 and kind != 0x40:
+            return False
+        n, i, mul = 0, pos + 1, 1
+        while True:  # remaining length: up to 4 bytes, 7 bits each
+            if i >= end:
+                return None
+            b = buf[i]
+            n += (b & 127) * mul
+            i += 1
+            if b < 128:
+                break
+            mul <<= 7
+            if mul > 1 << 21:
+                return False
+        stop = i + n
+        if stop > end:
+            return None
+        c = self._client
+        if kind == 0x40:  # PUBACK: mid, then (MQTT 5) a reason code, omitted when it is success
+            code = buf[i + 2] if n > 2 else 0
+            # a success code (0; 16: no subscriber matched) without properties; errors are paho's
+            if cmd != 0x40 or n < 2 or n > 4 or code not in (0, 16) or (n == 4 and buf[i + 3]):
+                return False
+            w.rpos = stop
+            mid = (buf[i] << 8) | buf[i + 1]
+            with c._out_message_mutex:
+                if mid in c._out_messages:
+                    c._do_on_publish(mid, *_puback(code))
+            return True
+        qos = (cmd >> 1) & 3
+        if qos == 2 or n < 2:
+            return False
+        j = i + 2 + ((buf[i] << 8) | buf[i + 1])
+        if j == i + 2 or j + (2 if qos else 0) > stop:  # a topic alias, or malformed: paho's to judge
+            return False
+        try:
+            t = buf[i + 2 : j].decode()
+        except UnicodeDecodeError:
+            return False
+        mid = 0
+        if qos:
+            mid = (buf[j] << 8) | buf[j + 1]
+            j += 2
+        if c._protocol == 5:  # skip the properties (their length is a variable byte integer)
+            plen, mul = 0, 1
+            while True:
+                if j >= stop:
+                    return False
+                b = buf[j]
+                plen += (b & 127) * mul
+                j += 1
+                if b < 128:
+                    break
+                mul <<= 7
+            j += plen
+            if j > stop:
+                return False
+        w.rpos = stop
+        body = buf[j:stop]
+        if qos:
+            w.wbuf.append(bytes((0x40, 2, mid >> 8, mid & 255)))  # PUBACK (MQTT 5: success, no properties)
+        if self.sink is not None:
+            self.sink(t, body)
+        else:
+            self.inbox.append((t, body))
+            self._wake()
+        return True
 
     def _on_socket_close(self, client: Any, userdata: Any, sock: Any) -> None:
         if self._writer:
@@ -495,6 +619,9 @@ class LeanClient(aiomqtt.Client):
 
     # -- messages ------------------------------------------------------------------------------------
     def _on_message(self, client: Any, userdata: Any, message: Any) -> None:
+        if self.sink is not None:
+            self.sink(message.topic, message.payload)
+            return
         self.inbox.append((message.topic, message.payload))
         self._wake()
 
@@ -515,6 +642,8 @@ class LeanClient(aiomqtt.Client):
         w = self._waiter
         if w is not None and not w.done():
             w.set_result(None)
+        for wake in self.wakers:
+            wake()
 
     async def wait(self) -> None:
         """Until a message is in :attr:`inbox` or the connection is lost."""
@@ -535,20 +664,44 @@ class LeanClient(aiomqtt.Client):
         return int(info.rc)
 
 
+_PUBACKS: dict[int, tuple[Any, Any]] = {}
+
+
+def _puback(code: int) -> tuple[Any, Any]:
+    """(reason code, properties) of a PUBACK without properties, as paho hands them to ``on_publish``: made
+    once per code."""
+    got = _PUBACKS.get(code)
+    if got is None:
+        from paho.mqtt.reasoncodes import ReasonCode
+
+        got = _PUBACKS[code] = (
+            ReasonCode(PacketTypes.PUBACK, identifier=code),
+            Properties(PacketTypes.PUBACK),
+        )
+    return got
+
+
 MQTT_ERR_NO_CONN = 4  # paho.mqtt.enums.MQTTErrorCode.MQTT_ERR_NO_CONN
 REPLAY_NS = 2_000_000_000  # published this long before a lost connection: sent again after reconnecting
 SEEN_IDS = 16384  # ids remembered per client for deduplication (QoS 1 redelivers after reconnects)
 
 
-class MqttBus(Bus):
-    """A stage's own MQTT client: the lean message path, reconnect and resume.
+class MqttLink:
+    """One MQTT connection shared by the stages of a process: the lean message path, reconnect and resume.
+
+    Every :class:`MqttBus` of a process that shares a link (``runner.mqtt_connector``) publishes through the
+    same client and receives through it: a channel several of its stages subscribe to (``turn/script``,
+    ``control/cancel``, ``session/end``) crosses the wire once and is handed to each of them; the PUBACKs
+    and PUBLISHes of all its stages in one event-loop batch leave in one ``send``. Every bus still parses its
+    own copy of the body (stages never share a message object). A bus made without a link gets one of its own.
 
     Lost connection: reconnect with exponential backoff and jitter (aiomqtt's documented pattern: enter
     the same client again), on a persistent session (MQTT 5: clean start on the first connect only and a
     session expiry of ``outage_window_s``; MQTT 3.1.1: ``clean_session`` false), then subscribe again.
     QoS 1 publishes not yet acknowledged stay with paho and are sent again (DUP); what the broker
-    redelivers twice is dropped by envelope id. A connection lost for longer than ``outage_window_s``
-    raises :class:`BrokerOutage` from :meth:`messages` and :meth:`publish`.
+    redelivers twice is dropped by envelope id (per bus). A connection lost for longer than
+    ``outage_window_s`` raises :class:`BrokerOutage` from every bus's :meth:`MqttBus.messages` and
+    :meth:`MqttBus.publish`.
     """
 
     BACKOFF_S = (0.05, 2.0)  # first retry after ~50 ms, doubling up to 2 s; each times uniform(0.5, 1)
@@ -564,10 +717,10 @@ class MqttBus(Bus):
         outage_window_s: float = 30.0,
         health: BrokerHealth | None = None,
     ) -> None:
-        super().__init__(run, name)
         self.addr = addr
+        self.run = run
+        self.name = name
         self.qos = qos
-        self.protocol = protocol
         self.window_ns = round(outage_window_s * 1e9)
         self.health = health or BrokerHealth()
         self.client: LeanClient = addr.client(
@@ -576,116 +729,103 @@ class MqttBus(Bus):
             protocol=protocol,
             session_expiry_s=outage_window_s,
         )  # type: ignore[assignment]
-        self.topics: list[str] = []
-        self.duplicates = 0
-        # (session, channel) -> act on it? Checked on the topic, before the body is parsed: a replica
-        # (voicepipe.partition) drops other replicas' sessions without paying for their JSON
-        self.accept: Callable[[str, str], bool] | None = None
-        self.dropped_qos0 = 0
-        self._seen: set[str] = set()
-        self._seen_order: deque[str] = deque()
+        self.client.sink = self._deliver
+        self.client.wakers.append(self._wake_all)
+        self.subs: dict[str, list[MqttBus]] = {}  # channel -> the buses subscribed to it
+        self.taps: dict[str, list[Callable[[str, str, bytes], None]]] = {}  # channel -> raw observers
+        self.wire: dict[str, int] = {}  # topic filter -> QoS subscribed with on the broker
+        self.delivered = 0  # messages that came over the wire (each to every bus and tap on its channel)
+        self.users = 0
+        self._entering = asyncio.Lock()
         self._watch: asyncio.Task[None] | None = None
         self._reconnecting: asyncio.Task[None] | None = None
         self.fatal: BrokerOutage | None = None
         self._recent: deque[tuple[int, str, bytes]] = deque()  # (sent_ns, topic, body) of the last REPLAY_NS
         self.replayed = 0
 
-    async def __aenter__(self) -> MqttBus:
-        await self.client.__aenter__()
-        self._watch = asyncio.create_task(self._watchdog(), name=f"bus-watch-{self.name}")
-        return self
+    async def enter(self) -> None:
+        """A bus starts using the link: the first one connects it."""
+        async with self._entering:
+            if not self.users:
+                await self.client.__aenter__()
+                self._watch = asyncio.create_task(self._watchdog(), name=f"bus-watch-{self.name}")
+            self.users += 1
 
-    async def __aexit__(self, *exc: object) -> None:
-        for t in (self._watch, self._reconnecting):
-            if t is not None:
-                t.cancel()
-                with contextlib.suppress(BaseException):
-                    await t
-        with contextlib.suppress(Exception):
-            await self.client.__aexit__(None, None, None)
+    async def exit(self) -> None:
+        """A bus is done with the link: the last one disconnects it."""
+        async with self._entering:
+            self.users -= 1
+            if self.users > 0:
+                return
+            for t in (self._watch, self._reconnecting):
+                if t is not None:
+                    t.cancel()
+                    with contextlib.suppress(BaseException):
+                        await t
+            with contextlib.suppress(Exception):
+                await self.client.__aexit__(None, None, None)
 
-    async def subscribe(self, *channels: str) -> None:
+    async def _want(self, channel: str, qos: int) -> None:
+        t = topic(self.run, "+", channel)
+        if self.wire.get(t, -1) < qos:  # a new filter, or one a stage now needs at a higher QoS than a tap
+            self.wire[t] = qos
+            await self.client.subscribe(t, qos=qos)
+
+    async def subscribe(self, bus: MqttBus, channel: str) -> None:
+        await self._want(channel, self.qos)
+        buses = self.subs.setdefault(channel, [])
+        if bus not in buses:
+            buses.append(bus)
+
+    async def tap(self, channels: tuple[str, ...], see: Callable[[str, str, bytes], None]) -> None:
+        """Call ``see(session, channel, body)`` for every message on ``channels``, in the receive callback (it
+        must be quick and must not raise): a diagnostic observer (:class:`~voicepipe.liveness.Progress`)
+        without a connection of its own. Channels no stage of the link subscribes to are taken at QoS 0."""
         for ch in channels:
-            t = topic(self.run, "+", ch)
-            self.topics.append(t)
-            await self.client.subscribe(t, qos=self.qos)
+            await self._want(ch, 0)
+            self.taps.setdefault(ch, []).append(see)
 
-    async def publish(self, env: Envelope, *, qos: int | None = None) -> None:
+    def _deliver(self, t: str, body: bytes) -> None:
+        """paho's on_message: hand the message to every bus subscribed to its channel (a replica's filter
+        first: a foreign session's message never wakes its stage) and to the taps on it."""
+        parts = t.split("/", 3)  # voicepipe/{run}/{session}/{channel}: what the subscriptions let through
+        if len(parts) < 4:
+            return
+        self.delivered += 1
+        if self.taps:
+            for see in self.taps.get(parts[3], ()):
+                see(parts[2], parts[3], body)
+        for bus in self.subs.get(parts[3], ()):
+            bus.received += 1
+            if bus.accept is not None and not bus.accept(parts[2], parts[3]):
+                continue
+            bus.inbox.append((t, body))
+            w = bus._waiter
+            if w is not None and not w.done():
+                w.set_result(None)
+
+    def _wake_all(self) -> None:
+        for buses in self.subs.values():
+            for bus in buses:
+                bus._wake()
+
+    def publish(self, t: str, body: bytes, qos: int, sent_ns: int) -> int:
+        """Hand a message to paho; paho's result code (``MQTT_ERR_NO_CONN`` also starts a reconnect)."""
         if self.fatal is not None:
             raise self.fatal
-        env.sent_ns = now_ns()
-        q = self.qos if qos is None else qos
-        t, body = topic(self.run, env.session, channel_of(env.type)), env.to_bytes()
-        rc = self.client.publish_nowait(t, body, q)
-        if q:  # kept a moment, to publish again after a broker restart that lost it
+        rc = self.client.publish_nowait(t, body, qos)
+        if qos:  # kept a moment, to publish again after a broker restart that lost it
             recent = self._recent
-            recent.append((env.sent_ns, t, body))
+            recent.append((sent_ns, t, body))
             if not self.health.down_since:
-                cut = env.sent_ns - REPLAY_NS
+                cut = sent_ns - REPLAY_NS
                 while recent[0][0] < cut:
                     recent.popleft()
         if rc == MQTT_ERR_NO_CONN:
             self._lost()
-            if not q:
-                self.dropped_qos0 += 1
         elif rc:
             raise aiomqtt.MqttCodeError(rc, "Could not publish message")
-        self.published += 1
-
-    async def deadletter(self, where: str, reason: str, body: bytes) -> None:
-        await super().deadletter(where, reason, body)
-        note = {
-            "stage": self.name,
-            "topic": where,
-            "reason": reason,
-            "body": body[:512].decode("utf-8", errors="replace"),
-        }
-        self.client.publish_nowait(deadletter_topic(self.run), json.dumps(note).encode(), 0)
-
-    async def messages(self) -> AsyncIterator[tuple[str, Envelope]]:
-        """Parsed envelopes with their channel; malformed ones go to the dead-letter topic, duplicates
-        (same envelope id again, after a redelivery) are dropped."""
-        c = self.client
-        inbox = c.inbox
-        while True:
-            while inbox:
-                t, body = inbox.popleft()
-                self.received += 1
-                try:
-                    _, session, channel = split_topic(t)
-                    if self.accept is not None and not self.accept(session, channel):
-                        continue
-                    env = parse(body)
-                    if channel_of(env.type) != channel:
-                        raise BadMessage(f"type {env.type!r} does not belong on channel {channel!r}")
-                    if env.session != session or env.run != self.run:
-                        raise BadMessage("run/session in body do not match the topic")
-                except BadMessage as exc:
-                    await self.deadletter(t, str(exc), bytes(body))
-                    continue
-                if self._duplicate(env.id):
-                    self.duplicates += 1
-                    continue
-                yield channel, env
-            if c.lost:
-                self._lost()
-                await asyncio.shield(self._reconnecting)  # type: ignore[arg-type]
-                continue
-            await c.wait()
-
-    def _duplicate(self, id_: str) -> bool:
-        seen = self._seen
-        if id_ in seen:
-            return True
-        seen.add(id_)
-        order = self._seen_order
-        order.append(id_)
-        if len(order) > SEEN_IDS:
-            seen.discard(order.popleft())
-        return False
-
-    def disruption_ms(self, start_ns: int, end_ns: int) -> float:
-        return self.health.overlap_ns(start_ns, end_ns) / 1e6
+        return rc
 
     # -- reconnect -----------------------------------------------------------------------------------
     def _lost(self) -> None:
@@ -694,8 +834,12 @@ class MqttBus(Bus):
             raise self.fatal
         if self._reconnecting is None or self._reconnecting.done():
             self.health.down_since.setdefault(self.name, now_ns())
-            log.warning("broker connection lost; reconnecting", stage=self.name)
+            log.warning("broker connection lost; reconnecting", link=self.name)
             self._reconnecting = asyncio.create_task(self._reconnect(), name=f"bus-reconnect-{self.name}")
+
+    async def wait_reconnected(self) -> None:
+        self._lost()
+        await asyncio.shield(self._reconnecting)  # type: ignore[arg-type]
 
     async def _reconnect(self) -> None:
         c = self.client
@@ -719,17 +863,17 @@ class MqttBus(Bus):
             try:
                 async with asyncio.timeout(max(0.1, min(left, 5.0))):
                     await c.__aenter__()
-                    for t in self.topics:  # a persistent session keeps them; a broker that lost it does not
-                        await c.subscribe(t, qos=self.qos)
+                    for t, q in self.wire.items():  # a persistent session keeps them; a lost broker does not
+                        await c.subscribe(t, qos=q)
             except (aiomqtt.MqttError, OSError, TimeoutError) as exc:
-                log.debug("reconnect failed", stage=self.name, attempt=attempt, error=str(exc))
+                log.debug("reconnect failed", link=self.name, attempt=attempt, error=str(exc))
                 continue
             self.health.down_since.pop(self.name, None)
             self.health.outages.append((since, now_ns()))
             self.health.reconnects += 1
-            log.warning("broker reconnected", stage=self.name, after_s=round((now_ns() - since) / 1e9, 2))
+            log.warning("broker reconnected", link=self.name, after_s=round((now_ns() - since) / 1e9, 2))
             # a restarted broker may have lost what it held (sessions, queued messages: mosquitto keeps MQTT 5
-            # sessions only in memory across a crash): once every bus of this process is subscribed again,
+            # sessions only in memory across a crash): once every link of this process is subscribed again,
             # publish the recent messages again; receivers drop the ones they had by id
             while self.health.down_since and now_ns() < since + self.window_ns:
                 await asyncio.sleep(0.02)
@@ -757,11 +901,137 @@ class MqttBus(Bus):
                 if stall_from is None:
                     stall_from = oldest
                     log.warning(
-                        "broker stalled: no acknowledgement", stage=self.name, for_ms=(now - oldest) / 1e6
+                        "broker stalled: no acknowledgement", link=self.name, for_ms=(now - oldest) / 1e6
                     )
             elif stall_from is not None:
                 self.health.stalls.append((stall_from, now))
                 stall_from = None
+
+
+class MqttBus(Bus):
+    """A stage's bus on an :class:`MqttLink` (its own, or one its process shares): typed envelopes in and
+    out, malformed ones dead-lettered, redelivered ones dropped by id."""
+
+    def __init__(
+        self,
+        addr: BrokerAddress,
+        run: str,
+        name: str,
+        qos: int = 1,
+        *,
+        protocol: str = "3.1.1",
+        outage_window_s: float = 30.0,
+        health: BrokerHealth | None = None,
+        link: MqttLink | None = None,
+    ) -> None:
+        super().__init__(run, name)
+        self.addr = addr
+        self.qos = qos
+        self.link = link or MqttLink(
+            addr, run, name, qos, protocol=protocol, outage_window_s=outage_window_s, health=health
+        )
+        self.client = self.link.client
+        self.health = self.link.health
+        self.duplicates = 0
+        # (session, channel) -> act on it? Checked on the topic, before the body is parsed or the stage
+        # woken: a replica (voicepipe.partition) drops other replicas' sessions without paying for them
+        self.accept: Callable[[str, str], bool] | None = None
+        self.dropped_qos0 = 0
+        self.inbox: deque[tuple[str, bytes]] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._seen: set[str] = set()
+        self._seen_order: deque[str] = deque()
+
+    @property
+    def fatal(self) -> BrokerOutage | None:
+        return self.link.fatal
+
+    @property
+    def replayed(self) -> int:
+        return self.link.replayed
+
+    async def __aenter__(self) -> MqttBus:
+        await self.link.enter()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.link.exit()
+
+    async def subscribe(self, *channels: str) -> None:
+        for ch in channels:
+            await self.link.subscribe(self, ch)
+
+    async def publish(self, env: Envelope, *, qos: int | None = None) -> None:
+        env.sent_ns = now_ns()
+        q = self.qos if qos is None else qos
+        rc = self.link.publish(
+            topic(self.run, env.session, channel_of(env.type)), env.to_bytes(), q, env.sent_ns
+        )
+        if rc == MQTT_ERR_NO_CONN and not q:
+            self.dropped_qos0 += 1
+        self.published += 1
+
+    async def deadletter(self, where: str, reason: str, body: bytes) -> None:
+        await super().deadletter(where, reason, body)
+        note = {
+            "stage": self.name,
+            "topic": where,
+            "reason": reason,
+            "body": body[:512].decode("utf-8", errors="replace"),
+        }
+        self.client.publish_nowait(deadletter_topic(self.run), json.dumps(note).encode(), 0)
+
+    def _wake(self) -> None:
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    async def messages(self) -> AsyncIterator[tuple[str, Envelope]]:
+        """Parsed envelopes with their channel; malformed ones go to the dead-letter topic, duplicates
+        (same envelope id again, after a redelivery) are dropped."""
+        link, c = self.link, self.client
+        inbox = self.inbox
+        while True:
+            while inbox:
+                t, body = inbox.popleft()
+                try:
+                    _, session, channel = split_topic(t)
+                    env = parse(body)
+                    if channel_of(env.type) != channel:
+                        raise BadMessage(f"type {env.type!r} does not belong on channel {channel!r}")
+                    if env.session != session or env.run != self.run:
+                        raise BadMessage("run/session in body do not match the topic")
+                except BadMessage as exc:
+                    await self.deadletter(t, str(exc), bytes(body))
+                    continue
+                if self._duplicate(env.id):
+                    self.duplicates += 1
+                    continue
+                yield channel, env
+            if link.fatal is not None:
+                raise link.fatal
+            if c.lost:
+                await link.wait_reconnected()
+                continue
+            self._waiter = c._loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+
+    def _duplicate(self, id_: str) -> bool:
+        seen = self._seen
+        if id_ in seen:
+            return True
+        seen.add(id_)
+        order = self._seen_order
+        order.append(id_)
+        if len(order) > SEEN_IDS:
+            seen.discard(order.popleft())
+        return False
+
+    def disruption_ms(self, start_ns: int, end_ns: int) -> float:
+        return self.health.overlap_ns(start_ns, end_ns) / 1e6
 
 
 async def negotiate_protocol(addr: BrokerAddress, setting: str) -> str:

@@ -34,7 +34,7 @@ import paho.mqtt.client as mqtt
 import structlog
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from voicepipe.bus import BrokerAddress
+from voicepipe.bus import BrokerAddress, MqttLink
 from voicepipe.messages import BadMessage, split_topic, topic
 
 log = structlog.get_logger("voicepipe.liveness")
@@ -300,13 +300,19 @@ def turn_deadline_ns(end_of_speech_ns: int, turn_timeout_s: float) -> int:
 class Progress:
     """Each session's last step on the bus, from a tap on :data:`PROGRESS_CHANNELS` (a few messages a turn)."""
 
-    def __init__(self, addr: BrokerAddress, run: str) -> None:
+    def __init__(self, addr: BrokerAddress, run: str, link: MqttLink | None = None) -> None:
         self.run = run
         self.last: dict[str, tuple[int, str, str | None]] = {}  # session -> (turn, channel, route target)
-        self.client = addr.client(identifier=f"vp-{run}-progress")
+        self.link = link  # the process's shared connection: a tap on it, no client of its own
+        self.client = None if link else addr.client(identifier=f"vp-{run}-progress")
         self._task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> Progress:
+        if self.link is not None:
+            await self.link.enter()
+            await self.link.tap(PROGRESS_CHANNELS, self.see)
+            return self
+        assert self.client is not None
         await self.client.__aenter__()
         for ch in PROGRESS_CHANNELS:
             await self.client.subscribe(topic(self.run, "+", ch), qos=0)
@@ -314,27 +320,34 @@ class Progress:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        if self.link is not None:
+            await self.link.exit()
+            return
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
         with contextlib.suppress(Exception):
-            await self.client.__aexit__(None, None, None)
+            await self.client.__aexit__(None, None, None)  # type: ignore[union-attr]
 
-    async def _read(self) -> None:
+    def see(self, session: str, channel: str, body: bytes) -> None:
         # a diagnostic, not a stage: it reads the envelope's turn (and a route's target) off the raw JSON
         # instead of validating every reply chunk again — a forged message can at worst misname a holder
+        turn = _TURN.search(body, 0, 4096)
+        if turn is None:
+            return
+        target = _TARGET.search(body) if channel == "route" else None
+        self.last[session] = (int(turn[1]), channel, target[1].decode() if target else None)
+
+    async def _read(self) -> None:
+        assert self.client is not None
         async for m in self.client.messages:
             body = bytes(m.payload) if isinstance(m.payload, bytes | bytearray) else b""
             try:
                 _, session, channel = split_topic(str(m.topic))
             except BadMessage:
                 continue
-            turn = _TURN.search(body, 0, 4096)
-            if turn is None:
-                continue
-            target = _TARGET.search(body) if channel == "route" else None
-            self.last[session] = (int(turn[1]), channel, target[1].decode() if target else None)
+            self.see(session, channel, body)
 
     def held_by(self, session: str, turn: int) -> str:
         last = self.last.get(session)

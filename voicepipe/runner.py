@@ -1,4 +1,4 @@
-"""Runs scenarios through the pipeline: a bus, the stages (one bus connection each), sessions, records.
+"""Runs scenarios through the pipeline: a bus, the stages (live: one MQTT connection per process), sessions.
 
 :func:`run_pipeline` runs live: real time, an MQTT broker (embedded amqtt, or the configured one).
 :func:`simulate` runs the same stages on the in-memory bus and the virtual clock (``predict``, ``capacity``):
@@ -35,6 +35,7 @@ from voicepipe.bus import (
     BrokerOutage,
     Bus,
     MqttBus,
+    MqttLink,
     negotiate_protocol,
     probe_round_trip,
 )
@@ -173,18 +174,33 @@ def needed_stages(cfg: PipelineConfig) -> list[str]:
 def build_stages(
     connect: Callable[[str], Bus], ctx: RunContext, names: list[str], **client_kw: object
 ) -> list[Stage]:
-    """One stage per name, each with its own bus connection ``connect(name)`` (not yet connected)."""
+    """One stage per name, each with its own bus ``connect(name)`` (not yet connected; live buses of one process
+    share its MQTT connection, :func:`mqtt_connector`)."""
     return [STAGES[n](connect(n), ctx, **(client_kw if n == "client" else {})) for n in names]
 
 
-def mqtt_connector(
+def process_link(
     addr: BrokerAddress, ctx: RunContext, protocol: str = "3.1.1", health: BrokerHealth | None = None
-) -> Callable[[str], Bus]:
+) -> MqttLink:
+    """This process's one MQTT connection for run ``ctx.run`` (its stages and its progress tap share it)."""
     b = ctx.cfg.broker
-    shared = health or BrokerHealth()
-    return lambda name: MqttBus(
-        addr, ctx.run, name, qos=b.qos, protocol=protocol, outage_window_s=b.outage_window_s, health=shared
-    )
+    return MqttLink(
+        addr, ctx.run, f"p{secrets.token_hex(3)}", b.qos, protocol=protocol,
+        outage_window_s=b.outage_window_s, health=health or BrokerHealth(),
+    )  # fmt: skip
+
+
+def mqtt_connector(
+    addr: BrokerAddress,
+    ctx: RunContext,
+    protocol: str = "3.1.1",
+    health: BrokerHealth | None = None,
+    link: MqttLink | None = None,
+) -> Callable[[str], Bus]:
+    """Buses for the stages of this process, all on one MQTT connection (:class:`~voicepipe.bus.MqttLink`:
+    a message several of them subscribe to crosses the wire once; one ``send`` per event-loop batch)."""
+    shared = link or process_link(addr, ctx, protocol, health)
+    return lambda name: MqttBus(addr, ctx.run, name, qos=ctx.cfg.broker.qos, link=shared)
 
 
 async def start_stages(stack: contextlib.AsyncExitStack, stages: list[Stage]) -> list[asyncio.Task[None]]:
@@ -313,7 +329,7 @@ def worker_entry() -> None:
             )
         guard.cancel()
 
-    asyncio.run(main())
+    run_live_loop(main())
 
 
 class Workers:
@@ -472,9 +488,10 @@ async def run_pipeline(
 
         local = [n for n in needed if n not in served_elsewhere]
         health = BrokerHealth()
-        stages = build_stages(mqtt_connector(addr, ctx, protocol, health), ctx, local, on_record=record)
+        link = process_link(addr, ctx, protocol, health)
+        stages = build_stages(mqtt_connector(addr, ctx, link=link), ctx, local, on_record=record)
         client = next(s for s in stages if isinstance(s, Client))
-        progress = await stack.enter_async_context(Progress(addr, run))
+        progress = await stack.enter_async_context(Progress(addr, run, link))
         members = Membership(remote)
         failer = Failer(client, members, result, progress)
         watch = await stack.enter_async_context(Watch(addr, run, failer.on_dead)) if remote else None

@@ -1,0 +1,149 @@
+"""One MQTT connection per process (bus.MqttLink) and the lean reader of PUBLISH and PUBACK packets
+(bus.LeanClient._take): shared deliveries, packets split across reads, MQTT 5 properties, paho's packets."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from voicepipe.bus import BrokerAddress, LeanClient, MqttBus, MqttLink, _BufferedSocket
+from voicepipe.messages import Envelope, UserWord
+
+
+def _word(i: int, run: str = "r5") -> Envelope:
+    w = UserWord(text=f"w{i}", dur_ns=1, index=i, pause_before=False, last_word=False)
+    return Envelope.of(w, run, "s1", 0)
+
+
+@pytest.mark.broker
+async def test_stages_of_a_process_share_one_connection_and_each_parses_its_own_copy(mosquitto):
+    addr = BrokerAddress.parse(mosquitto.url)
+    link = MqttLink(addr, "r5", "p1")
+    a, b = MqttBus(addr, "r5", "asr", link=link), MqttBus(addr, "r5", "tts", link=link)
+    async with MqttBus(addr, "r5", "client") as pub, a, b:
+        assert a.client is b.client and pub.client is not a.client
+        await a.subscribe("user/word", "session/end")
+        await b.subscribe("user/word")
+        assert list(link.wire) == ["voicepipe/r5/+/user/word", "voicepipe/r5/+/session/end"]
+        for i in range(50):
+            await pub.publish(_word(i))
+
+        async def take(bus: MqttBus) -> list[Envelope]:
+            got: list[Envelope] = []
+            async for _ch, e in bus.messages():
+                got.append(e)
+                if len(got) == 50:
+                    return got
+            return got
+
+        async with asyncio.timeout(10):
+            got_a, got_b = await asyncio.gather(take(a), take(b))
+    assert [e.payload.index for e in got_a] == [e.payload.index for e in got_b] == list(range(50))
+    assert all(x is not y for x, y in zip(got_a, got_b, strict=True))  # stages never share a message object
+    assert link.delivered == 50  # one copy over the wire for the two stages
+    assert a.received == b.received == 50
+    assert link.users == 0 and link.client.lost  # the last bus out closed the connection
+
+
+@pytest.mark.broker
+async def test_lean_reader_takes_large_and_small_messages_intact_and_in_order(mosquitto):
+    addr = BrokerAddress.parse(mosquitto.url)
+    sizes = [10, 70_000, 3, 200_000, 1, 65_536, 65_535, 5] * 3  # bodies across the 64 KiB reads
+    lean = addr.client(identifier="lean-big", lean=True, protocol="5")
+    assert isinstance(lean, LeanClient)
+    async with lean, addr.client(identifier="raw-pub") as raw:
+        await lean.subscribe("big/#", qos=1)
+        for k, n in enumerate(sizes):
+            await raw.publish(f"big/{k}", bytes([k % 251]) * n, qos=1)
+        got: list[tuple[str, bytes]] = []
+        async with asyncio.timeout(10):
+            while len(got) < len(sizes):
+                await lean.wait()
+                while lean.inbox:
+                    got.append(lean.inbox.popleft())
+    assert [t for t, _ in got] == [f"big/{k}" for k in range(len(sizes))]
+    assert [bytes(b) for _, b in got] == [bytes([k % 251]) * n for k, n in enumerate(sizes)]
+
+
+class _Chunks:
+    """A non-blocking socket that hands out the given bytes a few at a time."""
+
+    def __init__(self, data: bytes, step: int) -> None:
+        self.data, self.step = data, step
+
+    def recv(self, n: int) -> bytes:
+        if not self.data:
+            raise BlockingIOError
+        out, self.data = self.data[: min(n, self.step)], self.data[min(n, self.step) :]
+        return out
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b, n = n & 127, n >> 7
+        out.append(b | (128 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _publish(t: str, body: bytes, qos: int, mid: int, props: bytes | None) -> bytes:
+    head = len(t).to_bytes(2, "big") + t.encode() + (mid.to_bytes(2, "big") if qos else b"")
+    if props is not None:
+        head += _varint(len(props)) + props
+    rest = head + body
+    return bytes([0x30 | qos << 1]) + _varint(len(rest)) + rest
+
+
+@pytest.mark.parametrize("protocol", ["3.1.1", "5"])
+@pytest.mark.parametrize("step", [1, 3, 4096, 65536])
+async def test_lean_reader_reassembles_packets_split_anywhere(protocol, step):
+    addr = BrokerAddress.parse("mqtt://127.0.0.1:1")
+    client = addr.client("unit", lean=True, protocol=protocol)  # never connected
+    assert isinstance(client, LeanClient)
+    v5 = protocol == "5"
+    props = (b"\x01\x01" + b"\x23\x00\x07") if v5 else None  # payload format, a topic alias number
+    big = b"x" * 70_000
+    stream = (
+        _publish("voicepipe/r/s1/user/word", b"hello", 1, 0x1234, props)
+        + bytes([0x40, 3, 0x00, 0x07, 16])  # PUBACK "no matching subscribers" for a mid nobody waits on
+        + _publish("voicepipe/r/s2/tts/audio", big, 0, 0, props and b"")
+        + bytes([0xD0, 0x00])  # PINGRESP: paho's
+        + _publish("voicepipe/r/s3/route", b"!", 1, 0x00FF, props)
+    )
+    got: list[tuple[str, bytes]] = []
+    client.sink = lambda t, b: got.append((t, bytes(b)))
+    w = _BufferedSocket(_Chunks(stream, step))
+    seen: list[bool | None] = []
+    while True:
+        r = client._take(w)
+        if r is None:
+            if w.fill() <= 0:
+                break
+            continue
+        seen.append(r)
+        if r is False:  # paho's packet: skip it here as paho would consume it
+            assert w.rbuf[w.rpos] == 0xD0
+            w.rpos += 2
+    assert seen == [True, True, True, False, True]
+    assert got == [
+        ("voicepipe/r/s1/user/word", b"hello"),
+        ("voicepipe/r/s2/tts/audio", big),
+        ("voicepipe/r/s3/route", b"!"),
+    ]
+    assert w.wbuf == [bytes([0x40, 2, 0x12, 0x34]), bytes([0x40, 2, 0x00, 0xFF])]  # a PUBACK per QoS 1
+
+
+async def test_lean_reader_leaves_unusual_packets_to_paho():
+    client = BrokerAddress.parse("mqtt://127.0.0.1:1").client("unit", lean=True)
+    assert isinstance(client, LeanClient)
+    for packet in (
+        bytes([0x40, 3, 0x00, 0x07, 0x80]),  # PUBACK with an error code
+        bytes([0x34, 5, 0, 1, ord("t"), 0, 1]),  # QoS 2 PUBLISH
+        bytes([0x30, 2, 0, 0]),  # an empty topic (an alias)
+        bytes([0x90, 3, 0, 1, 0]),  # SUBACK
+    ):
+        w = _BufferedSocket(_Chunks(packet, 100))
+        assert w.fill() == 1
+        assert client._take(w) is False and w.rpos == 0  # untouched: paho reads and judges it
