@@ -100,6 +100,19 @@ def test_guard_admits_only_what_fits_the_session():
     assert "test token" not in repr(g)
 
 
+def test_an_adopting_replica_takes_a_dead_peers_session_where_it_stands():
+    """A replica taking over a dead peer's sessions (partition.py) first sees them mid-stream, even at turn 0
+    with sequence 0 on a channel: that is the takeover, not a dropped first script."""
+    fresh, adopter = Guard(TOKEN), Guard(TOKEN)
+    adopter.adopt = True
+    assert fresh.admit(word(0, 0)).lost  # without adoption: the script the broker dropped
+    got = adopter.admit(word(0, 0))
+    assert got.verdict is Verdict.OK and not got.lost and adopter.counters.lost == 0
+    assert adopter.admit(audio(0, 3)).verdict is Verdict.OK and not adopter.admit(audio(0, 4)).lost
+    assert adopter.admit(script(1, 1)).verdict is Verdict.OK  # and it follows the session's next turn
+    assert adopter.admit(word(0, 1)).verdict is Verdict.LATE
+
+
 def test_the_mac_is_keyed_blake2b_of_the_routing_facts_and_any_token_length_works():
     import hashlib
 

@@ -237,7 +237,9 @@ class Guard:
         if st is None:
             if env.type == "session.end":
                 return Admission(Verdict.LATE, "nothing to end")  # its scripts were all dropped on the way
-            if self.adopt and not self.client_side and (env.turn != 0 or env.seq > 0):
+            if self.adopt and not self.client_side:
+                # a dead peer's session (even at turn 0, its script seen only by the peer): take it where it
+                # stands; a new session whose first script the broker dropped then shows as a late turn
                 st = self.sessions[session] = SessionState(turn=env.turn - (env.type == "turn.script"))
             elif self.client_side or env.turn != 0:
                 return Admission(Verdict.DEAD, f"unknown session: {session!r} was never opened by the client")
