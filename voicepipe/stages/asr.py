@@ -81,6 +81,7 @@ class Utterance:
     queue: deque[tuple[Envelope, int]] = field(default_factory=deque)
     listening: bool = False
     wake: asyncio.Future[None] | None = None  # the listener waits here for the utterance's next word
+    heard_until: int = 0  # when the last word heard ends (its audio's scheduled end, not when we woke)
 
 
 NEVER = 2**62  # the silence after the last word: it lasts until the turn is over
@@ -152,9 +153,11 @@ class ASR(Stage):
         u.words.append(p.text)
         u.last = env
         annotated = self._annotation(u, env)
-        # the silence clock starts when this word's audio ends, not when it began arriving
-        # (heard from its arrival, or from when the word before it was done with, if that was later)
-        speech_end = max(arrived, now_ns()) + p.dur_ns
+        # the silence clock starts when this word's audio ends, not when it began arriving (heard from its
+        # arrival, or from when the word before it ends, if that is later: the scheduled end, so a listener
+        # that wakes late does not push every later word back; lateness stays tax, never accumulates)
+        speech_end = max(arrived, u.heard_until) + p.dur_ns
+        u.heard_until = speech_end
         await self._endpoint(
             env, u, speech_end, annotated, NEVER if p.gap_after_ns is None else p.gap_after_ns
         )
