@@ -100,6 +100,17 @@ def test_guard_admits_only_what_fits_the_session():
     assert "test token" not in repr(g)
 
 
+def test_a_non_ascii_auth_is_refused_as_unauthenticated_not_raised():
+    """compare_digest raises TypeError on non-ASCII str: that must be a dead letter, not a handler failure
+    (which would make the stage fail the genuine turn under its own signature)."""
+    g = Guard(TOKEN)
+    assert g.admit(script(0, 0)).verdict is Verdict.OK
+    forged = audio(0, 0)
+    forged.auth = "é" * 32
+    assert g.admit(forged).reason.startswith("unauthenticated")
+    assert g.counters.handler_errors == 0
+
+
 def test_an_adopting_replica_takes_a_dead_peers_session_where_it_stands():
     """A replica taking over a dead peer's sessions (partition.py) first sees them mid-stream, even at turn 0
     with sequence 0 on a channel: that is the takeover, not a dropped first script."""

@@ -13,10 +13,14 @@ message only when all of these hold, in this order:
    and once by each receiver. The token itself never travels, is never
    printed and has no repr. Why a MAC in the envelope rather than MQTT 5 user properties: it works the same
    on every bus (MQTT 3.1.1, the embedded amqtt broker, the in-memory bus of ``predict``), and a property
-   holding a plain token would hand it to anyone who can read the run's topics. The payload is not in the
-   MAC (it would cost a second serialisation per message): a captured message re-sent with another payload
-   repeats its id and sequence, and is refused as a duplicate (the genuine one is queued to every subscriber
-   before any other client can see it).
+   holding a plain token would hand it to anyone who can read the run's topics. The payload (and the spans,
+   ``sent_ns``) is not in the MAC (it would cost a second serialisation per message): a captured message
+   re-sent with another payload repeats its id and sequence, and is refused as a duplicate as long as the
+   genuine one reaches each subscriber first — true on one broker, which queues the genuine message to every
+   subscriber before any other client can see it, but not guaranteed across a bridge (an attacker on one
+   broker can race the bridge to the other) or for a message a restarted broker lost and voicepipe
+   re-sends (an attacker who captured it can publish a changed copy first). Known limit; a MAC over the
+   body bytes would close it.
 2. **the right sender**: each channel has owners (``user.word`` only from the client, ``tts.audio`` only from
    the TTS or the cache...), and each cancel reason its own (only the ASR withdraws a segment).
 3. **in sequence**: per (sender instance, session, channel) the sequence numbers rise by one. A repeat or a
@@ -136,7 +140,8 @@ def sign(env: Envelope, token: bytes) -> None:
 
 
 def verified(env: Envelope, token: bytes) -> bool:
-    return hmac.compare_digest(mac(env, token), env.auth)
+    a = env.auth  # any string up to 64 characters: compare_digest raises on non-ASCII str, so refuse it first
+    return a.isascii() and hmac.compare_digest(mac(env, token), a)
 
 
 class Verdict(Enum):
