@@ -58,3 +58,20 @@ def test_timerfd_path_on_uvloop() -> None:
     if not sys.platform.startswith("linux"):
         pytest.skip("timerfd is Linux-only")
     _check(uvloop.run(_sleepers(200)))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts /proc/self/fd")
+def test_closed_loops_release_their_timerfd() -> None:
+    """Each loop's deadline timer holds a timerfd; a closed loop's is released when the next loop makes its
+    own (a test session runs hundreds of loops: they must not run the process out of descriptors)."""
+    import os
+
+    async def one() -> None:
+        await clock.sleep_until_ns(time.monotonic_ns() + 100_000)
+
+    asyncio.run(one())
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(100):
+        asyncio.run(one())
+    assert len(os.listdir("/proc/self/fd")) - before <= 2
+    assert sum(1 for lp in clock._timers if lp.is_closed()) <= 1

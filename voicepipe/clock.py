@@ -83,8 +83,11 @@ class _TimerFd:
             os.read(self.fd, 8)
 
     def close(self) -> None:
-        with contextlib.suppress(OSError):
-            os.close(self.fd)
+        """Close once (a closed fd number may be reused by the next file: never close it twice)."""
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 class _TimeSpec(ctypes.Structure):
@@ -129,14 +132,18 @@ class _DeadlineTimer:
             except (NotImplementedError, RuntimeError):  # a loop without readers (e.g. Windows proactor)
                 self.fd.close()
                 self.fd = None
-            else:
-                weakref.finalize(loop, self.fd.close)
         self.armed_ns = 0
         self.loop = loop
         self.heap: list[tuple[int, int, asyncio.Future[None]]] = []
         self.seq = itertools.count()
         self.task: asyncio.Task[None] | None = None
         self.wake: asyncio.Future[None] | None = None
+
+    def close(self) -> None:
+        """The loop is closed: release the timerfd (the loop already dropped its reader)."""
+        if self.fd is not None:
+            self.fd.close()
+        self.heap.clear()
 
     def add(self, deadline_ns: int) -> asyncio.Future[None]:
         fut: asyncio.Future[None] = self.loop.create_future()
@@ -193,7 +200,20 @@ def _resolve(fut: asyncio.Future[None]) -> None:
         fut.set_result(None)
 
 
-_timers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _DeadlineTimer] = weakref.WeakKeyDictionary()
+# one deadline timer per event loop; a timer refers to its loop, so entries are dropped explicitly (when the
+# next loop makes its timer, every closed loop's timer closes its timerfd): tests run hundreds of loops
+_timers: dict[asyncio.AbstractEventLoop, _DeadlineTimer] = {}
+
+
+def _timer_of(loop: asyncio.AbstractEventLoop) -> _DeadlineTimer:
+    timer = _timers.get(loop)
+    if timer is None:
+        for old in [lp for lp in list(_timers) if lp.is_closed()]:
+            stale = _timers.pop(old, None)  # (another thread's loop may purge the same entry)
+            if stale is not None:
+                stale.close()
+        timer = _timers[loop] = _DeadlineTimer(loop)
+    return timer
 
 
 class VirtualDeadlock(RuntimeError):
@@ -528,10 +548,7 @@ async def sleep_until_ns(deadline_ns: int) -> None:
     if deadline_ns <= time.monotonic_ns():
         await asyncio.sleep(0)
         return
-    timer = _timers.get(loop)
-    if timer is None:
-        timer = _timers[loop] = _DeadlineTimer(loop)
-    await timer.add(deadline_ns)
+    await _timer_of(loop).add(deadline_ns)
 
 
 def rng_for(seed: int, *keys: object) -> np.random.Generator:
