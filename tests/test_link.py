@@ -107,7 +107,8 @@ async def test_lean_reader_reassembles_packets_split_anywhere(protocol, step):
     big = b"x" * 70_000
     stream = (
         _publish("voicepipe/r/s1/user/word", b"hello", 1, 0x1234, props)
-        + bytes([0x40, 3, 0x00, 0x07, 16])  # PUBACK "no matching subscribers" for a mid nobody waits on
+        # PUBACK for a mid nobody waits on (MQTT 5: reason "no matching subscribers"; 3.1.1: just the id)
+        + (bytes([0x40, 3, 0x00, 0x07, 16]) if v5 else bytes([0x40, 2, 0x00, 0x07]))
         + _publish("voicepipe/r/s2/tts/audio", big, 0, 0, props and b"")
         + bytes([0xD0, 0x00])  # PINGRESP: paho's
         + _publish("voicepipe/r/s3/route", b"!", 1, 0x00FF, props)
@@ -143,7 +144,26 @@ async def test_lean_reader_leaves_unusual_packets_to_paho():
         bytes([0x34, 5, 0, 1, ord("t"), 0, 1]),  # QoS 2 PUBLISH
         bytes([0x30, 2, 0, 0]),  # an empty topic (an alias)
         bytes([0x90, 3, 0, 1, 0]),  # SUBACK
+        bytes([0x36, 5, 0, 1, ord("t"), 0, 1]),  # QoS 3: malformed
+        bytes([0x40, 3, 0x00, 0x07, 0]),  # MQTT 3.1.1: a PUBACK longer than its packet id
+        _publish("t", b"x" * (300 * 1024), 0, 0, None)[:64],  # a huge packet: paho's linear reader takes it
     ):
         w = _BufferedSocket(_Chunks(packet, 100))
         assert w.fill() == 1
         assert client._take(w) is False and w.rpos == 0  # untouched: paho reads and judges it
+
+
+async def test_lean_reader_drops_a_topic_that_is_not_utf8_and_reads_on():
+    """paho raises on such a topic at every read of the same packet (a wedged connection): the lean reader
+    acknowledges it, counts it and goes on to the next packet."""
+    client = BrokerAddress.parse("mqtt://127.0.0.1:1").client("unit", lean=True)
+    assert isinstance(client, LeanClient)
+    got: list[tuple[str, bytes]] = []
+    client.sink = lambda t, b: got.append((t, bytes(b)))
+    bad = b"\x00\x03\xff\xfe\xfd"  # topic length 3, invalid UTF-8
+    packet = bytes([0x32, len(bad) + 2 + 1]) + bad + b"\x00\x09" + b"!"
+    w = _BufferedSocket(_Chunks(packet + _publish("voicepipe/r/s/route", b"ok", 0, 0, None), 100))
+    assert w.fill() == 1
+    assert client._take(w) is True and client._take(w) is True
+    assert got == [("voicepipe/r/s/route", b"ok")] and client.bad_topics == 1
+    assert w.wbuf == [bytes([0x40, 2, 0x00, 0x09])]  # the bad one is still acknowledged (no redelivery loop)

@@ -57,6 +57,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger("voicepipe.bus")
 
 NODELAY = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
+LEAN_MAX_PACKET = 256 * 1024  # larger packets are read by paho (linear); messages here are far smaller
 # aiomqtt warns on every publish once more than 10 are in flight — normal with hundreds of sessions on one
 # client; keep its errors, drop that per-message warning
 MQTT_LOG = logging.getLogger("voicepipe.mqtt")
@@ -417,6 +418,7 @@ class LeanClient(aiomqtt.Client):
         self.sink: Callable[[str, bytes], None] | None = None
         self.wakers: list[Callable[[], None]] = []
         self.unacked: dict[int, int] = {}  # QoS 1 mid -> when it was handed over (stall detection)
+        self.bad_topics = 0  # PUBLISHes whose topic is not UTF-8 (a broker that forwards them): dropped
         self._client.disable_logger()  # paho formats a debug line per packet otherwise (errors still raise)
 
     # -- connection life --------------------------------------------------------------------------
@@ -523,6 +525,8 @@ class LeanClient(aiomqtt.Client):
             mul <<= 7
             if mul > 1 << 21:
                 return False
+        if n > LEAN_MAX_PACKET:
+            return False  # paho reads a large packet into one growing buffer; here each read would copy it
         stop = i + n
         if stop > end:
             return None
@@ -532,6 +536,8 @@ class LeanClient(aiomqtt.Client):
             # a success code (0; 16: no subscriber matched) without properties; errors are paho's
             if cmd != 0x40 or n < 2 or n > 4 or code not in (0, 16) or (n == 4 and buf[i + 3]):
                 return False
+            if n != 2 and c._protocol != 5:  # MQTT 3.1.1: a PUBACK is exactly its packet id
+                return False
             w.rpos = stop
             mid = (buf[i] << 8) | buf[i + 1]
             with c._out_message_mutex:
@@ -539,15 +545,16 @@ class LeanClient(aiomqtt.Client):
                     c._do_on_publish(mid, *_puback(code))
             return True
         qos = (cmd >> 1) & 3
-        if qos == 2 or n < 2:
+        if qos >= 2 or n < 2:  # QoS 2 is paho's; 3 is malformed: paho reports it
             return False
         j = i + 2 + ((buf[i] << 8) | buf[i + 1])
         if j == i + 2 or j + (2 if qos else 0) > stop:  # a topic alias, or malformed: paho's to judge
             return False
+        t: str | None
         try:
             t = buf[i + 2 : j].decode()
         except UnicodeDecodeError:
-            return False
+            t = None  # paho would raise on it at every read, wedging the connection: acknowledged, dropped
         mid = 0
         if qos:
             mid = (buf[j] << 8) | buf[j + 1]
@@ -570,6 +577,10 @@ class LeanClient(aiomqtt.Client):
         body = buf[j:stop]
         if qos:
             w.wbuf.append(bytes((0x40, 2, mid >> 8, mid & 255)))  # PUBACK (MQTT 5: success, no properties)
+        if t is None:
+            self.bad_topics += 1
+            log.warning("dropped a message whose topic is not UTF-8", count=self.bad_topics)
+            return True
         if self.sink is not None:
             self.sink(t, body)
         else:
@@ -619,10 +630,16 @@ class LeanClient(aiomqtt.Client):
 
     # -- messages ------------------------------------------------------------------------------------
     def _on_message(self, client: Any, userdata: Any, message: Any) -> None:
-        if self.sink is not None:
-            self.sink(message.topic, message.payload)
+        try:
+            t = message.topic
+        except UnicodeDecodeError:  # raised here, paho would read the same packet again forever
+            self.bad_topics += 1
+            log.warning("dropped a message whose topic is not UTF-8", count=self.bad_topics)
             return
-        self.inbox.append((message.topic, message.payload))
+        if self.sink is not None:
+            self.sink(t, message.payload)
+            return
+        self.inbox.append((t, message.payload))
         self._wake()
 
     def _on_publish(self, client: Any, userdata: Any, mid: int, *a: Any) -> None:
@@ -863,7 +880,7 @@ class MqttLink:
             try:
                 async with asyncio.timeout(max(0.1, min(left, 5.0))):
                     await c.__aenter__()
-                    for t, q in self.wire.items():  # a persistent session keeps them; a lost broker does not
+                    for t, q in list(self.wire.items()):  # a persistent session keeps them; a lost broker not
                         await c.subscribe(t, qos=q)
             except (aiomqtt.MqttError, OSError, TimeoutError) as exc:
                 log.debug("reconnect failed", link=self.name, attempt=attempt, error=str(exc))
