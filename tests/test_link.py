@@ -167,3 +167,28 @@ async def test_lean_reader_drops_a_topic_that_is_not_utf8_and_reads_on():
     assert client._take(w) is True and client._take(w) is True
     assert got == [("voicepipe/r/s/route", b"ok")] and client.bad_topics == 1
     assert w.wbuf == [bytes([0x40, 2, 0x00, 0x09])]  # the bad one is still acknowledged (no redelivery loop)
+
+
+async def test_a_filter_is_subscribed_once_and_no_stage_goes_on_before_its_suback():
+    """Two stages of one process subscribe the same channel at once: one SUBSCRIBE goes out, and the second
+    stage's subscribe returns only after the broker acknowledged it (it may set `ready` right after)."""
+    from voicepipe.bus import MqttLink
+
+    link = MqttLink(BrokerAddress.parse("mqtt://127.0.0.1:1"), "r", "unit")
+    suback = asyncio.Event()
+    sent: list[str] = []
+
+    class Slow:
+        async def subscribe(self, t: str, qos: int) -> None:
+            sent.append(t)
+            await suback.wait()
+
+    link.client = Slow()  # type: ignore[assignment]
+    first = asyncio.create_task(link._want("user/word", 1))
+    second = asyncio.create_task(link._want("user/word", 1))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert not first.done() and not second.done() and len(sent) == 1
+    suback.set()
+    await asyncio.gather(first, second)
+    assert len(sent) == 1 and link.wire == {"voicepipe/r/+/user/word": 1}

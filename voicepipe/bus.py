@@ -750,7 +750,8 @@ class MqttLink:
         self.client.wakers.append(self._wake_all)
         self.subs: dict[str, list[MqttBus]] = {}  # channel -> the buses subscribed to it
         self.taps: dict[str, list[Callable[[str, str, bytes], None]]] = {}  # channel -> raw observers
-        self.wire: dict[str, int] = {}  # topic filter -> QoS subscribed with on the broker
+        self.wire: dict[str, int] = {}  # topic filter -> QoS subscribed with on the broker (acknowledged)
+        self._subscribing: dict[str, asyncio.Future[None]] = {}  # filters whose SUBSCRIBE awaits its SUBACK
         self.delivered = 0  # messages that came over the wire (each to every bus and tap on its channel)
         self.users = 0
         self._entering = asyncio.Lock()
@@ -784,9 +785,18 @@ class MqttLink:
 
     async def _want(self, channel: str, qos: int) -> None:
         t = topic(self.run, "+", channel)
-        if self.wire.get(t, -1) < qos:  # a new filter, or one a stage now needs at a higher QoS than a tap
-            self.wire[t] = qos
-            await self.client.subscribe(t, qos=qos)
+        while self.wire.get(t, -1) < qos:  # a new filter, or one a stage now needs at a higher QoS than a tap
+            pending = self._subscribing.get(t)
+            if pending is not None:  # another stage of this process is subscribing it: wait for its SUBACK
+                await asyncio.shield(pending)
+                continue
+            done = self._subscribing[t] = asyncio.get_running_loop().create_future()
+            try:
+                await self.client.subscribe(t, qos=qos)
+                self.wire[t] = max(qos, self.wire.get(t, -1))  # only once the broker acknowledged it
+            finally:
+                del self._subscribing[t]
+                done.set_result(None)
 
     async def subscribe(self, bus: MqttBus, channel: str) -> None:
         await self._want(channel, self.qos)
