@@ -292,3 +292,55 @@ def test_lone_request_after_idle_fractional_v_matches_its_prediction():
     got = s.open(r, t1)
     for i in range(5):
         assert abs(got.at_ns(i) - ref.at_ns(i)) <= 1000
+
+
+@pytest.mark.parametrize(
+    "spec", ["h100-sxm/llama-3.1-8b", "cerebras-wse3/llama-3.1-8b", "groq-lpu/llama-3.1-70b"]
+)
+def test_more_work_never_shortens_a_step(spec):
+    # the server wakes no wait when a request queues because more work never speeds anyone up
+    system = make_hardware_backend(spec).system
+    d = np.arange(0, 400)
+    for ctx in (100.0, 1500.0, 6000.0):
+        plain = mixed_step_s(system, d, d * ctx)
+        assert np.all(np.diff(plain) >= 0)
+        assert np.all(mixed_step_s(system, d, d * ctx + ctx) >= plain)  # more KV
+        assert np.all(mixed_step_s(system, d, d * ctx, prefill_tokens=300, prefill_cached=100) >= plain)
+
+
+def _schedule(s, streams):
+    # a request cancelled before it decoded has no schedule (its stream answers "now"): left out
+    return [
+        [st.at_ns(i) for i in (0, 1, st.job.outputs // 2, st.job.outputs - 1)]
+        for st in streams
+        if not (st.job.cancelled and st.job.v_join is None)
+    ]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_amended_projection_equals_a_fresh_one(seed):
+    # A saturated device: requests that queue amend the projection (appended, or re-run from where the
+    # projection had emptied its queue); the schedule must be the one a projection started afresh from the
+    # realised state gives, to the last bit, whatever lookups happened in between.
+    from voicepipe.hardware.serving import _Projection
+
+    rng = np.random.default_rng(seed)
+    s = make_hardware_backend({"hardware": "h100-sxm", "model": "llama-3.1-8b", "max_batch": 4}).server
+    streams = []
+    t = T0
+    for k in range(40):
+        t += int(rng.integers(1, 40_000_000))
+        st = s.open(req(f"u{k}", prompt=int(rng.integers(50, 900)), out=int(rng.integers(2, 120))), t)
+        streams.append(st)
+        if rng.random() < 0.5:  # look far ahead (past the queue) or near, or not at all
+            st.at_ns(0)
+        if rng.random() < 0.3:
+            streams[int(rng.integers(0, len(streams)))].at_ns(1)
+        if rng.random() < 0.1:
+            victim = streams[int(rng.integers(0, len(streams)))]
+            victim.server.cancel(victim.job, t)
+    assert s.load()["queued"] > 0  # the case under test: arrivals behind a queue
+    amended = _schedule(s, streams)
+    s._proj = _Projection(s._state)
+    assert _schedule(s, streams) == amended
+    assert all(a == sorted(a) for a in amended)

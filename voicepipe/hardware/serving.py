@@ -11,12 +11,19 @@ That shared rate gives a single progress clock ``V(t) = ∫ E / t_step dt``: a s
 ``V_join`` emits token ``i`` when ``V = V_join + i``. ``V`` is piecewise linear, so token times are closed
 form. Arrivals and cancels change the future, so the server keeps:
 
-* the *realised* past — the state at ``self.t`` and the breakpoints of ``V`` so far — which never changes;
-* a *projection* of the future assuming no more arrivals, recomputed lazily once per change (``version``).
+* the *realised* past — the state at its last event and the breakpoints of ``V`` so far — which never
+  changes;
+* a *projection* of the future assuming no more arrivals, run lazily one event at a time as far as a lookup
+  needs. A request that has to queue changes nothing before it starts, so it is appended to the projection
+  (exactly); a request that starts at once, and a cancel, begin a new projection from the realised state.
+  The realised past and the projection run the same event step from the same state, so they agree to the
+  last bit. On a saturated device each arrival therefore costs a few events, not a re-run of the queue.
 
 ``DeviceStream.token_time(i)`` sleeps until the projected instant of token ``i`` and re-reads the
 projection when it wakes (one timer per waiting token, no background tasks); a change wakes only the waits
-whose token it moved earlier (a token moved later is re-read when its old timer fires).
+whose token it moved earlier (a token moved later is re-read when its old timer fires). Only a cancel can
+move a token earlier: more work on the device never speeds anyone up (the step time grows with decoders,
+their KV and a prefill sharing the step; tested), so a queued arrival wakes nobody.
 
 Admission: FCFS; the head of the queue starts its prefill when no other prefill runs and fewer than
 ``max_batch`` sequences hold slots. A request alone on the device realises exactly
@@ -122,7 +129,7 @@ class _Projection:
 
 
 class _State:
-    """The engine state at time ``t`` and the event loop that moves it forward."""
+    """The engine state at time ``t`` and the event step that moves it to its next event."""
 
     def __init__(self, server: DeviceServer) -> None:
         self.server = server
@@ -134,6 +141,11 @@ class _State:
         self.prefill: Job | None = None
         self.prefill_left = 0.0  # fraction of the current prefill still to run
         self.queue: deque[Job] = deque()
+        self._step = -1.0  # step_ns() of the current batch; < 0 once the batch changed
+
+    def changed(self) -> None:
+        """The batch (decoders, their KV or the prefill) changed: its step time must be looked up again."""
+        self._step = -1.0
 
     def copy(self) -> _State:
         s = _State(self.server)
@@ -142,61 +154,89 @@ class _State:
         s.members = dict(self.members)
         s.prefill, s.prefill_left = self.prefill, self.prefill_left
         s.queue = deque(self.queue)
+        s._step = self._step
         return s
 
     def step_ns(self) -> float:
-        pf = self.prefill
-        return self.server.step_ns(
-            len(self.members), self.kv, pf.prefill_tokens if pf else 0, pf.cached_tokens if pf else 0
-        )
+        if self._step < 0:
+            pf = self.prefill
+            self._step = self.server.step_ns(
+                len(self.members), self.kv, pf.prefill_tokens if pf else 0, pf.cached_tokens if pf else 0
+            )
+        return self._step
 
     def rate(self) -> float:
         """Decode progress per ns (0 when nobody decodes)."""
         return self.server.tokens_per_step / self.step_ns() if self.members else 0.0
 
-    def admit(self, on: _Recorder) -> None:
-        while self.prefill is None and self.queue and len(self.members) + 1 <= self.server.max_batch:
-            job = self.queue.popleft()
+    def can_admit(self) -> bool:
+        """Whether a request arriving now would start its prefill at once (nothing ahead, a slot free)."""
+        return self.prefill is None and not self.queue and len(self.members) + 1 <= self.server.max_batch
+
+    def admit(self, on: _Recorder) -> bool:
+        """Start the queue head's prefill if it may; True when that emptied the queue."""
+        if self.prefill is None and self.queue and len(self.members) + 1 <= self.server.max_batch:
+            job = self.queue.popleft()  # one prefill at a time: at most one admission per instant
             self.prefill, self.prefill_left = job, 1.0
+            self._step = -1.0
             on.start(job, self.t)
+            return not self.queue
+        return False
+
+    def step(self, on: _Recorder, until: float = INF) -> bool:
+        """Process the next event if it falls at or before ``until``; False when there is none.
+
+        The state stays on event instants (see :meth:`move_to`), so the realised past and every projection
+        taken from it run the same float operations and agree to the last bit.
+        """
+        heap, members = self.heap, self.members
+        while heap and heap[0][1] not in members:
+            heapq.heappop(heap)  # lazily drop cancelled members
+        step = self.step_ns()
+        r = self.server.tokens_per_step / step if members else 0.0
+        t_pf = self.t + self.prefill_left * step if self.prefill is not None else INF
+        t_fin = self.t + (heap[0][0] - self.v) / r if heap else INF
+        t_ev = min(t_pf, t_fin)
+        if t_ev > until or t_ev == INF:
+            return False
+        if t_pf <= t_fin:
+            self._move(t_ev, r, step)
+            job = self.prefill
+            assert job is not None
+            self.prefill, self.prefill_left = None, 0.0
+            on.first(job, self.t, self.v)
+            if job.outputs <= 1:
+                on.finish(job, self.t)
+            else:
+                members[job.id] = job
+                self.kv += job.context
+                heapq.heappush(heap, (token_v(self.v, job.outputs - 1), job.id))
+        else:
+            target, jid = heapq.heappop(heap)
+            self._move(t_ev, r, step)
+            self.v = target
+            job = members.pop(jid)
+            self.kv -= job.context
+            on.finish(job, self.t)
+        if not members:
+            self.kv = 0.0
+        self._step = -1.0
+        drained = self.admit(on)
+        on.mark(self.t, self.v, self.rate())
+        if drained:
+            on.drained(self)
+        return True
 
     def run(self, until: float, on: _Recorder) -> None:
-        """Process every event up to ``until`` (inclusive), then move the state to ``until``."""
-        while True:
-            while self.heap and self.heap[0][1] not in self.members:
-                heapq.heappop(self.heap)  # lazily drop cancelled members
+        """Process every event up to ``until`` (inclusive); the state stays at the last of them."""
+        while self.step(on, until):
+            pass
+
+    def move_to(self, t: float) -> None:
+        """Move the state between events to ``t`` (only where a change happens at ``t``)."""
+        if t > self.t:
             step = self.step_ns()
-            r = self.server.tokens_per_step / step if self.members else 0.0
-            t_pf = self.t + self.prefill_left * step if self.prefill is not None else INF
-            t_fin = self.t + (self.heap[0][0] - self.v) / r if self.heap else INF
-            t_ev = min(t_pf, t_fin)
-            if t_ev > until or t_ev == INF:
-                if until != INF and until > self.t:
-                    self._move(until, r, step)
-                return
-            if t_pf <= t_fin:
-                self._move(t_ev, r, step)
-                job = self.prefill
-                assert job is not None
-                self.prefill, self.prefill_left = None, 0.0
-                on.first(job, self.t, self.v)
-                if job.outputs <= 1:
-                    on.finish(job, self.t)
-                else:
-                    self.members[job.id] = job
-                    self.kv += job.context
-                    heapq.heappush(self.heap, (token_v(self.v, job.outputs - 1), job.id))
-            else:
-                target, jid = heapq.heappop(self.heap)
-                self._move(t_ev, r, step)
-                self.v = target
-                job = self.members.pop(jid)
-                self.kv -= job.context
-                on.finish(job, self.t)
-            if not self.members:
-                self.kv = 0.0
-            self.admit(on)
-            on.mark(self.t, self.v, self.rate())
+            self._move(t, self.server.tokens_per_step / step if self.members else 0.0, step)
 
     def _move(self, t: float, r: float, step: float) -> None:
         dt = t - self.t
@@ -208,37 +248,113 @@ class _State:
 
 
 class _Recorder:
-    """Where the event loop writes what happened (real past) or what will happen (projection)."""
+    """Where the event step writes what happened: into the jobs (the realised past, with ``on_done``)."""
 
-    def __init__(
-        self, curve: _Curve, proj: _Projection | None = None, on_done: Callable[[Job], None] | None = None
-    ) -> None:
+    def __init__(self, curve: _Curve, on_done: Callable[[Job], None] | None = None) -> None:
         self.curve = curve
-        self.proj = proj
         self.on_done = on_done
 
     def start(self, job: Job, t: float) -> None:
-        if self.proj is None:
-            job.start_ns = t
-        else:
-            self.proj.start[job.id] = t
+        job.start_ns = t
 
     def first(self, job: Job, t: float, v: float) -> None:
-        if self.proj is None:
-            job.first_ns, job.v_join = t, v
-        else:
-            self.proj.first[job.id], self.proj.v_join[job.id] = t, v
+        job.first_ns, job.v_join = t, v
 
     def finish(self, job: Job, t: float) -> None:
-        if self.proj is None:
-            job.finish_ns = t
-            if self.on_done is not None:
-                self.on_done(job)
-        else:
-            self.proj.finish[job.id] = t
+        job.finish_ns = t
+        if self.on_done is not None:
+            self.on_done(job)
 
     def mark(self, t: float, v: float, r: float) -> None:
         self.curve.add(t, v, r)
+
+    def drained(self, state: _State) -> None:
+        pass
+
+
+class _Projection(_Recorder):
+    """The device's future from a realised state, assuming no more arrivals — extended lazily, one event
+    at a time, as far as a lookup needs, and amended instead of recomputed where that is exact.
+
+    A request that must queue (something is ahead of it, or every slot or the prefill is busy) changes
+    nothing until it would start: it is appended to the projection's queue as it stands (or, where the
+    projection has already emptied its queue, at the instant it did so: the ``drained`` checkpoint, from
+    which the rest is re-run). Every other change (a request that starts at once, a cancel) begins a new
+    projection from the realised state. Records made after a checkpoint are logged so it can be restored.
+    """
+
+    def __init__(self, base: _State) -> None:
+        super().__init__(_Curve())
+        self.state = base.copy()
+        self.curve.add(self.state.t, self.state.v, self.state.rate())
+        self.start_at: dict[int, float] = {}
+        self.first_at: dict[int, float] = {}
+        self.v_join: dict[int, float] = {}
+        self.finish_at: dict[int, float] = {}
+        self._log: list[tuple[dict[int, float], int]] = []
+        self._drain: tuple[_State, int, int] | None = None
+        if not self.state.queue:
+            self.drained(self.state)
+        self.complete = False  # no event left
+
+    # recorder: the projection's own tables (logged for a restore)
+    def _put(self, table: dict[int, float], key: int, value: float) -> None:
+        table[key] = value
+        self._log.append((table, key))
+
+    def start(self, job: Job, t: float) -> None:
+        self._put(self.start_at, job.id, t)
+
+    def first(self, job: Job, t: float, v: float) -> None:
+        self._put(self.first_at, job.id, t)
+        self._put(self.v_join, job.id, v)
+
+    def finish(self, job: Job, t: float) -> None:
+        self._put(self.finish_at, job.id, t)
+
+    def drained(self, state: _State) -> None:
+        self._drain = (state.copy(), len(self.curve.t), len(self._log))
+
+    # lazy extension
+    def extend(self) -> bool:
+        """One more event; False once there is none."""
+        if self.complete:
+            return False
+        if not self.state.step(self):
+            self.complete = True
+        return not self.complete
+
+    def reach(self, table: dict[int, float], key: int) -> float | None:
+        """``table[key]``, running the projection until it is recorded (None if it never is)."""
+        while key not in table:
+            if not self.extend():
+                return None
+        return table[key]
+
+    def reach_v(self, target: float) -> None:
+        """Run until the progress clock reaches ``target`` (or nothing is left to run)."""
+        while self.state.v < target and self.extend():
+            pass
+
+    def add_queued(self, job: Job) -> None:
+        """``job`` has arrived and must wait (see the class doc).
+
+        It must wait, so no start was possible since the last change (a free slot with no prefill is
+        taken at once by the queue head, or else stays free until an arrival, and such an arrival starts
+        at once and projects afresh). So wherever the projection now stands, the job joins the queue
+        there; if the projection has already emptied its queue, the job joins where it did so.
+        """
+        if not self.state.queue:
+            assert self._drain is not None, "an emptied queue leaves a checkpoint"
+            state, n_curve, n_log = self._drain
+            self.state, self._drain = state, None  # nothing can drain again before the job is added
+            c = self.curve
+            del c.t[n_curve:], c.v[n_curve:], c.r[n_curve:]
+            for table, key in self._log[n_log:]:
+                del table[key]
+            del self._log[n_log:]
+        self.state.queue.append(job)
+        self.complete = False
 
 
 def _always_earlier() -> int:
@@ -269,13 +385,13 @@ class DeviceServer:
         self._state = _State(self)
         self._history = _Curve()
         self._real = _Recorder(self._history, on_done=self._finalise)
-        self._proj: _Projection | None = None
-        self._proj_version = -1
+        self._proj = _Projection(self._state)
         self._ids = 0
         self._step_cache: dict[tuple[int, float, int, int], float] = {}
         # sleeping token waits: future -> (deadline, re-read of that token's instant)
         self._waiters: dict[asyncio.Future[None], tuple[int, Callable[[], int]]] = {}
         self._committed = -INF  # latest token instant handed out; the past before it is fixed
+        self._changed_at = -INF  # latest arrival or cancel: a later call cannot change what came before it
 
     # ------------------------------------------------------------ model
 
@@ -296,7 +412,8 @@ class DeviceServer:
 
     def submit(self, req: LLMRequest, t0_ns: float) -> Job:
         """A request arrives at ``t0_ns`` (clamped to the device's realised past)."""
-        t = max(float(t0_ns), self._state.t, self._committed)
+        t = max(float(t0_ns), self._state.t, self._changed_at, self._committed)
+        self._changed_at = t
         self._advance(t)
         n, m = prefill_split(req, self.prompt_cache)
         self._ids += 1
@@ -309,21 +426,32 @@ class DeviceServer:
             context=mean_context(req.prompt_tokens, req.output_tokens),
             outputs=max(req.output_tokens, 1),
         )
-        self._state.queue.append(job)
-        self._state.admit(self._real)
+        s = self._state
+        self.version += 1
+        if not s.can_admit():
+            # it waits: nothing before its start changes and nothing anywhere moves earlier (more work on
+            # the device only slows it), so the projection is amended and no wait needs waking
+            s.queue.append(job)
+            self._proj.add_queued(job)
+            return job
+        s.move_to(t)
+        s.queue.append(job)
+        s.admit(self._real)
         self._changed()
         return job
 
     def cancel(self, job: Job, t_ns: float | None = None) -> None:
         """Free ``job``'s slot (or queue place) from ``t_ns`` (default: now) on."""
-        if job.cancelled or self._done_by(job, self._state.t):
+        if job.cancelled or self._done_by(job, max(self._state.t, self._changed_at)):
             return
-        t = max(float(now_ns() if t_ns is None else t_ns), self._state.t)
+        t = max(float(now_ns() if t_ns is None else t_ns), self._state.t, self._changed_at)
+        self._changed_at = t
         self._advance(t)
         if job.finish_ns is not None:
             return
         job.cancelled = True
         s = self._state
+        s.move_to(t)
         if job in s.queue:
             s.queue.remove(job)
         elif s.prefill is job:
@@ -331,8 +459,10 @@ class DeviceServer:
         elif job.id in s.members:
             del s.members[job.id]
             s.kv = s.kv - job.context if s.members else 0.0
+        s.changed()
         self._finalise(job)
         s.admit(self._real)
+        self.version += 1
         self._changed()
 
     def _done_by(self, job: Job, t: float) -> bool:
@@ -343,9 +473,10 @@ class DeviceServer:
         self._prune()
 
     def _changed(self) -> None:
+        """The realised state moved to a change's instant: mark it, project afresh, wake moved waits."""
         s = self._state
         self._history.add(s.t, s.v, s.rate())
-        self.version += 1
+        self._proj = _Projection(s)
         # a wait whose token moved later keeps its timer (it re-reads when that fires); only one whose token
         # moved earlier must wake now — the same instants as waking every wait, without B wake-ups per change
         for fut, (deadline, reread) in self._waiters.items():
@@ -387,53 +518,49 @@ class DeviceServer:
             r.append(r[-1] if r else 0.0)
         job.history = (t, v, r)
 
-    # ------------------------------------------------------------ projection
-
-    def projection(self) -> _Projection:
-        if self._proj is None or self._proj_version != self.version:
-            proj = _Projection(_Curve(), {}, {}, {}, {})
-            state = self._state.copy()
-            proj.curve.add(state.t, state.v, state.rate())
-            state.run(INF, _Recorder(proj.curve, proj))
-            self._proj, self._proj_version = proj, self.version
-        return self._proj
+    # ------------------------------------------------------------ lookups (realised, else projected)
 
     def first_ns(self, job: Job) -> float:
         if job.first_ns is not None:
             return job.first_ns
-        proj = self.projection()
-        return proj.first.get(job.id, INF)
+        got = self._proj.reach(self._proj.first_at, job.id)
+        return INF if got is None else got
 
     def start_ns(self, job: Job) -> float:
         if job.start_ns is not None:
             return job.start_ns
-        return self.projection().start.get(job.id, INF)
+        got = self._proj.reach(self._proj.start_at, job.id)
+        return INF if got is None else got
 
     def token_ns(self, job: Job, i: int) -> float:
         """Projected (or realised) instant of output token ``i`` of ``job`` (float ns).
 
-        INF only for a job that never joined decode (cancelled in the queue or in prefill). A token of a
-        job that finished (or will, in the projection) is never later than that finish.
+        INF only for a job that never joined decode (cancelled in the queue or in prefill). The last token
+        is the finish itself; an earlier one lies on the progress clock before it.
         """
         i = min(max(i, 0), job.outputs - 1)
         if i == 0:
             return self.first_ns(job)
-        if job.v_join is None:
-            proj = self.projection()
-            v_join = proj.v_join.get(job.id)
-            if v_join is None:
-                return INF
-            return self._on(proj.curve, token_v(v_join, i), proj.finish.get(job.id))
-        target = token_v(job.v_join, i)
-        if job.history is not None:
-            return self._on(_Curve(*job.history), target, job.finish_ns)
-        if target <= self._state.v:
+        if job.history is not None:  # finished or cancelled: its own slice of the realised curve
+            assert job.v_join is not None
+            return self._on(_Curve(*job.history), token_v(job.v_join, i), job.finish_ns)
+        if job.finish_ns is not None and i == job.outputs - 1:
+            return job.finish_ns
+        proj = self._proj
+        v_join = job.v_join if job.v_join is not None else proj.reach(proj.v_join, job.id)
+        if v_join is None:
+            return INF
+        if i == job.outputs - 1:
+            got = proj.reach(proj.finish_at, job.id)
+            return INF if got is None else got
+        target = token_v(v_join, i)
+        if target <= self._state.v and job.v_join is not None:
             t = self._history.time_at(target)
             if t is not None:
-                return t if job.finish_ns is None else min(t, job.finish_ns)
-        proj = self.projection()
-        finish = job.finish_ns if job.finish_ns is not None else proj.finish.get(job.id)
-        return self._on(proj.curve, target, finish)
+                return t
+        proj.reach_v(target)
+        t = proj.curve.time_at(target)
+        return INF if t is None else t
 
     @staticmethod
     def _on(curve: _Curve, target: float, finish: float | None) -> float:
