@@ -468,3 +468,13 @@ def test_paged_kv_runs_the_sequences_that_fit_at_their_mean_context():
     big = system("h100-sxm", "llama-3.1-70b", precision="fp8", tp=1)
     assert hm.max_sequences(big, 1_000_000) == 0
     assert hm.running_sequences(big, 1_000_000, 2) == 0
+
+
+def test_device_memory_is_read_as_binary_gigabytes():
+    # a vendor's "80 GB" of HBM is 80 GiB (nvidia-smi: 81,559 MiB on an H100 80GB); SRAM stays decimal
+    h100 = cat.device("h100-sxm")
+    assert h100.capacity_bytes > 85e9
+    assert cat.device("groq-lpu").capacity_bytes == pytest.approx(0.23e9)
+    # so 70B fp8 weights (70.6 GB) on one H100 leave room for tens of 2,000-token sequences, not a handful
+    s = hm.System(h100, cat.model("llama-3.1-70b"), "fp8", 1)
+    assert hm.running_sequences(s, 1000, 1000) >= 20
