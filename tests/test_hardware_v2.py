@@ -371,6 +371,21 @@ def test_loaded_server_itl_includes_newcomers_prefill():
     )
 
 
+def test_median_itl_is_a_decode_only_step():
+    base = dict(
+        id="x", device="h100-sxm", chips=2, model="llama-3.1-70b", precision="fp8", prompt_tokens=5000,
+        output_tokens=500, stack="nim", value=1.0, date="2025", source="s", tier=2, batch=25,
+    )  # fmt: skip
+    mean = val.prepare(val.Point(**base, metric="itl_ms"))
+    median = val.prepare(val.Point(**base, metric="itl_median_ms"))
+    static = val.prepare(val.Point(**base, metric="e2e_latency_s"))
+    assert mean.decode is not None and median.decode is not None and static.decode is not None
+    assert float(median.decode.flops_s) == float(static.decode.flops_s)  # no newcomer prefill in the step
+    theta = np.array([[getattr(hm.DEFAULT_EFFICIENCY, k) for k in hm.FITTED]])
+    got = val.predicted(val.batch_of([mean, median]), theta)[0]
+    assert got[1] < got[0]  # the median gap is shorter than the mean one
+
+
 def test_sustained_bandwidth_and_matmul_rates_come_from_measurements_or_the_default_share():
     h200, h100, b200 = cat.device("h200-sxm"), cat.device("h100-sxm"), cat.device("b200")
     # a recorded microbenchmark is used as is; an unrecorded device gets the default share of its datasheet
