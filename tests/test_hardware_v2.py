@@ -371,6 +371,21 @@ def test_loaded_server_itl_includes_newcomers_prefill():
     )
 
 
+def test_median_itl_is_a_decode_only_step():
+    base = dict(
+        id="x", device="h100-sxm", chips=2, model="llama-3.1-70b", precision="fp8", prompt_tokens=5000,
+        output_tokens=500, stack="nim", value=1.0, date="2025", source="s", tier=2, batch=25,
+    )  # fmt: skip
+    mean = val.prepare(val.Point(**base, metric="itl_ms"))
+    median = val.prepare(val.Point(**base, metric="itl_median_ms"))
+    static = val.prepare(val.Point(**base, metric="e2e_latency_s"))
+    assert mean.decode is not None and median.decode is not None and static.decode is not None
+    assert float(median.decode.flops_s) == float(static.decode.flops_s)  # no newcomer prefill in the step
+    theta = np.array([[getattr(hm.DEFAULT_EFFICIENCY, k) for k in hm.FITTED]])
+    got = val.predicted(val.batch_of([mean, median]), theta)[0]
+    assert got[1] < got[0]  # the median gap is shorter than the mean one
+
+
 def test_sustained_bandwidth_and_matmul_rates_come_from_measurements_or_the_default_share():
     h200, h100, b200 = cat.device("h200-sxm"), cat.device("h100-sxm"), cat.device("b200")
     # a recorded microbenchmark is used as is; an unrecorded device gets the default share of its datasheet
@@ -468,3 +483,13 @@ def test_paged_kv_runs_the_sequences_that_fit_at_their_mean_context():
     big = system("h100-sxm", "llama-3.1-70b", precision="fp8", tp=1)
     assert hm.max_sequences(big, 1_000_000) == 0
     assert hm.running_sequences(big, 1_000_000, 2) == 0
+
+
+def test_device_memory_is_read_as_binary_gigabytes():
+    # a vendor's "80 GB" of HBM is 80 GiB (nvidia-smi: 81,559 MiB on an H100 80GB); SRAM stays decimal
+    h100 = cat.device("h100-sxm")
+    assert h100.capacity_bytes > 85e9
+    assert cat.device("groq-lpu").capacity_bytes == pytest.approx(0.23e9)
+    # so 70B fp8 weights (70.6 GB) on one H100 leave room for tens of 2,000-token sequences, not a handful
+    s = hm.System(h100, cat.model("llama-3.1-70b"), "fp8", 1)
+    assert hm.running_sequences(s, 1000, 1000) >= 20

@@ -37,6 +37,10 @@ MAMF_SHARE_DEFAULT = 0.77
 KV_PRECISIONS = ("bf16", "fp16", "fp8", "int8", "fp4")  # KV-cache element formats serving stacks offer
 
 
+# bytes per vendor "GB" of device memory (binary, see Device.capacity_bytes)
+HBM_GB = float(2**30)
+
+
 class Device(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -124,8 +128,14 @@ class Device(BaseModel):
 
     @property
     def capacity_bytes(self) -> float:
-        """Memory (HBM) or SRAM bytes per chip."""
-        return float((self.memory_gb if self.kind == "hbm" else self.sram_gb) or 0.0) * 1e9
+        """Memory (HBM) or SRAM bytes per chip.
+
+        A GPU/accelerator vendor's memory figure is binary: "80 GB" is 80 GiB (five 16 GiB HBM3 stacks;
+        nvidia-smi reports an H100 80GB HBM3 as 81,559 MiB = 85.5e9 bytes), so HBM/GDDR capacity is read as
+        GiB. SRAM figures (Cerebras, Groq) stay decimal, as their fitted constants were set with them."""
+        if self.kind == "hbm":
+            return float(self.memory_gb or 0.0) * HBM_GB
+        return float(self.sram_gb or 0.0) * 1e9
 
 
 class Quality(BaseModel):

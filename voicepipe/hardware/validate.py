@@ -7,15 +7,17 @@ is then a closed-form function of those parts and the constants θ = (η_mem, MF
 
     decode   t_d = step(B sequences at context P + O/2)
     prefill  t_p = step(B prompts of P tokens at once) + stack request cost
-    tpot_ms, itl_ms = t_d             tok_s_user = 1/t_d        ttft_ms = t_p
+    tpot_ms, itl_ms, itl_median_ms = t_d          tok_s_user = 1/t_d        ttft_ms = t_p
     tok_s_total = B·O / (t_p + O·t_d)          e2e_latency_s, e2el_ms = t_p + (O − 1)·t_d
 
 (B is the batch that runs: the published one, or fewer when their KV does not fit at the mean context,
 :func:`voicepipe.hardware.model.running_sequences`.) A per-token metric at concurrency B > 1 is
 a loaded server's mean step: besides B decodes it prefills B·P/O prompt tokens (every request brings P
-prompt tokens per O output tokens), on average half-way into their prompt. The fit minimises the mean absolute log
-error over the training points inside published ranges (a coarse grid, then a pattern search), with a
-weak pull towards published mid-range values so constants no training point constrains stay there.
+prompt tokens per O output tokens), on average half-way into their prompt; a median inter-token gap
+(``itl_median_ms``) is a decode-only step, since newcomers' prefills land in a minority of steps.
+The fit minimises the mean absolute log error over the training points inside published ranges (a
+coarse grid, then a pattern search), with a weak pull towards published mid-range values so constants
+no training point constrains stay there.
 Candidate θ are evaluated in one numpy broadcast, so a fit takes tens of milliseconds and
 leave-one-source-out (refit without every point of one source, predict that source) about a second.
 """
@@ -47,7 +49,9 @@ from voicepipe.hardware.model import (
     step_parts,
 )
 
-Metric = Literal["tpot_ms", "ttft_ms", "itl_ms", "tok_s_user", "tok_s_total", "e2e_latency_s", "e2el_ms"]
+Metric = Literal[
+    "tpot_ms", "ttft_ms", "itl_ms", "itl_median_ms", "tok_s_user", "tok_s_total", "e2e_latency_s", "e2el_ms"
+]
 
 # search box for each fitted constant: the published range (docs/hardware-model.md §2)
 BOUNDS: dict[str, tuple[float, float]] = {
@@ -57,7 +61,8 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "eta_moe": (0.35, 1.0),
     "layer_s": (1e-6, 60e-6),
 }
-# per-token metrics of a server under steady concurrent load (the others time whole static batches)
+# per-token means of a server under steady concurrent load (the others time whole static batches); a
+# median inter-token gap (itl_median_ms) is a decode-only step: newcomers' prefills land in a minority of steps
 STEADY_STATE = ("tpot_ms", "itl_ms", "tok_s_user")
 DEFAULT_PROMPT, DEFAULT_OUTPUT = 1024, 256  # where a source publishes no lengths (as `hardware predict`)
 SATURATED = 512  # cap on "as many as fit" for a saturated server (trtllm-bench/vLLM throughput runs)
@@ -228,7 +233,7 @@ def predicted(b: Batch, theta: FArray) -> FArray:
     m = b.metric
     return np.select(
         [
-            (m == "tpot_ms") | (m == "itl_ms"),
+            (m == "tpot_ms") | (m == "itl_ms") | (m == "itl_median_ms"),
             m == "ttft_ms",
             m == "tok_s_user",
             m == "tok_s_total",
