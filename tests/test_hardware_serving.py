@@ -344,3 +344,39 @@ def test_amended_projection_equals_a_fresh_one(seed):
     s._proj = _Projection(s._state)
     assert _schedule(s, streams) == amended
     assert all(a == sorted(a) for a in amended)
+
+
+@pytest.mark.parametrize("spec", ["h100-sxm/llama-3.1-8b", "cerebras-wse3/llama-3.1-8b", SPECS[3]], ids=str)
+def test_no_prefill_is_shorter_than_the_servers_shortest(spec):
+    # earliest_first_ns counts each queued prefill at the server's shortest: it must be a lower bound
+    server = make_hardware_backend(spec).server
+    for d, ctx, n, c in itertools.product((0, 1, 16, 200), (0.0, 900.0), (1, 7, 500, 4000), (0, 300)):
+        assert server.step_ns(d, d * ctx, n, c) >= server._min_prefill_ns
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_queued_streams_bound_is_below_its_first_token_and_holds_through_cancels(seed):
+    rng = np.random.default_rng(seed)
+    s = make_hardware_backend({"hardware": "h100-sxm", "model": "llama-3.1-8b", "max_batch": 3}).server
+    streams = [
+        s.open(req(f"u{k}", prompt=int(rng.integers(20, 900)), out=60), T0 + k * 1000) for k in range(30)
+    ]
+    bounds = {st.job.id: s.earliest_first_ns(st.job) for st in streams}
+    assert sum(b is not None for b in bounds.values()) >= 20  # most of them queue
+    t = T0
+    for _ in range(6):  # cancel decoding members: every bound still holds and none falls
+        live = [st for st in streams if not st.job.cancelled and st.at_ns(5) > t]
+        victim = min(live, key=lambda st: st.at_ns(5))
+        t = victim.at_ns(5)
+        s.cancel(victim.job, t)
+        assert victim.job.cancelled and victim.job.v_join is not None  # it was decoding
+        for st in streams:
+            b, old = s.earliest_first_ns(st.job), bounds[st.job.id]
+            if b is None:
+                continue
+            assert b <= st.at_ns(0)
+            assert old is None or b >= old
+            bounds[st.job.id] = b
+    queued = [st for st in streams if s.earliest_first_ns(st.job) is not None]
+    s.cancel(queued[0].job, t)  # a cancel ahead in the queue may lower the bounds behind it: still below
+    assert all(s.earliest_first_ns(st.job) <= st.at_ns(0) for st in queued[1:])

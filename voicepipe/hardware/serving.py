@@ -23,7 +23,10 @@ form. Arrivals and cancels change the future, so the server keeps:
 projection when it wakes (one timer per waiting token, no background tasks); a change wakes only the waits
 whose token it moved earlier (a token moved later is re-read when its old timer fires). Only a cancel can
 move a token earlier: more work on the device never speeds anyone up (the step time grows with decoders,
-their KV and a prefill sharing the step; tested), so a queued arrival wakes nobody.
+their KV and a prefill sharing the step; tested), so a queued arrival wakes nobody. A stream still in
+the queue first sleeps until a lower bound of its first token that needs no projection
+(:meth:`DeviceServer.earliest_first_ns`), so a cancel on a device with a long queue re-projects only the
+near future that decoding streams wait for, not the whole queue.
 
 Admission: FCFS; the head of the queue starts its prefill when no other prefill runs and fewer than
 ``max_batch`` sequences hold slots. A request alone on the device realises exactly
@@ -390,8 +393,15 @@ class DeviceServer:
         self._step_cache: dict[tuple[int, float, int, int], float] = {}
         # sleeping token waits: future -> (deadline, re-read of that token's instant)
         self._waiters: dict[asyncio.Future[None], tuple[int, Callable[[], int]]] = {}
+        # queued streams sleeping until earliest_first_ns (that bound only falls when a queued or prefilling
+        # request is cancelled, so only such a cancel re-reads them)
+        self._bound_waiters: dict[asyncio.Future[None], tuple[int, Callable[[], int]]] = {}
         self._committed = -INF  # latest token instant handed out; the past before it is fixed
         self._changed_at = -INF  # latest arrival or cancel: a later call cannot change what came before it
+        self._queue_cancels = 0  # requests cancelled while queued (for earliest_first_ns)
+        # the shortest a prefill can take: one step of one prompt token on an idle device (a prefill is one
+        # step, and a step never shortens with more work; tested)
+        self._min_prefill_ns = float(mixed_step_s(system, 0, 0, prefill_tokens=1, spec=spec)) * 1e9
 
     # ------------------------------------------------------------ model
 
@@ -452,8 +462,10 @@ class DeviceServer:
         job.cancelled = True
         s = self._state
         s.move_to(t)
+        ahead_moved = job.start_ns is None or s.prefill is job  # queued bounds behind it may fall
         if job in s.queue:
             s.queue.remove(job)
+            self._queue_cancels += 1
         elif s.prefill is job:
             s.prefill, s.prefill_left = None, 0.0
         elif job.id in s.members:
@@ -463,7 +475,7 @@ class DeviceServer:
         self._finalise(job)
         s.admit(self._real)
         self.version += 1
-        self._changed()
+        self._changed(bounds=ahead_moved)
 
     def _done_by(self, job: Job, t: float) -> bool:
         return job.finish_ns is not None and job.finish_ns <= t
@@ -472,14 +484,21 @@ class DeviceServer:
         self._state.run(t, self._real)
         self._prune()
 
-    def _changed(self) -> None:
-        """The realised state moved to a change's instant: mark it, project afresh, wake moved waits."""
+    def _changed(self, bounds: bool = False) -> None:
+        """The realised state moved to a change's instant: mark it, project afresh, wake moved waits
+        (``bounds``: the queued streams' lower bounds too)."""
         s = self._state
         self._history.add(s.t, s.v, s.rate())
         self._proj = _Projection(s)
-        # a wait whose token moved later keeps its timer (it re-reads when that fires); only one whose token
-        # moved earlier must wake now — the same instants as waking every wait, without B wake-ups per change
-        for fut, (deadline, reread) in self._waiters.items():
+        self._wake_moved(self._waiters)
+        if bounds:
+            self._wake_moved(self._bound_waiters)
+
+    @staticmethod
+    def _wake_moved(waiters: dict[asyncio.Future[None], tuple[int, Callable[[], int]]]) -> None:
+        # a wait whose instant moved later keeps its timer (it re-reads when that fires); only one whose
+        # instant moved earlier must wake now — the same instants as waking every wait, without B wake-ups
+        for fut, (deadline, reread) in waiters.items():
             if fut.done():
                 continue
             try:
@@ -575,6 +594,25 @@ class DeviceServer:
             return job.finish_ns
         return self.token_ns(job, job.outputs - 1)
 
+    def earliest_first_ns(self, job: Job) -> int | None:
+        """A lower bound on a still-queued job's first token, found without projecting (None once it left
+        the queue): from the last change on, every request ahead of it and then its own prefill run one at
+        a time, each at least the shortest prefill step. A stream deep in a long queue sleeps until this
+        bound instead of projecting the whole queue ahead of it after every cancel; it projects once the
+        bound is reached."""
+        s = self._state
+        if job.start_ns is not None or job.cancelled or not s.queue:
+            return None
+        ahead = max(0, job.id - s.queue[0].id - self._queue_cancels)  # ids rise along the FCFS queue
+        # the realised state holds every event up to the last change; a prefill still running then ends
+        # after it, and no sooner than its start plus the shortest prefill. This keeps the bound from
+        # falling as the queue advances (only a cancel ahead can lower it).
+        t = max(s.t, self._changed_at)
+        pf = s.prefill
+        if pf is not None and pf.start_ns is not None:
+            t = max(t, pf.start_ns + self._min_prefill_ns)
+        return math.floor(t + (ahead + 1) * self._min_prefill_ns)
+
     # ------------------------------------------------------------ live streams
 
     def open(self, req: LLMRequest, t0_ns: int) -> DeviceStream:
@@ -582,21 +620,25 @@ class DeviceServer:
         arrive = t0_ns + round(request_overhead_s(self.system) * 1e9)
         return DeviceStream(self, self.submit(req, arrive), int(t0_ns), arrive)
 
-    async def wait_change_or(self, deadline_ns: int, reread: Callable[[], int] | None = None) -> None:
+    async def wait_change_or(
+        self, deadline_ns: int, reread: Callable[[], int] | None = None, *, bound: bool = False
+    ) -> None:
         """Sleep until ``deadline_ns`` or until the schedule changes, whichever is first (with ``reread``,
-        the instant waited for: until a change moves it earlier than ``deadline_ns``)."""
+        the instant waited for: until a change moves it earlier than ``deadline_ns``; ``bound``: a queued
+        stream's :meth:`earliest_first_ns`)."""
+        waiters = self._bound_waiters if bound else self._waiters
         delay = (deadline_ns - now_ns()) / 1e9
         if delay <= 0:
             return
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
         handle = loop.call_later(delay, lambda: fut.done() or fut.set_result(None))
-        self._waiters[fut] = (deadline_ns, reread or _always_earlier)
+        waiters[fut] = (deadline_ns, reread or _always_earlier)
         try:
             await fut
         finally:
             handle.cancel()
-            self._waiters.pop(fut, None)
+            waiters.pop(fut, None)
 
     def commit(self, t_ns: int) -> None:
         self._committed = max(self._committed, float(t_ns))
@@ -634,11 +676,16 @@ class DeviceStream:
     async def token_time(self, i: int) -> int:
         if i in self._got:
             return self._got[i]
+        server, job = self.server, self.job
         while True:
+            bound = server.earliest_first_ns(job)
+            if bound is not None and bound > now_ns():  # deep in a queue: no projection needed yet
+                await server.wait_change_or(bound, lambda: server.earliest_first_ns(job) or -1, bound=True)
+                continue
             t = self.at_ns(i)
             if now_ns() >= t:
                 break
-            await self.server.wait_change_or(t, lambda i=i: self.at_ns(i))
+            await server.wait_change_or(t, lambda i=i: self.at_ns(i))
         self._got[i] = t
         self.server.commit(t)
         return t
