@@ -75,7 +75,7 @@ class MemoryBus(Bus):
         self.draining = False  # a drain is scheduled or running
         self.busy: asyncio.Task[None] | None = None  # a receive that had to wait, continuing as a task
         self.served: asyncio.Future[None] | None = None
-        self.loop: asyncio.AbstractEventLoop | None = None  # serve()'s loop (the run's: deliveries come on it)
+        self.loop: asyncio.AbstractEventLoop | None = None  # serve()'s loop: deliveries come on it
 
     def push(self, channel: str, env: Envelope) -> None:
         if self.receive is None:
