@@ -181,16 +181,24 @@ class ASR(Stage):
         self, env: Envelope, u: Utterance, speech_end: int, annotated: bool | None, gap: int
     ) -> None:
         cfg = self.cfg.asr
-        await sleep_until_ns(speech_end)
-        if u.partials < len(u.words):
-            await self._partial(env, u)  # the word is recognised once its audio has ended
+        # what the silence after this word will decide (the words cannot change meanwhile: this listener
+        # alone hears them)
         text = " ".join(u.words)
         n_words = len(u.words)
         pre = self.cfg.router.preemptive
         wait_ms, infer_ms = endpoint_wait_ms(cfg, text, annotated)
         wait, infer = round(wait_ms * 1e6), round(infer_ms * 1e6)
         stable = round(pre.stable_ms * 1e6)
-        if pre.enabled and stable < wait + infer and gap >= stable:
+        eager = pre.enabled and stable < wait + infer and gap >= stable
+        if gap < wait + infer and not eager and not (u.partials < n_words and self.wanted("asr/partial")):
+            # the word is recognised when its audio ends, but nobody would hear of it and the user speaks
+            # again before the silence decides anything: no sleep to wait it out (one timer less per word)
+            u.partials = n_words
+            return
+        await sleep_until_ns(speech_end)
+        if u.partials < n_words:
+            await self._partial(env, u)  # the word is recognised once its audio has ended
+        if eager:
             # eager end of turn: the transcript has been stable (silence) for stable_ms
             await sleep_until_ns(speech_end + stable)
             if self.wanted("asr/partial"):
