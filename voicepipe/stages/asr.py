@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 
 from voicepipe.clock import now_ns, rng_for, sleep_until_ns
 from voicepipe.config import ASRConfig
-from voicepipe.messages import Cancel, CancelReason, Envelope, Final, Partial, Span, UserWord
+from voicepipe.messages import Cancel, CancelReason, Envelope, Final, Partial, UserWord
+from voicepipe.spans import modelled_span
 from voicepipe.stages.base import Stage
 from voicepipe.text import normalise
 
@@ -246,13 +247,13 @@ class ASR(Stage):
         await sleep_until_ns(t)
         # endpointed: from here a new word means the user was not done
         u.finalised = True
-        spans = [*env.spans, Span(stage="asr", what="endpoint wait", start_ns=speech_end, dur_ns=wait)]
+        spans = [*env.spans, modelled_span("asr", "endpoint wait", speech_end, wait)]
         if infer:
-            spans.append(Span(stage="asr", what="turn detector", start_ns=speech_end + wait, dur_ns=infer))
+            spans.append(modelled_span("asr", "turn detector", speech_end + wait, infer))
         rng = rng_for(self.cfg.seed, env.session, env.turn, u.segment, "asr")
         fin = round(self.cfg.asr.finalize_ms.sample_ms(rng) * 1e6)
         if gap < wait + infer + fin:
             return  # the user resumed while the transcript was being finalised: it is never sent
-        spans.append(Span(stage="asr", what="finalise", start_ns=t, dur_ns=fin))
+        spans.append(modelled_span("asr", "finalise", t, fin))
         await sleep_until_ns(t + fin)
         await self.publish(self.reply(env, Final(text=si.text, words=si.words, segment=u.segment), spans))
