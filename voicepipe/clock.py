@@ -548,6 +548,11 @@ def is_virtual() -> bool:
     return _here.virtual is not None
 
 
+def running_loop() -> asyncio.AbstractEventLoop:
+    """``asyncio.get_running_loop()`` (a running virtual loop without asyncio's system call)."""
+    return _here.virtual or asyncio.get_running_loop()
+
+
 async def sleep_until_ns(deadline_ns: int) -> None:
     """Sleep until an absolute monotonic deadline (never a chain of relative sleeps that drifts)."""
     vloop = _here.virtual

@@ -20,7 +20,7 @@ import asyncio
 from collections import deque
 from dataclasses import dataclass, field
 
-from voicepipe.clock import now_ns, rng_for, sleep_until_ns
+from voicepipe.clock import now_ns, rng_for, running_loop, sleep_until_ns
 from voicepipe.config import ASRConfig
 from voicepipe.messages import Cancel, CancelReason, Envelope, Final, Partial, UserWord
 from voicepipe.spans import modelled_span
@@ -144,7 +144,7 @@ class ASR(Stage):
         try:
             while True:
                 if not u.queue:
-                    u.wake = asyncio.get_running_loop().create_future()
+                    u.wake = running_loop().create_future()
                     try:
                         await u.wake
                     finally:

@@ -34,7 +34,7 @@ from pydantic import BaseModel
 
 from voicepipe.backends import BackendPool
 from voicepipe.bus import Bus
-from voicepipe.clock import now_ns
+from voicepipe.clock import now_ns, running_loop
 from voicepipe.config import PipelineConfig
 from voicepipe.messages import Cancel, CancelReason, Envelope, Span, TurnScript, copied
 from voicepipe.stages.guard import ADMITTED, Guard, Verdict, run_token, sign
@@ -193,7 +193,7 @@ class Stage:
             old.cancel()
         if turn is None and isinstance(key, tuple) and key and type(key[0]) is int:
             turn = key[0]
-        task = asyncio.create_task(self._guard(coro, session, turn))
+        task = running_loop().create_task(self._guard(coro, session, turn))
         bucket[key] = task
 
         def _done(t: asyncio.Task[None], session: str = session, key: Any = key) -> None:
