@@ -139,11 +139,16 @@ class MemoryBus(Bus):
                 self.broker.subs.setdefault(ch, []).append(self)
 
     async def publish(self, env: Envelope, *, qos: int | None = None) -> None:
-        if env.run != self.run:
-            raise ValueError(f"envelope of run {env.run!r} published on run {self.run!r}")
-        env.__dict__["sent_ns"] = now_ns()  # a plain field write (every field is set when it is built)
+        self.post(env)
+
+    def post(self, env: Envelope) -> None:
+        """:meth:`publish` without a coroutine: delivery never waits (a stage calls this directly)."""
+        d = env.__dict__  # plain field reads and writes (every field is set when it is built)
+        if d["run"] != self.run:
+            raise ValueError(f"envelope of run {d['run']!r} published on run {self.run!r}")
+        d["sent_ns"] = now_ns()
         self.published += 1
-        self.broker.deliver(channel_of(env.type), env)
+        self.broker.deliver(channel_of(d["type"]), env)
 
     async def messages(self) -> AsyncIterator[tuple[str, Envelope]]:
         inbox = self.inbox

@@ -62,6 +62,8 @@ class Stage:
     def __init__(self, bus: Bus, ctx: RunContext) -> None:
         self.bus = bus
         self._wanted: Callable[[str], bool] | None = getattr(bus, "wanted", None)  # see wanted()
+        # a bus whose publish never waits (the in-memory bus) takes a message without a coroutine
+        self._post: Callable[[Envelope], None] | None = getattr(bus, "post", None)
         self.ctx = ctx
         self.cfg = ctx.cfg
         self.tasks: dict[str, dict[Any, asyncio.Task[None]]] = {}
@@ -156,7 +158,11 @@ class Stage:
         d["src"] = self.src
         d["seq"] = seq
         sign(env, self.ctx.token)
-        await self.bus.publish(env, qos=qos)
+        post = self._post
+        if post is not None:
+            post(env)
+        else:
+            await self.bus.publish(env, qos=qos)
 
     def wanted(self, channel: str) -> bool:
         """Could anyone receive a message on ``channel``? Always on a bus that cannot tell (MQTT: any client
