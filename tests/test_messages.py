@@ -104,3 +104,28 @@ def test_rebase_shifts_a_copy_and_leaves_the_received_envelope_alone():
     assert [s.start_ns for s in env.spans] == [1_000, 2_000]  # the received one is unchanged
     assert parse(moved.to_bytes()).model_dump() == moved.model_dump()
     assert rebase(env, env.sent_ns) is env  # no hop, nothing to move
+
+
+@pytest.mark.parametrize(
+    "config", [None, "scenarios/configs/preemptive.yaml", "scenarios/configs/council-vote.yaml"]
+)
+def test_every_message_of_a_virtual_run_is_what_the_wire_parser_accepts(config):
+    """The in-memory bus passes the objects stages built, some of them without pydantic's validation
+    (voicepipe.construct, spans.modelled_span, memoised payloads): each must be exactly what the MQTT bus's
+    parser makes of its JSON."""
+    from voicepipe.config import load_config
+    from voicepipe.runner import simulate
+    from voicepipe.scenario import load_scenario
+
+    seen: list[Envelope] = []
+    cfg = load_config(config, [])
+    res = simulate(
+        cfg, [load_scenario("rapid-fire"), load_scenario("barge-in")], 2, tap=lambda _, e: seen.append(e)
+    )
+    assert res.records and not res.stage_errors
+    assert {"user.word", "asr.final", "reply.text", "tts.audio", "turn.record"} <= {e.type for e in seen}
+    for env in seen:
+        back = parse(env.to_bytes())  # the wire's variant class: compare the values, field by field
+        assert back.model_dump() == env.model_dump(), env.type
+        assert type(back.payload) is type(env.payload) and back.payload == env.payload, env.type
+        assert all(type(a) is type(b) for a, b in zip(back.spans, env.spans, strict=True)), env.type

@@ -375,11 +375,13 @@ class VirtualLoop(asyncio.AbstractEventLoop):
         sys.set_asyncgen_hooks(firstiter=self._asyncgens.add, finalizer=self._finalize_asyncgen)
         self._running = True
         events._set_running_loop(self)
+        _here.virtual = self
         try:
             self._run()
         finally:
             self._stopping = False
             self._running = False
+            _here.virtual = None
             events._set_running_loop(None)
             sys.set_asyncgen_hooks(*old_hooks)
 
@@ -522,28 +524,46 @@ def set_clock_offset_ns(offset_ns: int) -> None:
     _offset_ns.set(offset_ns)
 
 
+class _Here(threading.local):
+    """The :class:`VirtualLoop` running in this thread, if any (set and cleared by its ``run_forever``).
+
+    The same answer as ``asyncio._get_running_loop()`` for a virtual loop, without its cost: CPython 3.11
+    checks the process id on every call (``getpid()``, a system call: ~2 % of a virtual run's CPU)."""
+
+    virtual: VirtualLoop | None = None
+
+
+_here = _Here()
+
+
 def now_ns() -> int:
     """Monotonic ns: the running virtual loop's time, else the host's CLOCK_MONOTONIC (plus a test offset)."""
-    loop = events._get_running_loop()
-    if loop.__class__ is VirtualLoop:
-        return loop.now  # type: ignore[attr-defined]
+    loop = _here.virtual
+    if loop is not None:
+        return loop.now
     return time.monotonic_ns() + _offset_ns.get()
 
 
 def is_virtual() -> bool:
-    return events._get_running_loop().__class__ is VirtualLoop
+    return _here.virtual is not None
+
+
+def running_loop() -> asyncio.AbstractEventLoop:
+    """``asyncio.get_running_loop()`` (a running virtual loop without asyncio's system call)."""
+    return _here.virtual or asyncio.get_running_loop()
 
 
 async def sleep_until_ns(deadline_ns: int) -> None:
     """Sleep until an absolute monotonic deadline (never a chain of relative sleeps that drifts)."""
-    loop = asyncio.get_running_loop()
-    if loop.__class__ is VirtualLoop:
-        if deadline_ns <= loop.now:  # type: ignore[attr-defined]
+    vloop = _here.virtual
+    if vloop is not None:
+        if deadline_ns <= vloop.now:
             await asyncio.sleep(0)
         else:
             # a cancelled sleep's future is cancelled with its task: a dead heap entry the loop skips
-            await loop.wake_at(deadline_ns)  # type: ignore[attr-defined]
+            await vloop.wake_at(deadline_ns)
         return
+    loop = asyncio.get_running_loop()
     deadline_ns -= _offset_ns.get()  # to the host's clock
     if deadline_ns <= time.monotonic_ns():
         await asyncio.sleep(0)
@@ -552,6 +572,10 @@ async def sleep_until_ns(deadline_ns: int) -> None:
 
 
 def rng_for(seed: int, *keys: object) -> np.random.Generator:
-    """A reproducible generator for one (seed, session, turn, stage...) — independent of arrival order."""
-    words = [seed & 0xFFFFFFFF] + [zlib.crc32(str(k).encode()) for k in keys]
-    return np.random.default_rng(words)
+    """A reproducible generator for one (seed, session, turn, stage...) — independent of arrival order.
+
+    PCG64 seeded by a SeedSequence over the 32-bit words [seed, crc32(str(key))...]: the generator
+    ``np.random.default_rng(words)`` makes, built from a uint32 array (a list of Python ints is coerced
+    word by word under ``np.errstate``: ~3x the cost, same entropy, same stream)."""
+    words = np.array([seed & 0xFFFFFFFF, *[zlib.crc32(str(k).encode()) for k in keys]], dtype=np.uint32)
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(words)))

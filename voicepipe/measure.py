@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from voicepipe.construct import built
 from voicepipe.messages import Span
 from voicepipe.records import BreakdownPart
 
@@ -56,13 +57,14 @@ def measure(spans: Iterable[Span], t0_ns: int, t1_ns: int) -> Measurement:
     modelled: dict[tuple[str, str], bool] = {}
     predicted = 0
     for a, b in itertools.pairwise(cuts):
-        # the covering span that started last (ties: the later on the chain)
+        # the covering span that started last (ties: the later on the chain, i.e. the last in the list)
         best = None
-        for lo, hi, start, order, s in clipped:
-            if lo <= a and hi >= b and (best is None or (start, order) > (best[0], best[1])):
-                best = (start, order, s)
+        best_start = 0
+        for lo, hi, start, _, s in clipped:
+            if lo <= a and hi >= b and (best is None or start >= best_start):
+                best, best_start = s, start
         if best is not None:
-            s = best[2]
+            s = best
             key = (s.stage, s.what)
             modelled[key] = s.modelled
             if s.modelled:
@@ -73,8 +75,13 @@ def measure(spans: Iterable[Span], t0_ns: int, t1_ns: int) -> Measurement:
             key = BUS
             modelled[key] = False
         totals[key] = totals.get(key, 0) + (b - a)
+    # the parts hold what was just computed (str, str, float, bool): built without validating them again
     parts = [
-        BreakdownPart(stage=st, what=wh, ms=ns / 1e6, modelled=modelled[(st, wh)])
+        built(
+            BreakdownPart,
+            {"stage": st, "what": wh, "ms": ns / 1e6, "modelled": modelled[(st, wh)]},
+            {"stage", "what", "ms", "modelled"},
+        )
         for (st, wh), ns in totals.items()
     ]
     return Measurement(measured_ns=t1_ns - t0_ns, predicted_ns=round(predicted), parts=parts)

@@ -75,6 +75,7 @@ class MemoryBus(Bus):
         self.draining = False  # a drain is scheduled or running
         self.busy: asyncio.Task[None] | None = None  # a receive that had to wait, continuing as a task
         self.served: asyncio.Future[None] | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None  # serve()'s loop: deliveries come on it
 
     def push(self, channel: str, env: Envelope) -> None:
         if self.receive is None:
@@ -83,7 +84,7 @@ class MemoryBus(Bus):
         self.backlog.append(env)
         if not self.draining and self.busy is None:
             self.draining = True
-            asyncio.get_running_loop().call_soon(self._drain)
+            self.loop.call_soon(self._drain)  # type: ignore[union-attr]  # set with receive, by serve()
 
     def _drain(self) -> None:
         backlog, receive = self.backlog, self.receive
@@ -95,7 +96,7 @@ class MemoryBus(Bus):
                     waits_on = coro.send(None)
                 except StopIteration:
                     continue
-                self.busy = asyncio.get_running_loop().create_task(_finish(coro, waits_on))  # type: ignore[arg-type]
+                self.busy = self.loop.create_task(_finish(coro, waits_on))  # type: ignore[union-attr,arg-type]
                 self.busy.add_done_callback(self._resumed)
         except BaseException as exc:  # receive itself failed (not a handler): the stage's loop ends with it
             if self.served is not None and not self.served.done():
@@ -138,11 +139,16 @@ class MemoryBus(Bus):
                 self.broker.subs.setdefault(ch, []).append(self)
 
     async def publish(self, env: Envelope, *, qos: int | None = None) -> None:
-        if env.run != self.run:
-            raise ValueError(f"envelope of run {env.run!r} published on run {self.run!r}")
-        env.__dict__["sent_ns"] = now_ns()  # a plain field write (every field is set when it is built)
+        self.post(env)
+
+    def post(self, env: Envelope) -> None:
+        """:meth:`publish` without a coroutine: delivery never waits (a stage calls this directly)."""
+        d = env.__dict__  # plain field reads and writes (every field is set when it is built)
+        if d["run"] != self.run:
+            raise ValueError(f"envelope of run {d['run']!r} published on run {self.run!r}")
+        d["sent_ns"] = now_ns()
         self.published += 1
-        self.broker.deliver(channel_of(env.type), env)
+        self.broker.deliver(channel_of(d["type"]), env)
 
     async def messages(self) -> AsyncIterator[tuple[str, Envelope]]:
         inbox = self.inbox
@@ -152,6 +158,7 @@ class MemoryBus(Bus):
             yield item
 
     async def serve(self, receive: Callable[[Envelope], Awaitable[None]]) -> None:
+        self.loop = asyncio.get_running_loop()
         self.receive = receive
         while not self.inbox.empty():  # delivered before serve() began
             self.backlog.append(self.inbox.get_nowait()[1])

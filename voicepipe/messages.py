@@ -14,7 +14,7 @@ import itertools
 import os
 import secrets
 from enum import StrEnum
-from typing import Annotated, Any, ClassVar, Literal, TypeVar, Union
+from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import (
     BaseModel,
@@ -28,13 +28,14 @@ from pydantic import (
 )
 
 from voicepipe import clock
+from voicepipe.construct import built, copied
 from voicepipe.records import EndpointMetrics, TurnRecord
 from voicepipe.spans import Span
 
 SCHEMA_VERSION = 1
 ROOT = "voicepipe"
 
-__all__ = ["PAYLOADS", "Envelope", "Span", "parse", "topic"]
+__all__ = ["PAYLOADS", "Envelope", "Span", "built", "copied", "parse", "topic"]
 
 
 class CancelReason(StrEnum):
@@ -301,32 +302,6 @@ class Envelope(BaseModel):
 
 _ALL_FIELDS = frozenset(Envelope.model_fields)
 _TYPE_OF: dict[type, str] = {m: t for t, m in PAYLOADS.items()}  # payload class -> its message type
-# BaseModel's slots, set directly by built()
-_new = object.__new__
-_set_dict = BaseModel.__dict__["__dict__"].__set__
-_set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
-_set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
-_set_private = BaseModel.__dict__["__pydantic_private__"].__set__
-
-M = TypeVar("M", bound=BaseModel)
-
-
-def built(cls: type[M], fields: dict[str, Any], fields_set: set[str]) -> M:
-    """An instance of pydantic model ``cls`` (no extra fields) holding ``fields`` — every field, with values
-    this process already holds validated — without validating them again: what ``model_construct`` does,
-    without its per-field default handling. For the bus's hot paths (:meth:`Envelope.of`, :func:`copied`)."""
-    obj = _new(cls)
-    _set_dict(obj, fields)
-    _set_fields_set(obj, fields_set)
-    _set_extra(obj, None)
-    _set_private(obj, None)
-    return obj
-
-
-def copied(model: M, fields: dict[str, Any]) -> M:
-    """A copy of ``model`` holding ``fields`` (its own, updated: ``model_copy(update=...)`` without the
-    deep machinery; values must already be of the fields' types)."""
-    return built(model.__class__, fields, set(model.__pydantic_fields_set__))
 
 
 def _type_of_subclass(payload: BaseModel) -> str:

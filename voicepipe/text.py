@@ -48,8 +48,9 @@ def pause_ms(m: re.Match[str]) -> float:
     return val * 1000.0 if (m.group(2) or "").lower() == "s" else val
 
 
+@functools.lru_cache(maxsize=4096)
 def plain(utterance: str) -> str:
-    """The utterance without pause markers, single-spaced."""
+    """The utterance without pause markers, single-spaced (memoised: every session says the same lines)."""
     return " ".join(PAUSE.sub(" ", utterance).split())
 
 

@@ -20,6 +20,7 @@ from typing import Protocol, TypeGuard
 import numpy as np
 
 from voicepipe.messages import Span
+from voicepipe.spans import modelled_span
 
 
 @dataclass(frozen=True)
@@ -134,6 +135,7 @@ class ScheduledStream:
     t0_ns: int
     stage: str = "agent"
     cancelled: bool = field(default=False)
+    _head: list[Span] | None = field(default=None, init=False, repr=False, compare=False)
 
     def at_ns(self, i: int) -> int:
         return self.t0_ns + round(self.timing.token_s(i) * 1e9)
@@ -146,19 +148,21 @@ class ScheduledStream:
         return t
 
     def spans(self, upto_token: int) -> list[Span]:
-        out: list[Span] = []
-        t = self.t0_ns
-        if self.timing.queue_s > 0:
-            d = round(self.timing.queue_s * 1e9)
-            out.append(Span(stage=self.stage, what="queue", start_ns=t, dur_ns=d))
-            t += d
-        d = round(self.timing.ttft_s * 1e9)
-        out.append(Span(stage=self.stage, what="ttft", start_ns=t, dur_ns=d))
-        t += d
+        head = self._head
+        if head is None:  # queue and ttft are the same for every chunk: built once (spans are frozen)
+            head, t = [], self.t0_ns
+            if self.timing.queue_s > 0:
+                d = round(self.timing.queue_s * 1e9)
+                head.append(modelled_span(self.stage, "queue", t, d))
+                t += d
+            d = round(self.timing.ttft_s * 1e9)
+            head.append(modelled_span(self.stage, "ttft", t, d))
+            self._head = head
+        t = head[-1].start_ns + head[-1].dur_ns
         end = self.at_ns(upto_token)
         if end > t:
-            out.append(Span(stage=self.stage, what="decode", start_ns=t, dur_ns=end - t))
-        return out
+            return [*head, modelled_span(self.stage, "decode", t, end - t)]
+        return list(head)
 
     def cancel(self) -> None:
         self.cancelled = True

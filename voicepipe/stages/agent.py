@@ -12,6 +12,7 @@ a cancelled one counts its generated tokens (and prompt) as wasted work.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,6 +58,12 @@ def chunk_ends(tokens: list[str], max_tokens: int) -> list[int]:
     return ends
 
 
+@functools.lru_cache(maxsize=4096)
+def scripted_chunk_ends(tokens: tuple[str, ...], max_tokens: int) -> tuple[int, ...]:
+    """:func:`chunk_ends` of a scripted reply, memoised (every session of a run gives the same replies)."""
+    return tuple(chunk_ends(list(tokens), max_tokens))
+
+
 def prompt_tokens(base: int, history: int, user_text: str) -> tuple[int, int]:
     """(prompt tokens, of which cached) for a turn: base prompt + history are a stable prefix."""
     return base + history + count_tokens(user_text), base + history
@@ -94,7 +101,7 @@ async def reply_chunks(gen: Generation, chunk_tokens: int) -> AsyncIterator[tupl
         async for end, final in gen.stream.chunks(lambda toks: chunk_ends(toks, chunk_tokens)):
             yield end, final
         return
-    for end in chunk_ends(gen.tokens, chunk_tokens):
+    for end in scripted_chunk_ends(tuple(gen.tokens), chunk_tokens):
         await gen.stream.token_time(end)
         yield end, end == len(gen.tokens) - 1
 

@@ -20,9 +20,10 @@ import asyncio
 from collections import deque
 from dataclasses import dataclass, field
 
-from voicepipe.clock import now_ns, rng_for, sleep_until_ns
+from voicepipe.clock import now_ns, rng_for, running_loop, sleep_until_ns
 from voicepipe.config import ASRConfig
-from voicepipe.messages import Cancel, CancelReason, Envelope, Final, Partial, Span, UserWord
+from voicepipe.messages import Cancel, CancelReason, Envelope, Final, Partial, UserWord
+from voicepipe.spans import modelled_span
 from voicepipe.stages.base import Stage
 from voicepipe.text import normalise
 
@@ -78,13 +79,28 @@ class Utterance:
     last: Envelope | None = None
     # words (with their arrival instants) waiting to be heard, and whether a listener is hearing them: one
     # task per utterance hears its words in order, each after the previous word's silence was handled
-    queue: deque[tuple[Envelope, int]] = field(default_factory=deque)
+    # (a word heard as it arrived carries what its silence will decide)
+    queue: deque[tuple[Envelope, int, Silence | None]] = field(default_factory=deque)
     listening: bool = False
     wake: asyncio.Future[None] | None = None  # the listener waits here for the utterance's next word
     heard_until: int = 0  # when the last word heard ends (its audio's scheduled end, not when we woke)
 
 
 NEVER = 2**62  # the silence after the last word: it lasts until the turn is over
+
+
+@dataclass(slots=True)
+class Silence:
+    """What the silence after a heard word will decide (ns; computed when the word is heard)."""
+
+    speech_end: int  # when the word's audio ends
+    gap: int  # the silence before the next word (NEVER after the last)
+    text: str  # the utterance so far
+    words: int
+    wait: int  # endpoint wait
+    infer: int  # turn detector
+    stable: int  # preemptive: silence after which the transcript counts as stable
+    eager: bool  # an eager partial goes out after ``stable``
 
 
 class ASR(Stage):
@@ -108,7 +124,13 @@ class ASR(Stage):
             u.complete_at_pauses = list(script.complete_at_pauses) if script else []
             self.utt[env.session] = u
         # each word is heard after the one before it (and its silence), however late its message came
-        u.queue.append((env, arrived))
+        silence: Silence | None = None
+        if not u.queue and (u.wake is not None or not u.listening) and self._quiet_start(u):
+            # nothing is waiting to be heard before this word, and hearing it says nothing: hear it now
+            silence = self._take(env, u, arrived)
+            if silence is None:
+                return  # its silence decides nothing either: no listener needs to wake for it
+        u.queue.append((env, arrived, silence))
         if u.wake is not None:
             if not u.wake.done():
                 u.wake.set_result(None)
@@ -122,23 +144,36 @@ class ASR(Stage):
         try:
             while True:
                 if not u.queue:
-                    u.wake = asyncio.get_running_loop().create_future()
+                    u.wake = running_loop().create_future()
                     try:
                         await u.wake
                     finally:
                         u.wake = None
-                env, arrived = u.queue.popleft()
-                await self._hear(env, u, arrived)
+                env, arrived, silence = u.queue.popleft()
+                if silence is None:
+                    await self._hear(env, u, arrived)
+                else:  # heard when it arrived: its silence is left
+                    await self._endpoint(env, u, silence)
                 if env.payload.last_word and not u.queue:
                     return
         finally:
             u.listening = False
 
+    def _quiet_start(self, u: Utterance) -> bool:
+        """Would hearing a next word publish nothing before its silence (no premature endpoint to withdraw,
+        no partial anyone receives)? Then it is heard as it arrives (:meth:`word`)."""
+        if u.finalised:
+            return False
+        if u.partials < len(u.words):
+            if self.wanted("asr/partial"):
+                return False
+            u.partials = len(u.words)  # what _partial does when no one would receive it
+        return True
+
     async def _hear(self, env: Envelope, u: Utterance, arrived: int) -> None:
         """One word on media time: its audio, then the silence after it (``gap_after_ns``), decide whether
         that silence ends the turn. Timing follows arrival (a late word is heard late: tax); the decisions
         follow the media timeline alone (a late word never turns a pause into an endpoint)."""
-        p: UserWord = env.payload  # type: ignore[assignment]
         if u.finalised:
             # the user kept talking after we endpointed: that endpoint was premature
             await self.publish(
@@ -146,10 +181,19 @@ class ASR(Stage):
             )
             u.segment += 1
             u.finalised = False
-        if p.pause_before:
-            u.pauses_seen += 1
         if u.partials < len(u.words):  # the previous word ended just as this one began
             await self._partial(env, u)
+        silence = self._take(env, u, arrived)
+        if silence is not None:
+            await self._endpoint(env, u, silence)
+
+    def _take(self, env: Envelope, u: Utterance, arrived: int) -> Silence | None:
+        """The word joins the utterance; what its silence will decide, or None when it decides nothing: no
+        endpoint, no eager partial, no partial anyone would receive (the word is then recognised at once:
+        no sleep to wait its audio out). The words cannot change meanwhile: one listener hears them."""
+        p: UserWord = env.payload  # type: ignore[assignment]
+        if p.pause_before:
+            u.pauses_seen += 1
         u.words.append(p.text)
         u.last = env
         annotated = self._annotation(u, env)
@@ -158,9 +202,18 @@ class ASR(Stage):
         # that wakes late does not push every later word back; lateness stays tax, never accumulates)
         speech_end = max(arrived, u.heard_until) + p.dur_ns
         u.heard_until = speech_end
-        await self._endpoint(
-            env, u, speech_end, annotated, NEVER if p.gap_after_ns is None else p.gap_after_ns
-        )
+        gap = NEVER if p.gap_after_ns is None else p.gap_after_ns
+        text = " ".join(u.words)
+        n_words = len(u.words)
+        pre = self.cfg.router.preemptive
+        wait_ms, infer_ms = endpoint_wait_ms(self.cfg.asr, text, annotated)
+        wait, infer = round(wait_ms * 1e6), round(infer_ms * 1e6)
+        stable = round(pre.stable_ms * 1e6)
+        eager = pre.enabled and stable < wait + infer and gap >= stable
+        if gap < wait + infer and not eager and not (u.partials < n_words and self.wanted("asr/partial")):
+            u.partials = n_words
+            return None
+        return Silence(speech_end, gap, text, n_words, wait, infer, stable, eager)
 
     def _annotation(self, u: Utterance, env: Envelope) -> bool | None:
         """Scenario's smart-turn label for a pause after this word (True at the utterance's last word)."""
@@ -177,24 +230,16 @@ class ASR(Stage):
         payload = Partial(text=" ".join(u.words), words=len(u.words), segment=u.segment)
         await self.publish(self.reply(env, payload, []), qos=0)
 
-    async def _endpoint(
-        self, env: Envelope, u: Utterance, speech_end: int, annotated: bool | None, gap: int
-    ) -> None:
-        cfg = self.cfg.asr
+    async def _endpoint(self, env: Envelope, u: Utterance, si: Silence) -> None:
+        speech_end, gap, wait, infer = si.speech_end, si.gap, si.wait, si.infer
         await sleep_until_ns(speech_end)
-        if u.partials < len(u.words):
+        if u.partials < si.words:
             await self._partial(env, u)  # the word is recognised once its audio has ended
-        text = " ".join(u.words)
-        n_words = len(u.words)
-        pre = self.cfg.router.preemptive
-        wait_ms, infer_ms = endpoint_wait_ms(cfg, text, annotated)
-        wait, infer = round(wait_ms * 1e6), round(infer_ms * 1e6)
-        stable = round(pre.stable_ms * 1e6)
-        if pre.enabled and stable < wait + infer and gap >= stable:
+        if si.eager:
             # eager end of turn: the transcript has been stable (silence) for stable_ms
-            await sleep_until_ns(speech_end + stable)
+            await sleep_until_ns(speech_end + si.stable)
             if self.wanted("asr/partial"):
-                payload = Partial(text=text, words=n_words, segment=u.segment, eager=True)
+                payload = Partial(text=si.text, words=si.words, segment=u.segment, eager=True)
                 await self.publish(self.reply(env, payload, []), qos=0)
         if gap < wait + infer:
             return  # the user speaks again before the silence ends the turn: no spans built, no draw made
@@ -202,13 +247,13 @@ class ASR(Stage):
         await sleep_until_ns(t)
         # endpointed: from here a new word means the user was not done
         u.finalised = True
-        spans = [*env.spans, Span(stage="asr", what="endpoint wait", start_ns=speech_end, dur_ns=wait)]
+        spans = [*env.spans, modelled_span("asr", "endpoint wait", speech_end, wait)]
         if infer:
-            spans.append(Span(stage="asr", what="turn detector", start_ns=speech_end + wait, dur_ns=infer))
+            spans.append(modelled_span("asr", "turn detector", speech_end + wait, infer))
         rng = rng_for(self.cfg.seed, env.session, env.turn, u.segment, "asr")
-        fin = round(cfg.finalize_ms.sample_ms(rng) * 1e6)
+        fin = round(self.cfg.asr.finalize_ms.sample_ms(rng) * 1e6)
         if gap < wait + infer + fin:
             return  # the user resumed while the transcript was being finalised: it is never sent
-        spans.append(Span(stage="asr", what="finalise", start_ns=t, dur_ns=fin))
+        spans.append(modelled_span("asr", "finalise", t, fin))
         await sleep_until_ns(t + fin)
-        await self.publish(self.reply(env, Final(text=text, words=n_words, segment=u.segment), spans))
+        await self.publish(self.reply(env, Final(text=si.text, words=si.words, segment=u.segment), spans))

@@ -34,7 +34,7 @@ from pydantic import BaseModel
 
 from voicepipe.backends import BackendPool
 from voicepipe.bus import Bus
-from voicepipe.clock import now_ns
+from voicepipe.clock import now_ns, running_loop
 from voicepipe.config import PipelineConfig
 from voicepipe.messages import Cancel, CancelReason, Envelope, Span, TurnScript, copied
 from voicepipe.stages.guard import ADMITTED, Guard, Verdict, run_token, sign
@@ -62,6 +62,8 @@ class Stage:
     def __init__(self, bus: Bus, ctx: RunContext) -> None:
         self.bus = bus
         self._wanted: Callable[[str], bool] | None = getattr(bus, "wanted", None)  # see wanted()
+        # a bus whose publish never waits (the in-memory bus) takes a message without a coroutine
+        self._post: Callable[[Envelope], None] | None = getattr(bus, "post", None)
         self.ctx = ctx
         self.cfg = ctx.cfg
         self.tasks: dict[str, dict[Any, asyncio.Task[None]]] = {}
@@ -156,7 +158,11 @@ class Stage:
         d["src"] = self.src
         d["seq"] = seq
         sign(env, self.ctx.token)
-        await self.bus.publish(env, qos=qos)
+        post = self._post
+        if post is not None:
+            post(env)
+        else:
+            await self.bus.publish(env, qos=qos)
 
     def wanted(self, channel: str) -> bool:
         """Could anyone receive a message on ``channel``? Always on a bus that cannot tell (MQTT: any client
@@ -193,7 +199,7 @@ class Stage:
             old.cancel()
         if turn is None and isinstance(key, tuple) and key and type(key[0]) is int:
             turn = key[0]
-        task = asyncio.create_task(self._guard(coro, session, turn))
+        task = running_loop().create_task(self._guard(coro, session, turn))
         bucket[key] = task
 
         def _done(t: asyncio.Task[None], session: str = session, key: Any = key) -> None:

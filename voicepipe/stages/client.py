@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,7 +32,6 @@ from voicepipe.messages import (
     CancelReason,
     Envelope,
     SessionEnd,
-    Span,
     SpeechStart,
     TurnMeta,
     TurnScript,
@@ -39,12 +39,38 @@ from voicepipe.messages import (
 )
 from voicepipe.records import TurnRecord
 from voicepipe.scenario import Scenario, Turn
+from voicepipe.spans import modelled_span
 from voicepipe.stages.base import Stage
 from voicepipe.text import plain, speak
 
 log = structlog.get_logger("voicepipe.client")
 
 LEAD_NS = 20_000_000  # the script goes out this long before the first word
+
+
+@functools.lru_cache(maxsize=1024)
+def spoken_words(utterance: str, words_per_minute: float) -> tuple[tuple[int, int, UserWord], ...]:
+    """A scripted utterance as the client says it: per word, its start and end (ns from the start of the
+    utterance) and its ``user.word`` payload. Memoised: every session saying the same utterance sends the same
+    payloads (never changed once built; each message's envelope is its own)."""
+    words = speak(utterance, words_per_minute)
+    out = []
+    prev_end = 0.0
+    last = len(words) - 1
+    for i, w in enumerate(words):
+        start, end = round(w.start_ms * 1e6), round(w.end_ms * 1e6)
+        word = UserWord(
+            text=w.text,
+            dur_ns=end - start,
+            index=i,
+            pause_before=w.start_ms - prev_end > 1.0,
+            last_word=i == last,
+            media_ns=start,
+            gap_after_ns=None if i == last else max(0, round((words[i + 1].start_ms - w.end_ms) * 1e6)),
+        )
+        prev_end = w.end_ms
+        out.append((start, end, word))
+    return tuple(out)
 
 
 class TurnFailed(Exception):
@@ -176,7 +202,7 @@ class Client(Stage):
     async def _turn(self, scenario: Scenario, session: str, k: int, turn: Turn) -> TurnRecord:
         cfg = self.cfg
         run = self.ctx.run
-        words = speak(turn.user, turn.words_per_minute or cfg.client.words_per_minute)
+        words = spoken_words(turn.user, turn.words_per_minute or cfg.client.words_per_minute)
         script = TurnScript(
             user=plain(turn.user),
             reply=turn.reply,
@@ -192,27 +218,13 @@ class Client(Stage):
         t_start = now_ns() + LEAD_NS
         uplink = round(cfg.transport.uplink_ms * 1e6)
         loop = asyncio.get_running_loop()
-        eos = t_start + round(words[-1].end_ms * 1e6)
+        eos = t_start + words[-1][1]
         lis = Listening(turn=k, words=len(words), end_of_speech_ns=eos, first=loop.create_future())
         self.listening[session] = lis
-        prev_end = 0.0
-        last = len(words) - 1
-        for i, w in enumerate(words):
+        for w_start, w_end, word in words:
             # a word's audio starts reaching the ASR one uplink after the user starts saying it
-            w_start = t_start + round(w.start_ms * 1e6)
-            w_end = t_start + round(w.end_ms * 1e6)
-            await sleep_until_ns(w_start + uplink)
-            word = UserWord(
-                text=w.text,
-                dur_ns=w_end - w_start,
-                index=i,
-                pause_before=w.start_ms - prev_end > 1.0,
-                last_word=i == last,
-                media_ns=round(w.start_ms * 1e6),
-                gap_after_ns=None if i == last else max(0, round((words[i + 1].start_ms - w.end_ms) * 1e6)),
-            )
-            prev_end = w.end_ms
-            span = Span(stage="transport", what="uplink", start_ns=w_end, dur_ns=uplink)
+            await sleep_until_ns(t_start + w_start + uplink)
+            span = modelled_span("transport", "uplink", t_start + w_end, uplink)
             await self.publish(Envelope.of(word, run, session, k, [span]))
         record = await self._await_reply(scenario, session, k, turn, lis)
         # let the reply play out (or stop it), then the user's pause before speaking again
@@ -253,7 +265,7 @@ class Client(Stage):
         lis.barge_in_ns = at_ns
         uplink = round(self.cfg.transport.uplink_ms * 1e6)
         await sleep_until_ns(at_ns + uplink)
-        span = Span(stage="transport", what="uplink", start_ns=at_ns, dur_ns=uplink)
+        span = modelled_span("transport", "uplink", at_ns, uplink)
         await self.publish(Envelope.of(SpeechStart(), self.ctx.run, session, k, [span]))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(lis.done.wait(), self.cfg.client.turn_timeout_s)
@@ -283,7 +295,7 @@ class Client(Stage):
         downlink = round(cfg.transport.downlink_ms * 1e6)
         await sleep_until_ns(got + downlink)
         heard = now_ns()
-        spans = [*env.spans, Span(stage="transport", what="downlink", start_ns=got, dur_ns=downlink)]
+        spans = [*env.spans, modelled_span("transport", "downlink", got, downlink)]
         try:
             m = measure(spans, lis.end_of_speech_ns, heard)
         except ValueError as exc:  # e.g. audio before the end of speech: not a reply this turn can have had

@@ -197,6 +197,7 @@ class Guard:
         # a replica that takes over the sessions of a dead peer (voicepipe.partition) first sees them
         # mid-stream: it adopts each session and each sender's sequence where it finds them
         self.adopt = False
+        self._kinds: dict[str, str] = {}  # sender instance -> its stage kind (kind/replica)
 
     def __repr__(self) -> str:  # never the token
         return f"Guard(sessions={len(self.sessions)})"
@@ -222,82 +223,87 @@ class Guard:
         return got
 
     def _check(self, env: Envelope) -> Admission:
-        d = env.__dict__  # the fields themselves (every message takes this path)
+        d = env.__dict__  # the fields themselves (every message takes this path): no attribute machinery
         if not d["auth"] or not verified(env, self.token):
             return Admission(Verdict.DEAD, "unauthenticated: no valid run token MAC")
-        kind = d["src"].partition("/")[0]
-        if kind not in OWNERS[d["type"]]:
-            return Admission(Verdict.DEAD, f"wrong sender: {kind!r} may not send {env.type}")
+        src, type_, seq = d["src"], d["type"], d["seq"]
+        kind = self._kinds.get(src)
+        if kind is None:
+            kind = self._kinds[src] = src.partition("/")[0]
+        if kind not in OWNERS[type_]:
+            return Admission(Verdict.DEAD, f"wrong sender: {kind!r} may not send {type_}")
         p = d["payload"]
         if isinstance(p, Cancel) and kind not in CANCEL_OWNERS[p.reason]:
             return Admission(Verdict.DEAD, f"wrong sender: {kind!r} may not cancel for {p.reason.value!r}")
         bad = out_of_range(env)
         if bad:
             return Admission(Verdict.DEAD, f"out of range: {bad}")
-        session = d["session"]
+        session, turn = d["session"], d["turn"]
         if session in self.ended:
             return Admission(Verdict.LATE, "session ended")
         st = self.sessions.get(session)
         dropped_script = ""
         if st is None:
-            if env.type == "session.end":
+            if type_ == "session.end":
                 return Admission(Verdict.LATE, "nothing to end")  # its scripts were all dropped on the way
             if self.adopt and not self.client_side:
                 # a dead peer's session (even at turn 0, its script seen only by the peer): take it where it
                 # stands; a new session whose first script the broker dropped then shows as a late turn
-                st = self.sessions[session] = SessionState(turn=env.turn - (env.type == "turn.script"))
-            elif self.client_side or env.turn != 0:
+                st = self.sessions[session] = SessionState(turn=turn - (type_ == "turn.script"))
+            elif self.client_side or turn != 0:
                 return Admission(Verdict.DEAD, f"unknown session: {session!r} was never opened by the client")
-            elif env.type != "turn.script":
+            elif type_ != "turn.script":
                 # authenticated, turn 0: the client opened this session, but its script never came here
                 dropped_script = "the broker dropped the session's first turn.script"
             if st is None:
                 st = self.sessions[session] = SessionState(turn=0 if dropped_script else -1)
         # sequence per (sender, channel): MQTT keeps order per topic, not across topics or QoS levels
-        key = (env.src, env.type)
-        last = st.seqs.get(key, env.seq - 1 if self.adopt else -1)
-        if env.seq <= last:
-            return Admission(Verdict.DEAD, f"duplicate or replayed: sequence {env.seq} after {last}")
-        st.seqs[key] = env.seq
-        if env.id in st.ids:
-            return Admission(Verdict.DEAD, f"duplicate id: {env.id}")
-        st.ids.add(env.id)
-        lost = env.seq - last - 1
-        if env.type == "session.end":
+        key = (src, type_)
+        seqs = st.seqs
+        last = seqs.get(key, seq - 1 if self.adopt else -1)
+        if seq <= last:
+            return Admission(Verdict.DEAD, f"duplicate or replayed: sequence {seq} after {last}")
+        seqs[key] = seq
+        id_, ids = d["id"], st.ids
+        if id_ in ids:
+            return Admission(Verdict.DEAD, f"duplicate id: {id_}")
+        ids.add(id_)
+        lost = seq - last - 1
+        if type_ == "session.end":
             return ADMITTED
         if self.client_side:
-            if env.turn > st.turn:
-                return Admission(Verdict.DEAD, f"turn ahead: {env.turn} while the session is at {st.turn}")
-            if env.turn < st.turn:
+            if turn > st.turn:
+                return Admission(Verdict.DEAD, f"turn ahead: {turn} while the session is at {st.turn}")
+            if turn < st.turn:
                 return Admission(Verdict.LATE, "earlier turn")
-        elif env.type == "turn.script":
-            if env.turn == st.turn + 1 or (lost > 0 and env.turn > st.turn):
-                # the next turn (or a later one when a sequence gap shows the scripts between were dropped)
-                st.turn = env.turn
-                st.ids = {env.id}  # ids of earlier turns can no longer matter: overtaken messages are late
-            elif env.turn <= st.turn:
-                return Admission(Verdict.DEAD, f"turn script repeated: turn {env.turn} already started")
+        elif type_ == "turn.script":
+            if turn == st.turn + 1 or (lost > 0 and turn > st.turn):
+                # the next turn (or a later one when a sequence gap shows that the scripts between were dropped)
+                st.turn = turn
+                st.ids = {id_}  # ids of earlier turns can no longer matter: overtaken messages are late
+            elif turn <= st.turn:
+                return Admission(Verdict.DEAD, f"turn script repeated: turn {turn} already started")
             else:
-                return Admission(Verdict.DEAD, f"turn ahead: {env.turn} while the session is at {st.turn}")
-        elif env.turn == st.turn + 1 and st.turn >= 0:
+                return Admission(Verdict.DEAD, f"turn ahead: {turn} while the session is at {st.turn}")
+        elif turn == st.turn + 1 and st.turn >= 0:
             # authenticated, one turn on: the client moved on, but its script for that turn never came here
-            st.turn = env.turn
-            st.ids = {env.id}
-            dropped_script = f"the broker dropped the turn.script of turn {env.turn}"
-        elif env.turn > st.turn:
-            return Admission(Verdict.DEAD, f"turn ahead: {env.turn} while the session is at {st.turn}")
-        elif env.turn < st.turn:
+            st.turn = turn
+            st.ids = {id_}
+            dropped_script = f"the broker dropped the turn.script of turn {turn}"
+        elif turn > st.turn:
+            return Admission(Verdict.DEAD, f"turn ahead: {turn} while the session is at {st.turn}")
+        elif turn < st.turn:
             return Admission(Verdict.LATE, "earlier turn")
         if dropped_script:
             self.counters.lost += 1
             return Admission(Verdict.OK, lost=f"{dropped_script} (a queue limit?)")
         if lost > 0:
             self.counters.lost += lost
-            if env.type not in LOSSY:
+            if type_ not in LOSSY:
                 return Admission(
                     Verdict.OK,
-                    lost=f"the broker dropped {lost} {env.type} message(s) from {kind} "
-                    f"(sequence {last} -> {env.seq}; a queue limit?)",
+                    lost=f"the broker dropped {lost} {type_} message(s) from {kind} "
+                    f"(sequence {last} -> {seq}; a queue limit?)",
                 )
         return ADMITTED
 

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 
 from voicepipe.clock import now_ns, rng_for, sleep_until_ns
 from voicepipe.config import TTSConfig
-from voicepipe.messages import Audio, Cancel, CancelReason, Envelope, ReplyText, Span
+from voicepipe.messages import Audio, Cancel, CancelReason, Envelope, ReplyText
+from voicepipe.spans import modelled_span
 from voicepipe.stages.base import Stage
 from voicepipe.text import first_clause_end
 
@@ -122,7 +123,7 @@ class TTS(Stage):
                 if r.seq == 0:
                     spans = [
                         *env.spans,
-                        Span(stage="tts", what="time to first audio", start_ns=arrived, dur_ns=ttfb),
+                        modelled_span("tts", "time to first audio", arrived, ttfb),
                     ]
                     ready = arrived + ttfb
                 else:
