@@ -19,11 +19,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import subprocess
 import time
 from pathlib import Path
 
+from benchinfo import code_rev, machine
 from rich.console import Console
 from rich.table import Table
 
@@ -31,16 +30,6 @@ import voicepipe
 from voicepipe.capacity import Load, conversation_s, run_level
 from voicepipe.config import load_config
 from voicepipe.scenario import load_scenario
-
-
-def _git_head() -> str:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
-        )
-        return out.stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def main() -> None:
@@ -68,16 +57,12 @@ def main() -> None:
             print(rows[-1], flush=True)
     out = {
         "what": "CPU and wall seconds of one capacity level (run_level), in one process, on virtual time",
-        "code": args.label or _git_head(),
+        "code": args.label or code_rev(),
         "voicepipe": str(Path(voicepipe.__file__).parent),
         "scenario": args.scenario,
         "rows": rows,
         "load_average_1min": {"before": load_before[0], "after": os.getloadavg()[0]},
-        "machine": {
-            "python": platform.python_version(),
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-        },
+        "machine": machine(),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=2) + "\n")

@@ -43,6 +43,8 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from benchinfo import code_rev
+
 from voicepipe.brokers import Mosquitto
 from voicepipe.bus import BrokerAddress, MqttBus
 from voicepipe.config import PipelineConfig, load_config
@@ -156,20 +158,6 @@ def codec_us(n: int = 20000) -> dict[str, float]:
     return out
 
 
-def git_rev() -> str:
-    import voicepipe
-
-    with contextlib.suppress(Exception):
-        where = Path(voicepipe.__file__).resolve().parent.parent
-        return subprocess.run(
-            ["git", "-C", str(where), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    return "?"
-
-
 async def main(args: argparse.Namespace) -> dict[str, object]:
     with CountingMosquitto() as mq:
         addr = BrokerAddress.parse(mq.url)
@@ -198,7 +186,7 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         "what": "CPU µs of the voicepipe process per MQTT PUBLISH it sent or received (broker $SYS counts), "
         "spawned nodelay mosquitto, measured with time.process_time",
         "label": args.label,
-        "code": git_rev(),
+        "code": code_rev(),
         "loop": loop,
         "machine": platform.platform(),
         "python": platform.python_version(),

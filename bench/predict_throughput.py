@@ -28,12 +28,12 @@ import cProfile
 import io
 import json
 import os
-import platform
 import pstats
 import subprocess
 import time
 from pathlib import Path
 
+from benchinfo import code_rev, machine
 from rich.console import Console
 from rich.table import Table
 
@@ -55,16 +55,6 @@ def _timed(job: tuple[PipelineConfig, str, int], _report: object = None) -> tupl
     if res.stage_errors:
         raise RuntimeError(f"{res.stage_errors} stage errors: {res.first_error}")
     return len(res.records), time.perf_counter() - t0, time.process_time() - c0
-
-
-def _git_head() -> str:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
-        )
-        return out.stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def main() -> None:
@@ -124,7 +114,7 @@ def main() -> None:
         "measured": "runner.simulate in one process after a warm-up run, fastest of `repeats`: wall clock "
         "(perf_counter) and this process's CPU time (process_time; steadier on a shared box); `parallel`: "
         "the largest run once per worker process at the same time (ForkPool), turns per wall second",
-        "code": args.label or _git_head(),
+        "code": args.label or code_rev(),
         "voicepipe": str(Path(voicepipe.__file__).parent),
         "scenario": args.scenario,
         "goal_turns_per_s": GOAL,
@@ -132,11 +122,7 @@ def main() -> None:
         "parallel": parallel,
         "load_average_1min": {"before": load_before[0], "after": os.getloadavg()[0]},
         "profile_top_tottime": top,
-        "machine": {
-            "python": platform.python_version(),
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-        },
+        "machine": machine(),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=2) + "\n")
@@ -184,7 +170,7 @@ def interleaved(args: argparse.Namespace) -> None:
                 out = Path(tmp) / f"{who}-{r}.json"
                 cmd = [sys.executable, __file__, "--scenario", args.scenario, "--sessions", args.sessions,
                        "--repeat", str(args.repeat), "--workers", str(args.workers), "--out", str(out)]  # fmt: skip
-                cmd += ["--label", label or args.label or _git_head()]
+                cmd += ["--label", label or args.label or code_rev()]
                 if args.profile and r == args.rounds - 1:
                     cmd.append("--profile")
                 env = dict(os.environ)
