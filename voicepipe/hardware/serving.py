@@ -56,6 +56,7 @@ from voicepipe.hardware.model import (
 from voicepipe.messages import Span
 
 INF = math.inf
+PROJECTION_KEEP = 16384  # breakpoints + records an amended projection may hold before it is started afresh
 
 
 def token_v(v_join: float, i: int) -> float:
@@ -245,6 +246,13 @@ class _State:
         dt = t - self.t
         if self.members:
             self.v += r * dt
+            heap = self.heap
+            while heap and heap[0][1] not in self.members:
+                heapq.heappop(heap)
+            if heap and self.v > heap[0][0]:
+                # rounding carried V past the next finish: that finish is due now (dt = 0), not in the past
+                # (V and t stepping back would unsort the curve)
+                self.v = heap[0][0]
         if self.prefill is not None:
             self.prefill_left = max(0.0, self.prefill_left - dt / step)
         self.t = t
@@ -284,6 +292,8 @@ class _Projection(_Recorder):
     projection has already emptied its queue, at the instant it did so: the ``drained`` checkpoint, from
     which the rest is re-run). Every other change (a request that starts at once, a cancel) begins a new
     projection from the realised state. Records made after a checkpoint are logged so it can be restored.
+    One amended for long (past ``PROJECTION_KEEP`` entries, a device that never idles) is started afresh
+    from the realised state instead: the same schedule (tested), without every past event.
     """
 
     def __init__(self, base: _State) -> None:
@@ -316,7 +326,12 @@ class _Projection(_Recorder):
         self._put(self.finish_at, job.id, t)
 
     def drained(self, state: _State) -> None:
-        self._drain = (state.copy(), len(self.curve.t), len(self._log))
+        c = self.curve  # its last breakpoint too: a later event at the same instant overwrites it
+        self._drain = (state.copy(), len(c.t), len(self._log), (c.t[-1], c.v[-1], c.r[-1]))
+
+    def size(self) -> int:
+        """Breakpoints and records held (a projection amended for long is replaced; see submit)."""
+        return len(self.curve.t) + len(self._log)
 
     # lazy extension
     def extend(self) -> bool:
@@ -349,10 +364,11 @@ class _Projection(_Recorder):
         """
         if not self.state.queue:
             assert self._drain is not None, "an emptied queue leaves a checkpoint"
-            state, n_curve, n_log = self._drain
+            state, n_curve, n_log, last = self._drain
             self.state, self._drain = state, None  # nothing can drain again before the job is added
             c = self.curve
             del c.t[n_curve:], c.v[n_curve:], c.r[n_curve:]
+            c.t[-1], c.v[-1], c.r[-1] = last
             for table, key in self._log[n_log:]:
                 del table[key]
             del self._log[n_log:]
@@ -442,7 +458,10 @@ class DeviceServer:
             # it waits: nothing before its start changes and nothing anywhere moves earlier (more work on
             # the device only slows it), so the projection is amended and no wait needs waking
             s.queue.append(job)
-            self._proj.add_queued(job)
+            if self._proj.size() > PROJECTION_KEEP:  # on a device saturated for long: start afresh (the
+                self._proj = _Projection(s)  # same schedule, tested) rather than keep every past event
+            else:
+                self._proj.add_queued(job)
             return job
         s.move_to(t)
         s.queue.append(job)
