@@ -387,3 +387,14 @@ def test_a_long_saturated_run_keeps_its_projection_bounded(monkeypatch):
     b = make_hardware_backend({"hardware": "h100-sxm", "model": "llama-3.1-8b", "max_batch": 4})
     closed_loop(b.server, 8, 3200, 256, 16)
     assert b.server._proj.size() <= 2000 + 64
+
+
+def test_a_cancel_cannot_reach_before_a_token_already_handed_out():
+    b = make_hardware_backend({"hardware": "h100-sxm", "model": "llama-3.1-8b", "max_batch": 1})
+    s = b.server
+    a = s.open(req("a", out=100), T0)
+    c = s.open(req("c", out=10), T0 + 1000)
+    handed = a.at_ns(20)
+    s.commit(handed)  # token 20 of `a` was handed out (token_time commits what it returns)
+    s.cancel(a.job, a.at_ns(10))  # asked for an earlier instant: it takes effect at the handed-out one
+    assert c.spans(9)[1].start_ns == handed

@@ -473,7 +473,8 @@ class DeviceServer:
         """Free ``job``'s slot (or queue place) from ``t_ns`` (default: now) on."""
         if job.cancelled or self._done_by(job, max(self._state.t, self._changed_at)):
             return
-        t = max(float(now_ns() if t_ns is None else t_ns), self._state.t, self._changed_at)
+        # never before a token already handed out (as for arrivals): the past before it is fixed
+        t = max(float(now_ns() if t_ns is None else t_ns), self._state.t, self._changed_at, self._committed)
         self._changed_at = t
         self._advance(t)
         if job.finish_ns is not None:
