@@ -400,7 +400,6 @@ class DeviceServer:
         self.prompt_cache = prompt_cache
         self.stage = stage
         self.tokens_per_step = tokens_per_step(spec)
-        self.version = 0
         self._state = _State(self)
         self._history = _Curve()
         self._real = _Recorder(self._history, on_done=self._finalise)
@@ -453,7 +452,6 @@ class DeviceServer:
             outputs=max(req.output_tokens, 1),
         )
         s = self._state
-        self.version += 1
         if not s.can_admit():
             # it waits: nothing before its start changes and nothing anywhere moves earlier (more work on
             # the device only slows it), so the projection is amended and no wait needs waking
@@ -494,7 +492,6 @@ class DeviceServer:
         s.changed()
         self._finalise(job)
         s.admit(self._real)
-        self.version += 1
         self._changed(bounds=ahead_moved)
 
     def _done_by(self, job: Job, t: float) -> bool:
