@@ -7,6 +7,7 @@ the CI script installs mosquitto, so a missing binary there is a broken setup, n
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
 
@@ -15,6 +16,15 @@ from voicepipe.config import load_config
 from voicepipe.scenario import Scenario, Turn
 
 UNDER_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+@pytest.fixture(autouse=True)
+def _signal_dispositions_kept(request):
+    """A test must leave SIGINT/SIGTERM as it found them: processes started later inherit an ignored one."""
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    after = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    assert after == before, f"{request.node.nodeid} changed signal handlers: {before} -> {after}"
 
 
 def _mosquitto(**kw) -> Mosquitto:

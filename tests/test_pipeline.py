@@ -212,6 +212,34 @@ def test_broker_with_credentials_and_a_wrong_password(make_mosquitto, tmp_path):
     assert len(lines) == 1 and "broker" in lines[0] and "wrong" not in lines[0]  # password not echoed
 
 
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_stage_process_stops_on_signal_even_if_started_ignoring_sigint(mosquitto, monkeypatch, sig):
+    """`voicepipe stage` installs its own stop handlers: a process started with SIGINT ignored (nohup, some
+    supervisors) still stops cleanly on Ctrl-C, and SIGTERM (what process managers send) stops it too."""
+    import signal
+    import time
+
+    monkeypatch.setenv("VOICEPIPE_RUN_TOKEN", "a shared test secret")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "voicepipe.cli", "stage", "asr", "--run-id", "sig", "--broker", mosquitto.url],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )  # fmt: skip
+    assert proc.stderr is not None
+    line = proc.stderr.readline()  # printed once the config is read; the stage connects right after
+    assert b"serving asr" in line, line
+    time.sleep(1.0)
+    proc.send_signal(getattr(signal, sig))
+    try:
+        _, rest = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise AssertionError(f"`voicepipe stage` did not stop on {sig} within 30 s") from None
+    assert proc.returncode == 0, rest[-2000:]
+    assert b"Traceback" not in rest, rest[-2000:]
+
+
 async def test_stages_in_another_process(mosquitto, monkeypatch):
     """`voicepipe stage` serves asr/router/agent/tts in a second process; the run plays and measures."""
     import signal
@@ -237,5 +265,12 @@ async def test_stages_in_another_process(mosquitto, monkeypatch):
             assert rec.predicted_ms == pytest.approx(p.predicted_ms, abs=0.01)  # one host clock, same draws
     finally:
         proc.send_signal(signal.SIGINT)
-        proc.wait(10)
-    assert b"Traceback" not in (proc.stderr.read() if proc.stderr else b"")
+        try:  # communicate, not wait: a stage process blocked on a full stderr pipe would never exit
+            _, stderr = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, stderr = proc.communicate()
+            raise AssertionError(
+                f"stage process ignored SIGINT for 30 s; stderr tail: {stderr[-2000:]!r}"
+            ) from None
+    assert b"Traceback" not in stderr, stderr[-2000:]

@@ -795,9 +795,9 @@ def stage(
     """Serve some stages of a run in this process (the rest, and the client, run elsewhere).
 
     Same broker, run id and config as the `voicepipe run ... --external NAMES` that plays the scenario;
-    all processes must share one host clock (CLOCK_MONOTONIC). Stops on Ctrl-C.
+    all processes must share one host clock (CLOCK_MONOTONIC). Stops on Ctrl-C or SIGTERM.
     """
-    from voicepipe.runner import run_live_loop, serve_stages
+    from voicepipe.runner import run_live_loop, serve_stages, until_signalled
 
     with user_errors():
         opts = broker_options(broker, ca_file, cert_file, key_file, password_file, insecure)
@@ -810,7 +810,7 @@ def stage(
         require_shared_token("voicepipe stage")
     err.print(f"serving {', '.join(chosen)} for run {run_id} on {_safe_url(cfg.broker.url)}", highlight=False)
     try:
-        run_live_loop(serve_stages(cfg, chosen, run_id))
+        run_live_loop(until_signalled(serve_stages(cfg, chosen, run_id)))
     except KeyboardInterrupt:
         pass
     except Exception as exc:

@@ -321,16 +321,34 @@ def worker_entry() -> None:
     async def main() -> None:
         task = asyncio.current_task()
         assert task is not None
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
         guard = asyncio.create_task(orphaned(task))
         kinds = [kind_of(r) for r in replicas]
-        with contextlib.suppress(asyncio.CancelledError):
-            await serve_stages(
-                cfg, kinds, run, process=process, replicas=replicas, planned=planned, token=token
-            )
+        await until_signalled(
+            serve_stages(cfg, kinds, run, process=process, replicas=replicas, planned=planned, token=token),
+            (signal.SIGTERM,),
+        )
         guard.cancel()
 
     run_live_loop(main())
+
+
+async def until_signalled(
+    coro: Awaitable[None], signals: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM)
+) -> None:
+    """Await ``coro`` (a server: stages until cancelled) and stop it cleanly on any of ``signals``, or on
+    a cancel of this task. The handlers are installed here, on the loop, not inherited: a process started
+    with SIGINT ignored (``nohup``, some supervisors and test runners) still stops on Ctrl-C or SIGTERM."""
+    task = asyncio.current_task()
+    assert task is not None
+    loop = asyncio.get_running_loop()
+    for sig in signals:
+        loop.add_signal_handler(sig, task.cancel)
+    try:
+        with contextlib.suppress(asyncio.CancelledError):
+            await coro
+    finally:
+        for sig in signals:
+            loop.remove_signal_handler(sig)
 
 
 class Workers:
