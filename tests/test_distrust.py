@@ -111,6 +111,33 @@ def test_a_non_ascii_auth_is_refused_as_unauthenticated_not_raised():
     assert g.counters.handler_errors == 0
 
 
+def test_only_a_trusted_bus_skips_the_mac_and_every_other_check_stays():
+    """The in-process bus of a virtual run (Bus.trusted) carries unsigned messages; any other refuses them."""
+    plain = Envelope.of(TurnScript(user="hi", reply="hello", words=1), "r", "s", 0)
+    plain.src, plain.seq = "client/1", 0
+    assert Guard(TOKEN).admit(plain).reason.startswith("unauthenticated")
+    trusted = Guard(TOKEN, trusted=True)
+    assert trusted.admit(plain).verdict is Verdict.OK
+    assert trusted.admit(plain).reason.startswith("duplicate")  # sequence and id checks still apply
+    wrong = audio(0, 0, src="client/1")
+    wrong.auth = ""
+    assert trusted.admit(wrong).reason.startswith("wrong sender")
+
+
+async def test_a_virtual_run_sends_no_macs():
+    from voicepipe.clock import run_virtual
+    from voicepipe.runner import simulate_async
+
+    seen: list[Envelope] = []
+    cfg = fast_config()
+    res = await asyncio.to_thread(
+        run_virtual, simulate_async(cfg, [tiny_scenario()], 1, tap=lambda _ch, env: seen.append(env))
+    )
+    assert len(res.records) == 2 and all(r.status == "ok" for r in res.records)
+    assert seen and all(env.auth == "" for env in seen)
+    assert sum(res.counters.dead.values()) == 0
+
+
 def test_an_adopting_replica_takes_a_dead_peers_session_where_it_stands():
     """A replica taking over a dead peer's sessions (partition.py) first sees them mid-stream, even at turn 0
     with sequence 0 on a channel: that is the takeover, not a dropped first script."""

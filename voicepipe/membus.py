@@ -5,7 +5,9 @@
 :class:`~voicepipe.messages.Envelope` objects, QoS-1 delivery as the MQTT bus gives it on one broker: every
 subscriber (the publisher too) gets every message exactly once, in publish order per publisher. The
 envelope object itself is passed — no JSON round trip (the payloads were validated when they were built).
-Unlike a broker, it knows who listens: :meth:`MemoryBus.wanted` tells a stage that a message on a channel no
+A broker made for one virtual run (``trusted=True``, as :func:`voicepipe.runner.simulate` makes it) is
+reachable by nothing but that run's own stages, so messages on it are neither signed nor authenticated
+(:attr:`voicepipe.bus.Bus.trusted`; the guard's other checks stay). Unlike a broker, it knows who listens: :meth:`MemoryBus.wanted` tells a stage that a message on a channel no
 one subscribes to (and no tap watches) would reach nobody, so it need not be built at all.
 
 A stage's receive loop (:meth:`MemoryBus.serve`) has no queue and no task per message: a delivery puts the
@@ -35,9 +37,17 @@ from voicepipe.messages import Envelope, channel_of
 class MemoryBroker:
     """One run's subscriptions: channel -> the buses subscribed to it (in subscription order)."""
 
-    def __init__(self, run: str, hop_ns: int = 0, tap: Callable[[str, Envelope], None] | None = None) -> None:
+    def __init__(
+        self,
+        run: str,
+        hop_ns: int = 0,
+        tap: Callable[[str, Envelope], None] | None = None,
+        *,
+        trusted: bool = False,
+    ) -> None:
         self.run = run
         self.hop_ns = hop_ns
+        self.trusted = trusted  # only this run's stages hold a connection: no MACs (Bus.trusted)
         self.tap = tap  # sees every published message (an observer, like a tool subscribed to voicepipe/#)
         self.subs: dict[str, list[MemoryBus]] = {}
         self.delivered = 0
@@ -67,6 +77,7 @@ class MemoryBus(Bus):
     def __init__(self, broker: MemoryBroker, name: str) -> None:
         super().__init__(broker.run, name)
         self.broker = broker
+        self.trusted = broker.trusted
         self.inbox: asyncio.Queue[tuple[str, Envelope]] = asyncio.Queue()
         self.channels: set[str] = set()
         self.in_flight: deque[tuple[int, tuple[str, Envelope]]] = deque()

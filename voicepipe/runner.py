@@ -645,7 +645,7 @@ async def simulate_async(
     """The live stages on the in-memory bus (call on a :class:`~voicepipe.clock.VirtualLoop`). ``slots``
     replaces the live default (each session once, spread as configured); ``tap`` sees every message."""
     ctx = RunContext(run=run_id, cfg=cfg)
-    broker = MemoryBroker(ctx.run, hop_ns, tap=tap)
+    broker = MemoryBroker(ctx.run, hop_ns, tap=tap, trusted=True)  # in this process only: no MACs
     result = RunResult(run=ctx.run, broker=f"in-memory ({hop_ns / 1e6:g} ms hops, virtual time)")
 
     def record(r: TurnRecord) -> None:

@@ -20,7 +20,9 @@ message only when all of these hold, in this order:
    subscriber before any other client can see it, but not guaranteed across a bridge (an attacker on one
    broker can race the bridge to the other) or for a message a restarted broker lost and voicepipe
    re-sends (an attacker who captured it can publish a changed copy first). Known limit; a MAC over the
-   body bytes would close it.
+   body bytes would close it. The one exception: the in-process bus of a virtual run (``predict``,
+   ``capacity``; :attr:`voicepipe.bus.Bus.trusted`) carries no MACs, since nothing outside the run's own
+   stages can reach it; checks 2-6 still apply there.
 2. **the right sender**: each channel has owners (``user.word`` only from the client, ``tts.audio`` only from
    the TTS or the cache...), and each cancel reason its own (only the ASR withdraws a segment).
 3. **in sequence**: per (sender instance, session, channel) the sequence numbers rise by one. A repeat or a
@@ -188,8 +190,9 @@ ADMITTED = Admission(Verdict.OK)  # the common verdict, shared (an admission is 
 class Guard:
     """One stage's view of which sessions exist, where they are, and who may say what."""
 
-    def __init__(self, token: bytes, *, client_side: bool = False) -> None:
+    def __init__(self, token: bytes, *, client_side: bool = False, trusted: bool = False) -> None:
         self.token = token
+        self.trusted = trusted  # on a bus only this run's stages can reach (Bus.trusted): no MAC to check
         self.client_side = client_side  # the client opens and advances its own sessions (:meth:`open`)
         self.sessions: dict[str, SessionState] = {}
         self.ended: set[str] = set()
@@ -224,7 +227,7 @@ class Guard:
 
     def _check(self, env: Envelope) -> Admission:
         d = env.__dict__  # the fields themselves (every message takes this path): no attribute machinery
-        if not d["auth"] or not verified(env, self.token):
+        if not self.trusted and (not d["auth"] or not verified(env, self.token)):
             return Admission(Verdict.DEAD, "unauthenticated: no valid run token MAC")
         src, type_, seq = d["src"], d["type"], d["seq"]
         kind = self._kinds.get(src)
