@@ -4,7 +4,7 @@ Measured, not modelled. Spawns a mosquitto (``set_tcp_nodelay true``, ``sys_inte
 runs two workloads in this process, timing the process's CPU (``time.process_time``: user + system, all
 threads) over each:
 
-* ``bus``      — the bare message path: a publisher stage's bus sends N typed envelopes (``user.word`` with
+* ``bus``      — the bare message path: a publisher stage's bus sends N typed envelopes (a one-word ``user.utterance`` with
                  one span) to a subscriber stage's bus that parses them; nothing else runs.
 * ``pipeline`` — the live pipeline: S sessions of a scenario through every stage on the broker.
 
@@ -48,7 +48,7 @@ from benchinfo import code_rev
 from voicepipe.brokers import Mosquitto
 from voicepipe.bus import BrokerAddress, MqttBus
 from voicepipe.config import PipelineConfig, load_config
-from voicepipe.messages import Envelope, Span, UserWord
+from voicepipe.messages import Envelope, Span, UserUtterance, UserWord
 from voicepipe.runner import run_pipeline
 from voicepipe.scenario import Scenario, load_scenario
 
@@ -93,7 +93,7 @@ async def bus_only(addr: BrokerAddress, n: int) -> None:
     run = f"mc{time.monotonic_ns() % 10**6:x}"
     pub, sub = MqttBus(addr, run, "client"), MqttBus(addr, run, "asr")
     async with pub, sub:
-        await sub.subscribe("user/word")
+        await sub.subscribe("user/utterance")
         got = 0
         done = asyncio.Event()
 
@@ -109,8 +109,10 @@ async def bus_only(addr: BrokerAddress, n: int) -> None:
         task = asyncio.create_task(receive())
         await asyncio.sleep(0.05)
         for i in range(n):
-            word = UserWord(
-                text="minutes", dur_ns=300_000_000, index=i % 50, pause_before=False, last_word=False
+            word = UserUtterance(
+                words=[
+                    UserWord(text="minutes", dur_ns=300_000_000, index=0, pause_before=False, last_word=True)
+                ]
             )
             span = Span(stage="transport", what="uplink", start_ns=time.monotonic_ns(), dur_ns=114_000_000)
             await pub.publish(Envelope.of(word, run, f"s{i % 50}", i // 50, [span]))
@@ -130,12 +132,14 @@ async def pipeline(cfg: PipelineConfig, scenario: Scenario, sessions: int) -> di
 
 
 def codec_us(n: int = 20000) -> dict[str, float]:
-    """µs per call of the envelope codec choices for a ``user.word`` with one span (timeit, this process)."""
+    """µs per call of the envelope codec choices for a one-word ``user.utterance`` with one span (timeit, this process)."""
     import timeit
 
     from voicepipe.messages import parse
 
-    word = UserWord(text="minutes", dur_ns=300_000_000, index=3, pause_before=False, last_word=False)
+    word = UserUtterance(
+        words=[UserWord(text="minutes", dur_ns=300_000_000, index=0, pause_before=False, last_word=True)]
+    )
     span = Span(stage="transport", what="uplink", start_ns=123_456_789, dur_ns=114_000_000)
     env = Envelope.of(word, "run1", "s1", 2, [span])
     body = env.to_bytes()

@@ -14,7 +14,7 @@ import yaml
 
 from tests.conftest import fast_config, tiny_scenario
 from voicepipe.bus import BrokerAddress, BrokerHealth, MqttBus, negotiate_protocol
-from voicepipe.messages import Envelope, UserWord, topic
+from voicepipe.messages import Envelope, UserUtterance, UserWord, topic
 from voicepipe.runner import run_pipeline
 
 pytestmark = pytest.mark.broker
@@ -113,13 +113,13 @@ def test_outage_longer_than_the_window_exits_3_with_what_was_measured_written(ma
 
 async def test_a_redelivered_message_is_dropped_by_its_id(mosquitto):
     addr = BrokerAddress.parse(mosquitto.url)
-    word = UserWord(text="hi", dur_ns=1, index=0, pause_before=False, last_word=True)
+    word = UserUtterance(words=[UserWord(text="hi", dur_ns=1, index=0, pause_before=False, last_word=True)])
     env = Envelope.of(word, "r1", "s1", 0)
     other = Envelope.of(word, "r1", "s1", 0)
     async with MqttBus(addr, "r1", "asr") as bus, addr.client() as raw:
-        await bus.subscribe("user/word")
+        await bus.subscribe("user/utterance")
         for e in (env, env, other, env):  # the broker redelivering `env` after a reconnect looks like this
-            await raw.publish(topic("r1", "s1", "user/word"), e.to_bytes(), qos=1)
+            await raw.publish(topic("r1", "s1", "user/utterance"), e.to_bytes(), qos=1)
         got = []
 
         async def take() -> None:
@@ -137,14 +137,16 @@ async def test_lean_bus_round_trip_keeps_order_and_counts(mosquitto):
     """Many publishes in one event-loop batch leave in one write and arrive complete and in order."""
     addr = BrokerAddress.parse(mosquitto.url)
     async with MqttBus(addr, "r2", "client") as pub, MqttBus(addr, "r2", "asr") as sub:
-        await sub.subscribe("user/word")
+        await sub.subscribe("user/utterance")
         for i in range(500):
-            word = UserWord(text=f"w{i}", dur_ns=1, index=i, pause_before=False, last_word=False)
+            word = UserUtterance(
+                words=[UserWord(text=f"w{i}", dur_ns=1, index=i, pause_before=False, last_word=False)]
+            )
             await pub.publish(Envelope.of(word, "r2", "s1", 0))
         got: list[int] = []
         async with asyncio.timeout(10):
             async for _ch, e in sub.messages():
-                got.append(e.payload.index)
+                got.append(e.payload.words[0].index)
                 if len(got) == 500:
                     break
         assert got == list(range(500))

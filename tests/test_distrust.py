@@ -13,6 +13,7 @@ import pytest
 from tests.conftest import fast_config, tiny_scenario
 from voicepipe.bus import BrokerAddress
 from voicepipe.messages import (
+    SCHEMA_VERSION,
     Audio,
     Cancel,
     CancelReason,
@@ -21,10 +22,11 @@ from voicepipe.messages import (
     SessionEnd,
     TurnMeta,
     TurnScript,
+    UserUtterance,
     UserWord,
 )
 from voicepipe.runner import needed_stages, run_pipeline
-from voicepipe.stages.guard import TOKEN_ENV, Guard, Verdict, sign
+from voicepipe.stages.guard import MAX_SPAN_NS, MAX_WORDS, TOKEN_ENV, Guard, Verdict, sign
 
 TOKEN = b"test token"
 META = TurnMeta(backend="evil", path=Path.AGENT)
@@ -41,8 +43,14 @@ def script(turn: int, seq: int) -> Envelope:
     return signed(TurnScript(user="hi", reply="hello", words=1), src="client/1", seq=seq, turn=turn)
 
 
+def said(*words: UserWord) -> UserUtterance:
+    return UserUtterance(
+        words=list(words) or [UserWord(text="hi", dur_ns=1, index=0, pause_before=False, last_word=True)]
+    )
+
+
 def word(turn: int, seq: int, **kw) -> Envelope:
-    p = UserWord(text="hi", dur_ns=1, index=0, pause_before=False, last_word=True, **kw)
+    p = said(UserWord(text="hi", dur_ns=1, index=0, pause_before=False, last_word=True, **kw))
     return signed(p, src="client/1", seq=seq, turn=turn)
 
 
@@ -68,8 +76,7 @@ def test_guard_admits_only_what_fits_the_session():
     tampered.turn = 1
     assert g.admit(tampered).reason.startswith("unauthenticated")
     # the wrong stage for the channel or the cancel reason
-    assert g.admit(signed(UserWord(text="x", dur_ns=1, index=1, pause_before=False, last_word=False),
-                          src="tts/1", seq=5, turn=0)).reason.startswith("wrong sender")  # fmt: skip
+    assert g.admit(signed(said(), src="tts/1", seq=5, turn=0)).reason.startswith("wrong sender")
     resumed = signed(Cancel(reason=CancelReason.USER_RESUMED), src="client/1", seq=0, turn=0)
     assert g.admit(resumed).reason.startswith("wrong sender")
     # replay and duplicates
@@ -109,6 +116,26 @@ def test_a_non_ascii_auth_is_refused_as_unauthenticated_not_raised():
     forged.auth = "é" * 32
     assert g.admit(forged).reason.startswith("unauthenticated")
     assert g.counters.handler_errors == 0
+
+
+def test_an_utterance_no_one_could_speak_is_out_of_range():
+    def w(i: int, media: int, last: bool = False, dur: int = 10) -> UserWord:
+        return UserWord(text="x", dur_ns=dur, index=i, pause_before=False, last_word=last, media_ns=media)
+
+    g = Guard(TOKEN)
+    assert g.admit(script(0, 0)).verdict is Verdict.OK
+    fine = said(w(0, 0), w(1, 10), w(2, 30, last=True))
+    assert g.admit(signed(fine, src="client/1", seq=0, turn=0)).verdict is Verdict.OK
+    bad = {
+        "overlapping words": said(w(0, 0), w(1, 5, last=True)),
+        "index out of place": said(w(1, 0), w(0, 10, last=True)),
+        "last word not last": said(w(0, 0, last=True), w(1, 10)),
+        "too long": said(w(0, 0, last=True, dur=MAX_SPAN_NS + 1)),
+        "too many words": said(*[w(i, 10 * i, last=i == MAX_WORDS) for i in range(MAX_WORDS + 1)]),
+    }
+    for seq, (why, p) in enumerate(bad.items(), start=1):
+        got = g.admit(signed(p, src="client/1", seq=seq, turn=0))
+        assert got.reason.startswith("out of range"), why
 
 
 def test_only_a_trusted_bus_skips_the_mac_and_every_other_check_stays():
@@ -167,7 +194,7 @@ def test_the_mac_is_keyed_blake2b_of_the_routing_facts_and_any_token_length_work
 
 
 def forged(run: str, session: str, type_: str, turn: object, payload: dict) -> bytes:
-    return json.dumps({"v": 1, "type": type_, "run": run, "session": session, "turn": turn,
+    return json.dumps({"v": SCHEMA_VERSION, "type": type_, "run": run, "session": session, "turn": turn,
                        "payload": payload}).encode()  # fmt: skip
 
 
@@ -187,17 +214,17 @@ async def test_the_issues_attacks_change_nothing(mosquitto, monkeypatch):
 
     async def attack(_result) -> None:
         async with addr.client() as c:
-            await c.subscribe(t("user/word"))
+            await c.subscribe(t("user/utterance"))
             await c.subscribe(t("asr/final"))
             first_word = final = False
             async for m in c.messages:
-                if str(m.topic).endswith("user/word") and not first_word:
+                if str(m.topic).endswith("user/utterance") and not first_word:
                     first_word = True
                     # the 90-byte message that crashed a run
                     await c.publish(t("tts/audio"), forged(run, sess, "tts.audio", 0, {"words": 999}), qos=1)
                     script = {"user": "x", "reply": "EVIL", "words": 1}
                     await c.publish(t("turn/script"), forged(run, sess, "turn.script", 0, script), qos=1)
-                    await c.publish(t("user/word"), forged(run, sess, "user.word", True, {}), qos=1)
+                    await c.publish(t("user/utterance"), forged(run, sess, "user.utterance", True, {}), qos=1)
                     # signed by an insider, but for turn 999 / absurd
                     for env in insider(run, sess):
                         await c.publish(t(env.type.replace(".", "/")), env.to_bytes(), qos=1)
@@ -243,8 +270,7 @@ def insider(run: str, sess: str) -> list[Envelope]:
 
     token = run_token()
     out = []
-    for i, p in enumerate((Cancel(reason=CancelReason.HEARD), SessionEnd(), UserWord(
-            text="x", dur_ns=1, index=0, pause_before=False, last_word=True))):  # fmt: skip
+    for i, p in enumerate((Cancel(reason=CancelReason.HEARD), SessionEnd(), said())):
         env = Envelope.of(p, run, sess, 999)
         env.src, env.seq = "client/evil", i
         sign(env, token)
@@ -260,7 +286,7 @@ def insider(run: str, sess: str) -> list[Envelope]:
 def hostile(rng: random.Random, run: str, sessions: list[str], turns: int) -> tuple[str, bytes]:
     """One hostile message: malformed bytes, lax types, or a well-formed envelope nobody signed."""
     sess = rng.choice(sessions)
-    channel = rng.choice(["user/word", "tts/audio", "asr/final", "turn/script", "control/cancel", "route",
+    channel = rng.choice(["user/utterance", "tts/audio", "asr/final", "turn/script", "control/cancel", "route",
                           "reply/text", "session/end", "asr/partial"])  # fmt: skip
     type_ = channel.replace("/", ".")
     kind = rng.randrange(6)
@@ -278,14 +304,12 @@ def hostile(rng: random.Random, run: str, sessions: list[str], turns: int) -> tu
                   segment=0, meta=META)  # fmt: skip
         body, channel = Envelope.of(a, run, sess, rng.randrange(turns)).to_bytes(), "tts/audio"
     elif kind == 4:
-        env = Envelope.of(
-            UserWord(text="x", dur_ns=1, index=0, pause_before=False, last_word=True), run, sess, 0
-        )
+        env = Envelope.of(said(), run, sess, 0)
         env.src, env.seq, env.auth = "client/x", rng.randrange(100), "00" * 16
-        body, channel = env.to_bytes(), "user/word"
+        body, channel = env.to_bytes(), "user/utterance"
     else:
         body = (
-            b'{"v":1,"type":"' + type_.encode() + b'","run":"' + run.encode() + b'","payload":' + b"[" * 200
+            b'{"v":2,"type":"' + type_.encode() + b'","run":"' + run.encode() + b'","payload":' + b"[" * 200
         )
     return channel, body
 

@@ -8,11 +8,11 @@ import asyncio
 import pytest
 
 from voicepipe.bus import BrokerAddress, LeanClient, MqttBus, MqttLink, _BufferedSocket
-from voicepipe.messages import Envelope, UserWord
+from voicepipe.messages import Envelope, UserUtterance, UserWord
 
 
 def _word(i: int, run: str = "r5") -> Envelope:
-    w = UserWord(text=f"w{i}", dur_ns=1, index=i, pause_before=False, last_word=False)
+    w = UserUtterance(words=[UserWord(text=f"w{i}", dur_ns=1, index=i, pause_before=False, last_word=False)])
     return Envelope.of(w, run, "s1", 0)
 
 
@@ -23,9 +23,9 @@ async def test_stages_of_a_process_share_one_connection_and_each_parses_its_own_
     a, b = MqttBus(addr, "r5", "asr", link=link), MqttBus(addr, "r5", "tts", link=link)
     async with MqttBus(addr, "r5", "client") as pub, a, b:
         assert a.client is b.client and pub.client is not a.client
-        await a.subscribe("user/word", "session/end")
-        await b.subscribe("user/word")
-        assert list(link.wire) == ["voicepipe/r5/+/user/word", "voicepipe/r5/+/session/end"]
+        await a.subscribe("user/utterance", "session/end")
+        await b.subscribe("user/utterance")
+        assert list(link.wire) == ["voicepipe/r5/+/user/utterance", "voicepipe/r5/+/session/end"]
         for i in range(50):
             await pub.publish(_word(i))
 
@@ -39,7 +39,7 @@ async def test_stages_of_a_process_share_one_connection_and_each_parses_its_own_
 
         async with asyncio.timeout(10):
             got_a, got_b = await asyncio.gather(take(a), take(b))
-    assert [e.payload.index for e in got_a] == [e.payload.index for e in got_b] == list(range(50))
+    assert [e.payload.words[0].index for e in got_a] == [e.payload.words[0].index for e in got_b] == list(range(50))
     assert all(x is not y for x, y in zip(got_a, got_b, strict=True))  # stages never share a message object
     assert link.delivered == 50  # one copy over the wire for the two stages
     assert a.received == b.received == 50
@@ -106,7 +106,7 @@ async def test_lean_reader_reassembles_packets_split_anywhere(protocol, step):
     props = (b"\x01\x01" + b"\x23\x00\x07") if v5 else None  # payload format, a topic alias number
     big = b"x" * 70_000
     stream = (
-        _publish("voicepipe/r/s1/user/word", b"hello", 1, 0x1234, props)
+        _publish("voicepipe/r/s1/user/utterance", b"hello", 1, 0x1234, props)
         # PUBACK for a mid nobody waits on (MQTT 5: reason "no matching subscribers"; 3.1.1: just the id)
         + (bytes([0x40, 3, 0x00, 0x07, 16]) if v5 else bytes([0x40, 2, 0x00, 0x07]))
         + _publish("voicepipe/r/s2/tts/audio", big, 0, 0, props and b"")
@@ -129,7 +129,7 @@ async def test_lean_reader_reassembles_packets_split_anywhere(protocol, step):
             w.rpos += 2
     assert seen == [True, True, True, False, True]
     assert got == [
-        ("voicepipe/r/s1/user/word", b"hello"),
+        ("voicepipe/r/s1/user/utterance", b"hello"),
         ("voicepipe/r/s2/tts/audio", big),
         ("voicepipe/r/s3/route", b"!"),
     ]
@@ -184,11 +184,11 @@ async def test_a_filter_is_subscribed_once_and_no_stage_goes_on_before_its_subac
             await suback.wait()
 
     link.client = Slow()  # type: ignore[assignment]
-    first = asyncio.create_task(link._want("user/word", 1))
-    second = asyncio.create_task(link._want("user/word", 1))
+    first = asyncio.create_task(link._want("user/utterance", 1))
+    second = asyncio.create_task(link._want("user/utterance", 1))
     for _ in range(5):
         await asyncio.sleep(0)
     assert not first.done() and not second.done() and len(sent) == 1
     suback.set()
     await asyncio.gather(first, second)
-    assert len(sent) == 1 and link.wire == {"voicepipe/r/+/user/word": 1}
+    assert len(sent) == 1 and link.wire == {"voicepipe/r/+/user/utterance": 1}

@@ -22,16 +22,16 @@ def sums_exactly(r) -> bool:
     return abs(sum(p.ms for p in r.breakdown) - r.measured_ms) < 0.01
 
 
-async def test_a_late_word_is_tax_not_a_premature_endpoint(monkeypatch):
-    """A word the client sends 600 ms late (its loop was busy) would, judged by arrival, leave a 600 ms
-    silence (silence endpointing waits 200 ms): a premature endpoint. On media time it changes nothing but
-    the tax: no premature endpoint, the same predicted time and breakdown as predict."""
+async def test_a_late_utterance_is_tax_not_a_premature_endpoint(monkeypatch):
+    """An utterance the client sends 600 ms late (its loop was busy) reaches the ASR 600 ms after the user
+    began: judged by arrival, its words would crowd the endpoint. On media time it changes nothing but the
+    tax: no premature endpoint, the same predicted time and breakdown as predict."""
     sc = tiny_scenario(turns=2)
     cfg = fast_config()
     publish = Client.publish
 
     async def late(self, env: Envelope, **kw) -> None:
-        if env.type == "user.word" and env.turn == 0 and env.payload.index == 2:
+        if env.type == "user.utterance" and env.turn == 0:
             await asyncio.sleep(0.6)
         await publish(self, env, **kw)
 

@@ -123,7 +123,7 @@ def test_every_message_of_a_virtual_run_is_what_the_wire_parser_accepts(config):
         cfg, [load_scenario("rapid-fire"), load_scenario("barge-in")], 2, tap=lambda _, e: seen.append(e)
     )
     assert res.records and not res.stage_errors
-    assert {"user.word", "asr.final", "reply.text", "tts.audio", "turn.record"} <= {e.type for e in seen}
+    assert {"user.utterance", "asr.final", "reply.text", "tts.audio", "turn.record"} <= {e.type for e in seen}
     for env in seen:
         back = parse(env.to_bytes())  # the wire's variant class: compare the values, field by field
         assert back.model_dump() == env.model_dump(), env.type

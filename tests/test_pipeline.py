@@ -15,6 +15,7 @@ from voicepipe.backends import BackendPool
 from voicepipe.backends.base import LLMRequest
 from voicepipe.bus import BrokerAddress
 from voicepipe.clock import rng_for
+from voicepipe.messages import SCHEMA_VERSION
 from voicepipe.runner import run_pipeline
 
 
@@ -59,7 +60,7 @@ async def test_scenario_over_spawned_mosquitto_seen_by_external_subscriber(mosqu
     assert not any("set_tcp_nodelay" in w for w in res.warnings)
     channels = {t.split("/", 3)[3] for t in seen if t.startswith("voicepipe/ext1/tiny-0/")}
     assert {
-        "user/word",
+        "user/utterance",
         "asr/partial",
         "asr/final",
         "route",
@@ -78,10 +79,12 @@ async def test_malformed_messages_are_dead_lettered_and_the_run_completes(mosqui
         async with addr.client() as c:
             await c.publish("voicepipe/dl1/tiny-0/asr/final", b"{not json", qos=1)
             await c.publish(
-                "voicepipe/dl1/tiny-0/route", json.dumps({"v": 1, "type": "route"}).encode(), qos=1
+                "voicepipe/dl1/tiny-0/route",
+                json.dumps({"v": SCHEMA_VERSION, "type": "route"}).encode(),
+                qos=1,
             )
             wrong = {
-                "v": 1,
+                "v": SCHEMA_VERSION,
                 "type": "control.cancel",
                 "run": "dl1",
                 "session": "tiny-0",

@@ -7,7 +7,16 @@ import asyncio
 from tests.conftest import fast_config
 from voicepipe.clock import now_ns, run_virtual
 from voicepipe.membus import MemoryBroker
-from voicepipe.messages import CancelReason, Envelope, Final, Route, Target, TurnScript, UserWord
+from voicepipe.messages import (
+    CancelReason,
+    Envelope,
+    Final,
+    Route,
+    Target,
+    TurnScript,
+    UserUtterance,
+    UserWord,
+)
 from voicepipe.stages.asr import ASR
 from voicepipe.stages.base import RunContext
 from voicepipe.stages.guard import sign
@@ -55,7 +64,7 @@ async def _run(stage_cls, cfg, feed, listen: tuple[str, ...]) -> list[tuple[int,
 
 
 def _words(texts: list[str], starts_ms: list[int], dur_ms: int = 200) -> list[tuple[int, Envelope]]:
-    """Words arriving when their audio starts; their media time says the same (start, silence after)."""
+    """The utterance, arriving when its first word's audio starts; each word's media time is its start."""
     out = []
     for i, (w, s) in enumerate(zip(texts, starts_ms, strict=True)):
         last = i == len(texts) - 1
@@ -64,8 +73,8 @@ def _words(texts: list[str], starts_ms: list[int], dur_ms: int = 200) -> list[tu
             text=w, dur_ns=dur_ms * MS, index=i, pause_before=bool(gap), last_word=last, media_ns=s * MS,
             gap_after_ns=gap,
         )  # fmt: skip
-        out.append((s * MS, Envelope.of(word, "t", "s-0", 0)))
-    return out
+        out.append(word)
+    return [(starts_ms[0] * MS, Envelope.of(UserUtterance(words=out), "t", "s-0", 0))]
 
 
 def test_asr_endpoints_after_the_silence_and_withdraws_a_premature_segment():
@@ -76,6 +85,8 @@ def test_asr_endpoints_after_the_silence_and_withdraws_a_premature_segment():
     got = run_virtual(_run(ASR, cfg, feed, ("asr/final", "control/cancel")))
     finals = [(t, e.payload) for t, e in got if isinstance(e.payload, Final)]
     cancels = [e.payload for _, e in got if e.type == "control.cancel"]
+    # "c" is heard when its audio arrives (810 ms), not when the utterance's message came (10 ms)
+    assert [t for t, e in got if e.type == "control.cancel"] == [810 * MS]
     # segment 0 ends at 410 ms (end of "b"), +300 silence, +50 finalise = 760 ms: published before "c"
     assert finals[0] == (760 * MS, Final(text="a b", words=2, segment=0))
     assert [c.reason for c in cancels] == [CancelReason.USER_RESUMED] and cancels[0].segment == 0

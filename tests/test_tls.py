@@ -172,8 +172,8 @@ async def test_example_acl_confines_a_user_to_its_run(make_mosquitto):
 
         task = asyncio.create_task(listen())
         await cb.publish("voicepipe/runa/s-0/tts/audio", b'{"forged": true}', qos=1)  # into runa's run
-        await cb.publish("voicepipe/runb/s-0/user/word", b"{}", qos=1)  # runb's own run
-        await ca.publish("voicepipe/runa/s-0/user/word", b"{}", qos=1)  # positive control
+        await cb.publish("voicepipe/runb/s-0/user/utterance", b"{}", qos=1)  # runb's own run
+        await ca.publish("voicepipe/runa/s-0/user/utterance", b"{}", qos=1)  # positive control
         for _ in range(100):
             if got:
                 break
@@ -182,7 +182,7 @@ async def test_example_acl_confines_a_user_to_its_run(make_mosquitto):
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-    assert got == ["voicepipe/runa/s-0/user/word"]
+    assert got == ["voicepipe/runa/s-0/user/utterance"]
 
     cfg = fast_config(broker=m.url)
     cfg.broker.username, cfg.broker.password = "runa", "pa-" + PW

@@ -252,6 +252,6 @@ async def test_a_replica_drops_foreign_sessions_by_topic_before_parsing():
     sessions = [f"s-{i}" for i in range(40)]
     mine = [s for s in sessions if members.owner("asr", s) == "asr.0"]
     assert 0 < len(mine) < len(sessions)
-    assert [s for s in sessions if inner.accept(s, "user/word")] == mine
+    assert [s for s in sessions if inner.accept(s, "user/utterance")] == mine
     assert bus.skipped == len(sessions) - len(mine)
     assert all(inner.accept(s, "session/end") for s in sessions)  # every replica forgets every session

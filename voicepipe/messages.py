@@ -32,7 +32,7 @@ from voicepipe.construct import built, copied
 from voicepipe.records import EndpointMetrics, TurnRecord
 from voicepipe.spans import Span
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: one user.utterance per turn replaced a user.word per spoken word
 ROOT = "voicepipe"
 
 __all__ = ["PAYLOADS", "Envelope", "Span", "built", "copied", "parse", "topic"]
@@ -92,10 +92,10 @@ class TurnScript(Payload):
     cache: list[CacheAnswer] = Field(default_factory=list)
 
 
-class UserWord(Payload):
-    """client -> asr: one spoken word reached the ASR (after the uplink)."""
+class UserWord(BaseModel):
+    """One spoken word of a :class:`UserUtterance` (not a message of its own)."""
 
-    TYPE = "user.word"
+    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
     text: str
     dur_ns: Count
     index: Count
@@ -106,6 +106,19 @@ class UserWord(Payload):
     # never from when a message happened to arrive, so scheduling delay cannot change what is simulated.
     media_ns: Count = 0
     gap_after_ns: Count | None = None
+
+
+class UserUtterance(Payload):
+    """client -> asr: the user's utterance, sent as its first word's audio starts reaching the ASR.
+
+    Every word with its place on the turn's media timeline: the ASR hears word ``i`` at the message's
+    arrival plus ``words[i].media_ns - words[0].media_ns``, never earlier, and the uplink spans of the
+    envelope (the first word's) move along that timeline with it. One message per utterance, not one per
+    word: a word's message cost more CPU than all the ASR does with the word (bench/predict_throughput.py).
+    """
+
+    TYPE = "user.utterance"
+    words: list[UserWord] = Field(min_length=1)
 
 
 class SpeechStart(Payload):
@@ -210,13 +223,14 @@ class SessionEnd(Payload):
 
 PAYLOADS: dict[str, type[BaseModel]] = {
     m.TYPE: m
-    for m in (TurnScript, UserWord, SpeechStart, Partial, Final, Route, ReplyText, Audio, Cancel, SessionEnd)
+    for m in (TurnScript, UserUtterance, SpeechStart, Partial, Final, Route, ReplyText, Audio, Cancel)
 }
+PAYLOADS[SessionEnd.TYPE] = SessionEnd
 PAYLOADS["turn.record"] = TurnRecord  # client -> anyone: the finished turn's measurement
 
 MessageType = Literal[
     "turn.script",
-    "user.word",
+    "user.utterance",
     "user.speech_start",
     "asr.partial",
     "asr.final",
@@ -246,7 +260,7 @@ class Envelope(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    v: Literal[1] = SCHEMA_VERSION
+    v: Literal[2] = SCHEMA_VERSION
     type: MessageType
     run: str
     session: str

@@ -1,17 +1,19 @@
 """ASR: partial transcripts while the user speaks, endpointing, then the final transcript.
 
-Receives each spoken word as its audio starts arriving (after the uplink), with its duration. Every word
-resets the endpoint timer, which starts counting silence when the word's audio ends; when it runs
+Receives the user's utterance once, as its first word's audio starts arriving (after the uplink): every word
+with its place on the media timeline. Each word is heard at its own instant on that timeline (the message's
+arrival plus the word's offset from the first), never earlier, and only where hearing it can change what
+is published does hearing it cost a timer. Every word resets the endpoint timer, which starts counting silence when the word's audio ends; when it runs
 out (``silence``: a fixed wait; ``smart``: short if the utterance looks complete, long if not, plus the
 detector's inference time) the turn is endpointed, and the final transcript follows after the modelled
 finalisation latency. A word that arrives after an endpoint means the user was not done: the segment is
 cancelled downstream (a premature endpoint) and the turn continues as the next segment.
 
 Media time (issue 10): whether a silence ends the turn is decided from the audio timeline the client stamps on
-each word (``gap_after_ns``: the silence before the next word), not from whether the next word's message
-happened to arrive in time — the message stands for audio a streaming ASR would hear in order, so an
-overloaded event loop that delivers a word late makes the endpoint late (tax), never premature. Words are
-heard strictly in order, each after the previous word's silence has been handled.
+each word (``gap_after_ns``: the silence before the next word), not from whether the next word happened
+to be heard in time — the message stands for audio a streaming ASR would hear in order, so an overloaded
+event loop that hears a word late makes the endpoint late (tax), never premature. Words are heard
+strictly in order, each after the previous word's silence has been handled.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from dataclasses import dataclass, field
 
 from voicepipe.clock import now_ns, rng_for, running_loop, sleep_until_ns
 from voicepipe.config import ASRConfig
-from voicepipe.messages import Cancel, CancelReason, Envelope, Final, Partial, UserWord
-from voicepipe.spans import modelled_span
+from voicepipe.construct import copied
+from voicepipe.messages import Cancel, CancelReason, Envelope, Final, Partial, UserUtterance, UserWord
+from voicepipe.spans import Span, modelled_span
 from voicepipe.stages.base import Stage
 from voicepipe.text import normalise
 
@@ -67,20 +70,41 @@ def wait_of(cfg: ASRConfig, text: str, annotated: bool | None) -> float:
     return wait + infer
 
 
+@dataclass(slots=True)
+class Heard:
+    """One word of an utterance message, as the ASR hears it: at ``at`` (ns), its uplink spans those of the
+    message (the first word's) moved ``shift`` ns along the media timeline."""
+
+    word: UserWord
+    at: int
+    base: list[Span]
+    shift: int
+
+    def spans(self) -> list[Span]:
+        if not self.shift:
+            return self.base
+        out = []
+        for s in self.base:
+            d = s.__dict__.copy()
+            d["start_ns"] += self.shift
+            out.append(copied(s, d))
+        return out
+
+
 @dataclass
 class Utterance:
     turn: int
+    env: Envelope  # the utterance message (session, turn: what the ASR's messages reply to)
     words: list[str] = field(default_factory=list)
     segment: int = 0
     finalised: bool = False  # the current segment has been sent as final
     partials: int = 0  # words covered by the last partial sent
     pauses_seen: int = 0
     complete_at_pauses: list[bool] = field(default_factory=list)
-    last: Envelope | None = None
-    # words (with their arrival instants) waiting to be heard, and whether a listener is hearing them: one
-    # task per utterance hears its words in order, each after the previous word's silence was handled
-    # (a word heard as it arrived carries what its silence will decide)
-    queue: deque[tuple[Envelope, int, Silence | None]] = field(default_factory=deque)
+    # words waiting to be heard, and whether a listener is hearing them: one task per utterance hears its
+    # words in order, each after the previous word's silence was handled (a word already taken when the
+    # message came carries what its silence will decide)
+    queue: deque[tuple[Heard, Silence | None]] = field(default_factory=deque)
     listening: bool = False
     wake: asyncio.Future[None] | None = None  # the listener waits here for the utterance's next word
     heard_until: int = 0  # when the last word heard ends (its audio's scheduled end, not when we woke)
@@ -105,42 +129,54 @@ class Silence:
 
 class ASR(Stage):
     name = "asr"
-    channels = ("user/word", "turn/script")
+    channels = ("user/utterance", "turn/script")
 
     def __init__(self, *a, **kw) -> None:
         super().__init__(*a, **kw)
         self.utt: dict[str, Utterance] = {}
-        self.on("user.word", self.word)
+        self.on("user.utterance", self.utterance)
 
     def forget(self, session: str) -> None:
         self.utt.pop(session, None)
 
-    async def word(self, env: Envelope) -> None:
+    async def utterance(self, env: Envelope) -> None:
+        """The utterance's first word is arriving: every word is heard at its own instant from here."""
         arrived = now_ns()
         u = self.utt.get(env.session)
         if u is None or u.turn != env.turn:
-            u = Utterance(turn=env.turn)
+            u = Utterance(turn=env.turn, env=env)
             script = self.script_of(env)
             u.complete_at_pauses = list(script.complete_at_pauses) if script else []
             self.utt[env.session] = u
-        # each word is heard after the one before it (and its silence), however late its message came
+        p: UserUtterance = env.payload  # type: ignore[assignment]
+        first = p.words[0]
+        origin, origin_end = first.media_ns, first.media_ns + first.dur_ns
+        for w in p.words:
+            self._arrive(
+                u, Heard(w, arrived + w.media_ns - origin, env.spans, w.media_ns + w.dur_ns - origin_end)
+            )
+
+    def _arrive(self, u: Utterance, h: Heard) -> None:
+        # each word is heard after the one before it (and its silence)
         silence: Silence | None = None
         if not u.queue and (u.wake is not None or not u.listening) and self._quiet_start(u):
-            # nothing is waiting to be heard before this word, and hearing it says nothing: hear it now
-            silence = self._take(env, u, arrived)
+            # nothing is waiting to be heard before this word, and hearing it says nothing: take it now (no
+            # one can observe the words until something is published, and that waits for its instant)
+            silence = self._take(u, h)
             if silence is None:
                 return  # its silence decides nothing either: no listener needs to wake for it
-        u.queue.append((env, arrived, silence))
+        u.queue.append((h, silence))
         if u.wake is not None:
             if not u.wake.done():
                 u.wake.set_result(None)
         elif not u.listening:
             u.listening = True
+            env = u.env
             self.spawn(env.session, ("listen", env.turn), self._listen(u), turn=env.turn)
 
     async def _listen(self, u: Utterance) -> None:
-        """Hear the utterance's words in arrival order, waiting for the next one until its last word is
-        heard: one task per utterance, not one per word."""
+        """Hear the utterance's words in order, each at its instant, until its last word is heard: one task
+        per utterance, not one per word."""
         try:
             while True:
                 if not u.queue:
@@ -149,12 +185,18 @@ class ASR(Stage):
                         await u.wake
                     finally:
                         u.wake = None
-                env, arrived, silence = u.queue.popleft()
-                if silence is None:
-                    await self._hear(env, u, arrived)
-                else:  # heard when it arrived: its silence is left
-                    await self._endpoint(env, u, silence)
-                if env.payload.last_word and not u.queue:
+                h, silence = u.queue.popleft()
+                if silence is None and self._quiet_start(u):
+                    silence = self._take(u, h)  # hearing it says nothing: no need to wait for its instant
+                    if silence is not None:
+                        await self._endpoint(u, h, silence)
+                elif silence is None:
+                    if h.at > now_ns():
+                        await sleep_until_ns(h.at)
+                    await self._hear(u, h)
+                else:  # taken when the message came: its silence is left
+                    await self._endpoint(u, h, silence)
+                if h.word.last_word and not u.queue:
                     return
         finally:
             u.listening = False
@@ -170,37 +212,36 @@ class ASR(Stage):
             u.partials = len(u.words)  # what _partial does when no one would receive it
         return True
 
-    async def _hear(self, env: Envelope, u: Utterance, arrived: int) -> None:
+    async def _hear(self, u: Utterance, h: Heard) -> None:
         """One word on media time: its audio, then the silence after it (``gap_after_ns``), decide whether
         that silence ends the turn. Timing follows arrival (a late word is heard late: tax); the decisions
         follow the media timeline alone (a late word never turns a pause into an endpoint)."""
         if u.finalised:
             # the user kept talking after we endpointed: that endpoint was premature
             await self.publish(
-                self.reply(env, Cancel(segment=u.segment, reason=CancelReason.USER_RESUMED), [])
+                self.reply(u.env, Cancel(segment=u.segment, reason=CancelReason.USER_RESUMED), [])
             )
             u.segment += 1
             u.finalised = False
         if u.partials < len(u.words):  # the previous word ended just as this one began
-            await self._partial(env, u)
-        silence = self._take(env, u, arrived)
+            await self._partial(u)
+        silence = self._take(u, h)
         if silence is not None:
-            await self._endpoint(env, u, silence)
+            await self._endpoint(u, h, silence)
 
-    def _take(self, env: Envelope, u: Utterance, arrived: int) -> Silence | None:
+    def _take(self, u: Utterance, h: Heard) -> Silence | None:
         """The word joins the utterance; what its silence will decide, or None when it decides nothing: no
         endpoint, no eager partial, no partial anyone would receive (the word is then recognised at once:
         no sleep to wait its audio out). The words cannot change meanwhile: one listener hears them."""
-        p: UserWord = env.payload  # type: ignore[assignment]
+        p = h.word
         if p.pause_before:
             u.pauses_seen += 1
         u.words.append(p.text)
-        u.last = env
-        annotated = self._annotation(u, env)
+        annotated = self._annotation(u, p)
         # the silence clock starts when this word's audio ends, not when it began arriving (heard from its
         # arrival, or from when the word before it ends, if that is later: the scheduled end, so a listener
         # that wakes late does not push every later word back; lateness stays tax, never accumulates)
-        speech_end = max(arrived, u.heard_until) + p.dur_ns
+        speech_end = max(h.at, u.heard_until) + p.dur_ns
         u.heard_until = speech_end
         gap = NEVER if p.gap_after_ns is None else p.gap_after_ns
         text = " ".join(u.words)
@@ -215,26 +256,27 @@ class ASR(Stage):
             return None
         return Silence(speech_end, gap, text, n_words, wait, infer, stable, eager)
 
-    def _annotation(self, u: Utterance, env: Envelope) -> bool | None:
+    def _annotation(self, u: Utterance, word: UserWord) -> bool | None:
         """Scenario's smart-turn label for a pause after this word (True at the utterance's last word)."""
-        if env.payload.last_word:
+        if word.last_word:
             return True
         if u.pauses_seen < len(u.complete_at_pauses):
             return u.complete_at_pauses[u.pauses_seen]
         return False
 
-    async def _partial(self, env: Envelope, u: Utterance) -> None:
+    async def _partial(self, u: Utterance) -> None:
         u.partials = len(u.words)
         if not self.wanted("asr/partial"):
             return  # nobody could receive it (in-memory bus, no subscriber): not built, not sent
         payload = Partial(text=" ".join(u.words), words=len(u.words), segment=u.segment)
-        await self.publish(self.reply(env, payload, []), qos=0)
+        await self.publish(self.reply(u.env, payload, []), qos=0)
 
-    async def _endpoint(self, env: Envelope, u: Utterance, si: Silence) -> None:
+    async def _endpoint(self, u: Utterance, h: Heard, si: Silence) -> None:
         speech_end, gap, wait, infer = si.speech_end, si.gap, si.wait, si.infer
         await sleep_until_ns(speech_end)
+        env = u.env
         if u.partials < si.words:
-            await self._partial(env, u)  # the word is recognised once its audio has ended
+            await self._partial(u)  # the word is recognised once its audio has ended
         if si.eager:
             # eager end of turn: the transcript has been stable (silence) for stable_ms
             await sleep_until_ns(speech_end + si.stable)
@@ -247,7 +289,7 @@ class ASR(Stage):
         await sleep_until_ns(t)
         # endpointed: from here a new word means the user was not done
         u.finalised = True
-        spans = [*env.spans, modelled_span("asr", "endpoint wait", speech_end, wait)]
+        spans = [*h.spans(), modelled_span("asr", "endpoint wait", speech_end, wait)]
         if infer:
             spans.append(modelled_span("asr", "turn detector", speech_end + wait, infer))
         rng = rng_for(self.cfg.seed, env.session, env.turn, u.segment, "asr")

@@ -35,6 +35,7 @@ from voicepipe.messages import (
     SpeechStart,
     TurnMeta,
     TurnScript,
+    UserUtterance,
     UserWord,
 )
 from voicepipe.records import TurnRecord
@@ -49,10 +50,10 @@ LEAD_NS = 20_000_000  # the script goes out this long before the first word
 
 
 @functools.lru_cache(maxsize=1024)
-def spoken_words(utterance: str, words_per_minute: float) -> tuple[tuple[int, int, UserWord], ...]:
-    """A scripted utterance as the client says it: per word, its start and end (ns from the start of the
-    utterance) and its ``user.word`` payload. Memoised: every session saying the same utterance sends the same
-    payloads (never changed once built; each message's envelope is its own)."""
+def spoken(utterance: str, words_per_minute: float) -> UserUtterance:
+    """A scripted utterance as the client says it: each word's place on the media timeline (ns from the start
+    of the utterance). Memoised: every session saying the same utterance sends the same payload (never
+    changed once built; each message's envelope is its own)."""
     words = speak(utterance, words_per_minute)
     out = []
     prev_end = 0.0
@@ -69,8 +70,8 @@ def spoken_words(utterance: str, words_per_minute: float) -> tuple[tuple[int, in
             gap_after_ns=None if i == last else max(0, round((words[i + 1].start_ms - w.end_ms) * 1e6)),
         )
         prev_end = w.end_ms
-        out.append((start, end, word))
-    return tuple(out)
+        out.append(word)
+    return UserUtterance(words=out)
 
 
 class TurnFailed(Exception):
@@ -202,14 +203,15 @@ class Client(Stage):
     async def _turn(self, scenario: Scenario, session: str, k: int, turn: Turn) -> TurnRecord:
         cfg = self.cfg
         run = self.ctx.run
-        words = spoken_words(turn.user, turn.words_per_minute or cfg.client.words_per_minute)
+        speech = spoken(turn.user, turn.words_per_minute or cfg.client.words_per_minute)
+        first, last = speech.words[0], speech.words[-1]
         script = TurnScript(
             user=plain(turn.user),
             reply=turn.reply,
             intent=turn.intent,
             complexity=turn.complexity,
             complete_at_pauses=list(turn.complete_at_pauses),
-            words=len(words),
+            words=len(speech.words),
             cache=[CacheAnswer(questions=list(e.questions), answer=e.answer) for e in scenario.cache]
             if k == 0
             else [],
@@ -218,14 +220,14 @@ class Client(Stage):
         t_start = now_ns() + LEAD_NS
         uplink = round(cfg.transport.uplink_ms * 1e6)
         loop = asyncio.get_running_loop()
-        eos = t_start + words[-1][1]
-        lis = Listening(turn=k, words=len(words), end_of_speech_ns=eos, first=loop.create_future())
+        eos = t_start + last.media_ns + last.dur_ns
+        lis = Listening(turn=k, words=len(speech.words), end_of_speech_ns=eos, first=loop.create_future())
         self.listening[session] = lis
-        for w_start, w_end, word in words:
-            # a word's audio starts reaching the ASR one uplink after the user starts saying it
-            await sleep_until_ns(t_start + w_start + uplink)
-            span = modelled_span("transport", "uplink", t_start + w_end, uplink)
-            await self.publish(Envelope.of(word, run, session, k, [span]))
+        # the utterance's audio starts reaching the ASR one uplink after the user starts saying it; the span
+        # is the first word's uplink (the ASR moves it along the media timeline for each later word)
+        await sleep_until_ns(t_start + first.media_ns + uplink)
+        span = modelled_span("transport", "uplink", t_start + first.media_ns + first.dur_ns, uplink)
+        await self.publish(Envelope.of(speech, run, session, k, [span]))
         record = await self._await_reply(scenario, session, k, turn, lis)
         # let the reply play out (or stop it), then the user's pause before speaking again
         if turn.barge_in_after_ms is not None and record.status == "ok" and record.first_audio_ns:

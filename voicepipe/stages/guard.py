@@ -23,7 +23,7 @@ message only when all of these hold, in this order:
    body bytes would close it. The one exception: the in-process bus of a virtual run (``predict``,
    ``capacity``; :attr:`voicepipe.bus.Bus.trusted`) carries no MACs, since nothing outside the run's own
    stages can reach it; checks 2-6 still apply there.
-2. **the right sender**: each channel has owners (``user.word`` only from the client, ``tts.audio`` only from
+2. **the right sender**: each channel has owners (``user.utterance`` only from the client, ``tts.audio`` only from
    the TTS or the cache...), and each cancel reason its own (only the ASR withdraws a segment).
 3. **in sequence**: per (sender instance, session, channel) the sequence numbers rise by one. A repeat or a
    step back is refused (duplicate / replay); a jump means the broker dropped messages on the way (a queue
@@ -54,7 +54,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from enum import Enum
 
-from voicepipe.messages import Audio, Cancel, CancelReason, Envelope, UserWord
+from voicepipe.messages import Audio, Cancel, CancelReason, Envelope, UserUtterance
 
 TOKEN_ENV = "VOICEPIPE_RUN_TOKEN"
 _blake2b = hashlib.blake2b
@@ -65,11 +65,13 @@ MAX_SPAN_NS = 3_600 * 10**9
 MAX_SPANS = 256
 # One audio chunk is one clause; ten minutes of it would be a ~1,500-word clause.
 MAX_AUDIO_MS = 600_000.0
+# An utterance of at most a minute (MAX_MS) at a fast 200-300 words per minute: 2,000 leaves a wide margin.
+MAX_WORDS = 2_000
 
 STAGES = ("client", "asr", "router", "agent", "council", "cache", "tts")
 OWNERS: dict[str, frozenset[str]] = {
     "turn.script": frozenset({"client"}),
-    "user.word": frozenset({"client"}),
+    "user.utterance": frozenset({"client"}),
     "user.speech_start": frozenset({"client"}),
     "session.end": frozenset({"client"}),
     "turn.record": frozenset({"client"}),
@@ -327,8 +329,23 @@ def out_of_range(env: Envelope) -> str:
     p = d["payload"]
     if isinstance(p, Audio) and p.duration_ms > MAX_AUDIO_MS:
         return f"audio duration {p.duration_ms:g} ms"
-    if isinstance(p, UserWord) and (
-        p.dur_ns > MAX_SPAN_NS or p.media_ns > MAX_SPAN_NS or (p.gap_after_ns or 0) > MAX_SPAN_NS
-    ):
-        return "word duration, media position or gap"
+    if isinstance(p, UserUtterance):
+        return _bad_utterance(p)
+    return ""
+
+
+def _bad_utterance(p: UserUtterance) -> str:
+    """What in an utterance no spoken one has: too many words, a value past the limits, words out of order
+    on the media timeline (each starts after the one before ends), a misplaced index or last word."""
+    words = p.words
+    if len(words) > MAX_WORDS:
+        return f"{len(words)} words"
+    end = 0
+    last = len(words) - 1
+    for i, w in enumerate(words):
+        if w.dur_ns > MAX_SPAN_NS or w.media_ns > MAX_SPAN_NS or (w.gap_after_ns or 0) > MAX_SPAN_NS:
+            return "word duration, media position or gap"
+        if w.index != i or w.last_word != (i == last) or w.media_ns < end:
+            return f"word {i} out of order"
+        end = w.media_ns + w.dur_ns
     return ""
