@@ -39,7 +39,11 @@ async def test_stages_of_a_process_share_one_connection_and_each_parses_its_own_
 
         async with asyncio.timeout(10):
             got_a, got_b = await asyncio.gather(take(a), take(b))
-    assert [e.payload.words[0].index for e in got_a] == [e.payload.words[0].index for e in got_b] == list(range(50))
+    assert (
+        [e.payload.words[0].index for e in got_a]
+        == [e.payload.words[0].index for e in got_b]
+        == list(range(50))
+    )
     assert all(x is not y for x, y in zip(got_a, got_b, strict=True))  # stages never share a message object
     assert link.delivered == 50  # one copy over the wire for the two stages
     assert a.received == b.received == 50
