@@ -65,6 +65,15 @@ def endpoint_wait_ms(cfg: ASRConfig, text: str, annotated_complete: bool | None)
     return wait, cfg.smart_inference_ms
 
 
+def shortest_wait_ns(cfg: ASRConfig) -> int:
+    """A lower bound (ns, rounded as :meth:`ASR._take` rounds) of every endpoint wait plus detector time
+    under ``cfg``: a shorter silence ends no turn, whatever was said."""
+    if cfg.endpointing == "silence":
+        return round(cfg.silence_ms * 1e6)
+    waits = (cfg.smart_complete_ms, cfg.smart_incomplete_ms)
+    return round(min(waits) * 1e6) + round(cfg.smart_inference_ms * 1e6)
+
+
 def wait_of(cfg: ASRConfig, text: str, annotated: bool | None) -> float:
     wait, infer = endpoint_wait_ms(cfg, text, annotated)
     return wait + infer
@@ -134,6 +143,7 @@ class ASR(Stage):
     def __init__(self, *a, **kw) -> None:
         super().__init__(*a, **kw)
         self.utt: dict[str, Utterance] = {}
+        self._shortest_wait = shortest_wait_ns(self.cfg.asr)
         self.on("user.utterance", self.utterance)
 
     def forget(self, session: str) -> None:
@@ -237,17 +247,23 @@ class ASR(Stage):
         if p.pause_before:
             u.pauses_seen += 1
         u.words.append(p.text)
-        annotated = self._annotation(u, p)
         # the silence clock starts when this word's audio ends, not when it began arriving (heard from its
         # arrival, or from when the word before it ends, if that is later: the scheduled end, so a listener
         # that wakes late does not push every later word back; lateness stays tax, never accumulates)
         speech_end = max(h.at, u.heard_until) + p.dur_ns
         u.heard_until = speech_end
         gap = NEVER if p.gap_after_ns is None else p.gap_after_ns
-        text = " ".join(u.words)
         n_words = len(u.words)
         pre = self.cfg.router.preemptive
-        wait_ms, infer_ms = endpoint_wait_ms(self.cfg.asr, text, annotated)
+        if (
+            gap < self._shortest_wait
+            and not (pre.enabled and gap >= round(pre.stable_ms * 1e6))
+            and not (u.partials < n_words and self.wanted("asr/partial"))
+        ):  # too short to end the turn or to make it stable, whatever the words say: nothing to decide
+            u.partials = n_words
+            return None
+        text = " ".join(u.words)
+        wait_ms, infer_ms = endpoint_wait_ms(self.cfg.asr, text, self._annotation(u, p))
         wait, infer = round(wait_ms * 1e6), round(infer_ms * 1e6)
         stable = round(pre.stable_ms * 1e6)
         eager = pre.enabled and stable < wait + infer and gap >= stable
