@@ -53,7 +53,7 @@ from voicepipe.hardware.model import (
     request_overhead_s,
     tokens_per_step,
 )
-from voicepipe.messages import Span
+from voicepipe.spans import Span, modelled_span
 
 INF = math.inf
 PROJECTION_KEEP = 16384  # breakpoints + records an amended projection may hold before it is started afresh
@@ -714,13 +714,13 @@ class DeviceStream:
         start = first if began == INF else min(max(round(began), self.t0_ns), first)
         out: list[Span] = []
         if start > self.ready_ns:  # waited for a slot (the per-request cost alone is part of TTFT)
-            out.append(Span(stage=stage, what="queue", start_ns=self.t0_ns, dur_ns=start - self.t0_ns))
+            out.append(modelled_span(stage, "queue", self.t0_ns, start - self.t0_ns))
         else:
             start = self.t0_ns
-        out.append(Span(stage=stage, what="ttft", start_ns=start, dur_ns=first - start))
+        out.append(modelled_span(stage, "ttft", start, first - start))
         end = self.at_ns(upto_token)
         if end > first:
-            out.append(Span(stage=stage, what="decode", start_ns=first, dur_ns=end - first))
+            out.append(modelled_span(stage, "decode", first, end - first))
         return out
 
     def cancel(self) -> None:
