@@ -241,6 +241,12 @@ class Stack(BaseModel):
     multi_chip: Literal["tensor", "pipeline"] = "tensor"  # how it spreads a model over several chips
     # False: the decode attention kernel reads a GQA group's shared KV head once per query head
     gqa_kv_shared: bool = True
+    # True: the prefill pass covers the prompt but its last token, and the first output token comes from
+    # the first decode step (TurboMind before v0.1.0's unified pass; TTFT = prefill(P − 1) + one decode step)
+    first_token_from_decode: bool = False
+    # True: when the paged KV cache runs out, running sequences are evicted and later re-prefilled
+    # (vLLM's RECOMPUTE preemption); False: not modelled (the batch that fits at the mean context runs)
+    preempt_recompute: bool = False
     sources: dict[str, str]
 
     @model_validator(mode="after")
@@ -254,6 +260,9 @@ class Stack(BaseModel):
             missing.append("seq_overhead_us")
         if not self.gqa_kv_shared and not self.sources.get("gqa_kv_shared"):
             missing.append("gqa_kv_shared")
+        for flag in ("first_token_from_decode", "preempt_recompute"):
+            if getattr(self, flag) and not self.sources.get(flag):
+                missing.append(flag)
         if missing:
             raise ValueError(f"no source for {', '.join(missing)}")
         return self

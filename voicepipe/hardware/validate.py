@@ -43,6 +43,8 @@ from voicepipe.hardware.model import (
     StepParts,
     System,
     combine,
+    kv_capacity_tokens,
+    lockstep,
     make_system,
     request_overhead_s,
     running_sequences,
@@ -114,7 +116,12 @@ def points() -> tuple[Point, ...]:
 
 @dataclass(frozen=True)
 class Prepared:
-    """A point reduced to the raw parts its metric needs (or the reason it cannot be answered)."""
+    """A point reduced to the raw parts its metric needs (or the reason it cannot be answered).
+
+    ``extra`` are further steps of a static-batch run, each with how many times it runs: the decode step
+    that emits token 0 on a ``first_token_from_decode`` stack, and for a recompute-preempting stack
+    whose batch outgrows its cache (:class:`voicepipe.hardware.model.Lockstep`) the shrinking-batch
+    steps, the evicted sequences' re-prefill and their tail steps."""
 
     point: Point
     reason: str = ""
@@ -123,6 +130,14 @@ class Prepared:
     request_s: float = 0.0
     batch: int = 0  # the batch that runs (≤ the published one)
     out: int = 0  # output tokens (DEFAULT_OUTPUT where unpublished)
+    prefill_runs: float = (
+        1.0  # 0 when the prefill pass has no tokens (a 1-token prompt, first token by decode)
+    )
+    first: tuple[StepParts, float] | None = None  # the decode step that emits token 0, and 1 (or none)
+    # (parts, times) replacing `times` of the run's decode steps (preemption, above)
+    shrink: tuple[StepParts, float] | None = None
+    reprefill: tuple[StepParts, float] | None = None
+    tail: tuple[StepParts, float] | None = None
 
 
 def _stack_key(name: str) -> str:
@@ -174,19 +189,42 @@ def prepare(p: Point) -> Prepared:
         if batch < 1:
             return Prepared(p, reason=f"weights do not fit {p.chips} x {dev.key} at {p.precision}")
     ctx = prompt + out / 2.0
+    static = p.metric in ("tok_s_total", "e2e_latency_s", "e2el_ms")  # a static batch started at once
+    grows = None
+    if static and p.batch is not None and dev.kind == "hbm" and system.serving.preempt_recompute:
+        grows = lockstep(kv_capacity_tokens(system), batch, prompt, out)
+    extra: dict[str, tuple[StepParts, float]] = {}
     if p.metric in STEADY_STATE and batch > 1:
         # a loaded server's mean step also prefills newcomers: B requests of P prompt and O output
         # tokens bring B·P/O prompt tokens per step, on average half-way into their prompt
         decode = step_parts(
             system, batch, batch * ctx, prefill_tokens=batch * prompt / out, prefill_cached=prompt / 2.0
         )
+    elif grows is not None:
+        # all B run until the cache is full, then the batch shrinks and the evicted rejoin at the end
+        decode = step_parts(system, batch, batch * (prompt + grows.full_steps / 2.0))
+        extra["shrink"] = (step_parts(system, grows.shrink_batch, grows.capacity), grows.shrink_steps)
+        extra["reprefill"] = (
+            step_parts(system, 0, 0, prefill_tokens=grows.reprefill_tokens, prefill_seqs=grows.evicted),
+            1.0,
+        )
+        extra["tail"] = (
+            step_parts(system, grows.tail_batch, grows.tail_batch * grows.tail_context),
+            grows.tail_steps,
+        )
     else:
         decode = step_parts(system, batch, batch * ctx)
-    # all B prompts in one prefill pass: B·P tokens through the weights, attention per prompt (P²/2 each)
-    prefill = step_parts(system, 0, 0, prefill_tokens=batch * max(prompt, 1), prefill_seqs=batch)
+    first_by_decode = dev.kind == "hbm" and system.serving.first_token_from_decode
+    # all B prompts in one prefill pass: B·P tokens through the weights, attention per prompt (P²/2 each);
+    # a stack whose first token comes from a decode step prefills all but the last prompt token
+    pf_tokens = max(prompt - 1, 0) if first_by_decode else max(prompt, 1)
+    prefill = step_parts(system, 0, 0, prefill_tokens=batch * max(pf_tokens, 1), prefill_seqs=batch)
+    if first_by_decode:
+        extra["first"] = (step_parts(system, batch, batch * max(prompt, 1)), 1.0)
     return Prepared(
-        p, decode=decode, prefill=prefill, request_s=request_overhead_s(system), batch=batch, out=out
-    )
+        p, decode=decode, prefill=prefill, request_s=request_overhead_s(system), batch=batch, out=out,
+        prefill_runs=1.0 if pf_tokens > 0 else 0.0, **extra,
+    )  # fmt: skip
 
 
 def _stack_parts(parts: list[StepParts]) -> StepParts:
@@ -194,6 +232,9 @@ def _stack_parts(parts: list[StepParts]) -> StepParts:
     arrays["weight_only"] = arrays["weight_only"].astype(bool)
     arrays["sram"] = arrays["sram"].astype(bool)
     return StepParts(**arrays)
+
+
+EXTRA = ("first", "shrink", "reprefill", "tail")  # further steps of a static-batch run (Prepared)
 
 
 @dataclass(frozen=True)
@@ -208,18 +249,29 @@ class Batch:
     out: FArray
     value: FArray
     metric: np.ndarray  # of metric names
+    prefill_runs: FArray
+    # for each name in EXTRA: the steps' parts (a point without them repeats its decode parts) and counts
+    extra: dict[str, tuple[StepParts, FArray]]
 
 
 def batch_of(items: list[Prepared]) -> Batch:
+    ok = [x for x in items if x.decode is not None and x.prefill is not None]
+    extra = {}
+    for name in EXTRA:
+        got = [getattr(x, name) for x in ok]
+        parts = [g[0] if g is not None else x.decode for g, x in zip(got, ok, strict=True)]
+        extra[name] = (_stack_parts(parts), np.array([g[1] if g is not None else 0.0 for g in got]))
     return Batch(
         items=tuple(items),
-        decode=_stack_parts([x.decode for x in items if x.decode is not None]),
-        prefill=_stack_parts([x.prefill for x in items if x.prefill is not None]),
+        decode=_stack_parts([x.decode for x in ok]),
+        prefill=_stack_parts([x.prefill for x in ok]),
         request_s=np.array([x.request_s for x in items]),
         batch=np.array([float(x.batch) for x in items]),
         out=np.array([float(x.out) for x in items]),
         value=np.array([x.point.value for x in items]),
         metric=np.array([x.point.metric for x in items]),
+        prefill_runs=np.array([x.prefill_runs for x in items]),
+        extra=extra,
     )
 
 
@@ -228,8 +280,16 @@ def predicted(b: Batch, theta: FArray) -> FArray:
     th = np.atleast_2d(theta)
     cols = [th[:, i : i + 1] for i in range(len(FITTED))]
     t_d = combine(b.decode, *cols)[2]
-    t_p = combine(b.prefill, *cols)[2] + b.request_s
-    e2e = t_p + (b.out - 1.0) * t_d
+    runs = {k: (combine(parts, *cols)[2], n) for k, (parts, n) in b.extra.items()}
+    first_t, first_n = runs["first"]
+    # TTFT: the prefill pass (and, where the stack emits token 0 from a decode step, that step)
+    t_p = b.prefill_runs * combine(b.prefill, *cols)[2] + b.request_s + first_n * first_t
+    # decode steps of a static run: O (O − 1 after the first-token step; the tok_s_total form counts
+    # one more than e2e), of which those a shrinking batch runs are charged at their own step
+    moved = sum(runs[k][0] * runs[k][1] for k in ("shrink", "reprefill", "tail"))
+    shrunk = runs["shrink"][1]
+    e2e = t_p + (b.out - 1.0 - shrunk) * t_d + moved
+    total = t_p + (b.out - first_n - shrunk) * t_d + moved
     m = b.metric
     return np.select(
         [
@@ -240,7 +300,7 @@ def predicted(b: Batch, theta: FArray) -> FArray:
             m == "e2e_latency_s",
             m == "e2el_ms",
         ],
-        [t_d * 1e3, t_p * 1e3, 1.0 / t_d, b.batch * b.out / (t_p + b.out * t_d), e2e, e2e * 1e3],
+        [t_d * 1e3, t_p * 1e3, 1.0 / t_d, b.batch * b.out / total, e2e, e2e * 1e3],
     )
 
 
