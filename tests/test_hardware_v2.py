@@ -551,3 +551,26 @@ def test_first_token_from_a_decode_step():
     got = val.predicted(val.batch_of(pts), theta)[0]
     assert got[0] == pytest.approx(float(hm.prefill_s(s_old, 128)) * 1e3)
     assert got[1] == pytest.approx(float(hm.prefill_s(s_new, 128)) * 1e3)
+
+
+def test_attention_dp_charges_a_ranks_prefill_to_every_rank_of_the_step():
+    base = dict(
+        id="x", device="b200", chips=8, model="deepseek-r1", precision="fp4", kv_precision="bf16",
+        prompt_tokens=1024, output_tokens=2048, stack="trtllm", metric="tok_s_total", value=1.0,
+        date="2025", source="s", tier=2,
+    )  # fmt: skip
+    dp = val.prepare(val.Point(**base, batch=3072, attention_dp=True))
+    tp = val.prepare(val.Point(**base, batch=3072))
+    assert tp.adp is None and dp.adp is not None
+    lam = 3072 / 8 / 2048
+    assert dp.adp[1] == pytest.approx(2048 * ((1 - (1 - lam) ** 8) - lam))
+    parts = dp.adp[0]
+    assert float(parts.dense_s) == float(parts.kv_s) == float(parts.comm_s) == 0.0  # compute only
+    # one prompt's rank-local work on one chip is more than its share of the group-wide prefill
+    spread = hm.step_parts(dp_system := hm.System(
+        cat.device("b200"), cat.model("deepseek-r1"), "fp4", 8, kv_precision="bf16", stack=cat.stack("trtllm"),
+        attention_dp=True), 0, 0, prefill_tokens=1024)  # fmt: skip
+    assert dp_system.attention_dp and float(parts.flops_s) > float(spread.flops_s)
+    # with a prompt on every rank in every step (λ ≥ 1) every step is held up anyway: nothing is added
+    short = val.prepare(val.Point(**{**base, "output_tokens": 128}, batch=3072, attention_dp=True))
+    assert short.adp is not None and short.adp[1] == 0.0

@@ -46,6 +46,7 @@ from voicepipe.hardware.model import (
     kv_capacity_tokens,
     lockstep,
     make_system,
+    rank_local_prefill_parts,
     request_overhead_s,
     running_sequences,
     step_parts,
@@ -138,6 +139,7 @@ class Prepared:
     shrink: tuple[StepParts, float] | None = None
     reprefill: tuple[StepParts, float] | None = None
     tail: tuple[StepParts, float] | None = None
+    adp: tuple[StepParts, float] | None = None  # attention DP: a rank's context holding up the others
 
 
 def _stack_key(name: str) -> str:
@@ -214,6 +216,14 @@ def prepare(p: Point) -> Prepared:
         )
     else:
         decode = step_parts(system, batch, batch * ctx)
+    if p.metric == "tok_s_total" and system.attention_dp and system.chips > 1:
+        # in-flight batching under attention DP: a step takes as long as its slowest rank (TensorRT-LLM's
+        # ADP balance blog), so a prompt prefilled on one rank holds up all of them. Each rank admits
+        # λ = B/(N·O) prompts a step; a step carries at least one with probability 1 − (1 − λ)^N, and
+        # then costs one prompt's rank-local prefill, where the closed form spreads λ of it per step
+        lam = min(1.0, batch / system.chips / out)
+        busy = 1.0 - (1.0 - lam) ** system.chips
+        extra["adp"] = (rank_local_prefill_parts(system, max(prompt, 1)), out * max(0.0, busy - lam))
     first_by_decode = dev.kind == "hbm" and system.serving.first_token_from_decode
     # all B prompts in one prefill pass: B·P tokens through the weights, attention per prompt (P²/2 each);
     # a stack whose first token comes from a decode step prefills all but the last prompt token
@@ -234,7 +244,7 @@ def _stack_parts(parts: list[StepParts]) -> StepParts:
     return StepParts(**arrays)
 
 
-EXTRA = ("first", "shrink", "reprefill", "tail")  # further steps of a static-batch run (Prepared)
+EXTRA = ("first", "shrink", "reprefill", "tail", "adp")  # further steps of a static-batch run (Prepared)
 
 
 @dataclass(frozen=True)
@@ -286,7 +296,7 @@ def predicted(b: Batch, theta: FArray) -> FArray:
     t_p = b.prefill_runs * combine(b.prefill, *cols)[2] + b.request_s + first_n * first_t
     # decode steps of a static run: O (O − 1 after the first-token step; the tok_s_total form counts
     # one more than e2e), of which those a shrinking batch runs are charged at their own step
-    moved = sum(runs[k][0] * runs[k][1] for k in ("shrink", "reprefill", "tail"))
+    moved = sum(runs[k][0] * runs[k][1] for k in ("shrink", "reprefill", "tail", "adp"))
     shrunk = runs["shrink"][1]
     e2e = t_p + (b.out - 1.0 - shrunk) * t_d + moved
     total = t_p + (b.out - first_n - shrunk) * t_d + moved
