@@ -40,7 +40,8 @@ through the layers and across the chips holding them::
 routed experts that ``T`` tokens touch, ``1 − (1 − k/E)^T`` (= the active params at T = 1). The input
 embedding table is not streamed (one row per token) unless it is tied to the output head.
 
-TTFT adds the stack's per-request cost to the prefill step. A batch whose KV does not fit runs as many
+TTFT adds the stack's per-request cost to the prefill step (a ``first_token_from_decode`` stack: the
+prefill of all but the last prompt token, then one decode step). A batch whose KV does not fit runs as many
 sequences as fit (:func:`predict` says ``fits: false`` and the effective batch); serving stacks allocate
 KV blocks as sequences grow (paged KV), so that is what fits at the sequences' mean context
 (:func:`running_sequences`).

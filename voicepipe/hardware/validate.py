@@ -15,6 +15,11 @@ is then a closed-form function of those parts and the constants θ = (η_mem, MF
 a loaded server's mean step: besides B decodes it prefills B·P/O prompt tokens (every request brings P
 prompt tokens per O output tokens), on average half-way into their prompt; a median inter-token gap
 (``itl_median_ms``) is a decode-only step, since newcomers' prefills land in a minority of steps.
+Three stack- or setting-specific dynamics add steps to these forms (:class:`Prepared`): a stack whose
+first token comes from a decode step prefills P − 1 tokens and adds that step; a static batch that
+outgrows its cache on a recompute-preempting stack (vLLM) runs :class:`voicepipe.hardware.model.Lockstep`'s
+shrinking batch, re-prefill and tail; and under attention DP each decode step of a throughput run is
+charged the expected wait for a rank that prefills a prompt.
 The fit minimises the mean absolute log error over the training points inside published ranges (a
 coarse grid, then a pattern search), with a weak pull towards published mid-range values so constants
 no training point constrains stay there.
