@@ -574,3 +574,16 @@ def test_attention_dp_charges_a_ranks_prefill_to_every_rank_of_the_step():
     # with a prompt on every rank in every step (λ ≥ 1) every step is held up anyway: nothing is added
     short = val.prepare(val.Point(**{**base, "output_tokens": 128}, batch=3072, attention_dp=True))
     assert short.adp is not None and short.adp[1] == 0.0
+
+
+def test_kv_rereads_follow_the_heads_one_read_serves():
+    shared, old_trt, tm = cat.stack("lmdeploy"), cat.stack("trtllm-v0.6"), cat.stack("lmdeploy-v0.1")
+    assert tm.gqa_heads_per_read == 4
+    assert [cat.kv_rereads(shared, g) for g in (1, 8)] == [1.0, 1.0]
+    assert [cat.kv_rereads(old_trt, g) for g in (1, 8)] == [1.0, 8.0]
+    # 4 heads a block when the group is a multiple of 4, else 2, else 1
+    assert [cat.kv_rereads(tm, g) for g in (1, 2, 4, 6, 8, 7)] == [1.0, 1.0, 1.0, 3.0, 2.0, 7.0]
+    a, b = (system("a100-80gb", "llama-2-70b", tp=4, stack=s) for s in (tm, cat.stack("lmdeploy")))
+    assert float(hm.step_parts(a, 64, 64 * 1152).kv_s) == pytest.approx(
+        2 * float(hm.step_parts(b, 64, 64 * 1152).kv_s), rel=0.01
+    )

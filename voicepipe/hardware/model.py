@@ -67,6 +67,7 @@ from voicepipe.hardware.catalog import (
     Stack,
     check_kv_precision,
     check_precision,
+    kv_rereads,
 )
 from voicepipe.hardware.catalog import stack as catalog_stack
 
@@ -509,7 +510,7 @@ def step_parts(
     )
     stk = system.serving
     # a decode kernel that does not share a GQA group's KV head reads it once per query head
-    reread = 1.0 if stk.gqa_kv_shared else m.gqa_group
+    reread = kv_rereads(stk, m.gqa_group)
     kv_bytes = (reread * kv + np.where(n > 0, c, 0.0) + tokens) * kvb
     # tensor parallelism splits every step's work over the chips; a pipeline (llama.cpp's layer split)
     # runs the chips in turn, so a step costs one chip's time for all the work plus the hops between
