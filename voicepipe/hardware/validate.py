@@ -124,10 +124,11 @@ def points() -> tuple[Point, ...]:
 class Prepared:
     """A point reduced to the raw parts its metric needs (or the reason it cannot be answered).
 
-    ``extra`` are further steps of a static-batch run, each with how many times it runs: the decode step
-    that emits token 0 on a ``first_token_from_decode`` stack, and for a recompute-preempting stack
-    whose batch outgrows its cache (:class:`voicepipe.hardware.model.Lockstep`) the shrinking-batch
-    steps, the evicted sequences' re-prefill and their tail steps."""
+    The fields named in ``EXTRA`` are further steps of a run, each with how many times it runs: the
+    decode step that emits token 0 on a ``first_token_from_decode`` stack; for a recompute-preempting
+    stack whose static batch outgrows its cache (:class:`voicepipe.hardware.model.Lockstep`) the
+    shrinking-batch steps, the evicted sequences' re-prefill and their tail steps; under attention DP
+    the rank-local prefill that holds up the other ranks."""
 
     point: Point
     reason: str = ""
@@ -136,9 +137,8 @@ class Prepared:
     request_s: float = 0.0
     batch: int = 0  # the batch that runs (≤ the published one)
     out: int = 0  # output tokens (DEFAULT_OUTPUT where unpublished)
-    prefill_runs: float = (
-        1.0  # 0 when the prefill pass has no tokens (a 1-token prompt, first token by decode)
-    )
+    # 0 when the prefill pass has no tokens (a 1-token prompt whose first token comes from a decode step)
+    prefill_runs: float = 1.0
     first: tuple[StepParts, float] | None = None  # the decode step that emits token 0, and 1 (or none)
     # (parts, times) replacing `times` of the run's decode steps (preemption, above)
     shrink: tuple[StepParts, float] | None = None
