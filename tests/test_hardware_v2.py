@@ -493,3 +493,97 @@ def test_device_memory_is_read_as_binary_gigabytes():
     # so 70B fp8 weights (70.6 GB) on one H100 leave room for tens of 2,000-token sequences, not a handful
     s = hm.System(h100, cat.model("llama-3.1-70b"), "fp8", 1)
     assert hm.running_sequences(s, 1000, 1000) >= 20
+
+
+def test_lockstep_batch_outgrowing_its_cache_balances_its_tokens():
+    assert hm.lockstep(1e6, 100, 128, 4096) is None  # 100 x 4,224 tokens fit
+    assert hm.lockstep(1e5, 1000, 128, 4096) is None  # not even the prompts plus a token each fit
+    b, p, o, cap = 1500, 128, 4096, 4.2e6
+    g = hm.lockstep(cap, b, p, o)
+    assert g is not None
+    c1 = cap / b
+    assert g.full_steps == pytest.approx(c1 - p) and g.shrink_steps == pytest.approx(p + o - c1)
+    assert g.full_steps + g.shrink_steps == pytest.approx(o)
+    # every output token is produced once: all B until the cache is full, the shrinking batch, the tail
+    made = b * g.full_steps + g.shrink_batch * g.shrink_steps + g.tail_batch * g.tail_steps
+    assert made == pytest.approx(b * o)
+    assert g.evicted == pytest.approx(b - cap / (p + o))
+    assert cap / (p + o) < g.shrink_batch < b
+    assert 0 < g.tail_batch < g.evicted
+    # the evicted re-prefill what they held: at least c1 and at most p + o tokens each
+    assert c1 * g.evicted < g.reprefill_tokens < (p + o) * g.evicted
+
+
+def test_static_batch_outgrowing_its_cache_is_preempted_only_on_a_recompute_stack():
+    base = dict(
+        id="x", device="mi300x", chips=8, model="llama-3.1-405b", precision="fp8", kv_precision="fp8",
+        batch=1500, prompt_tokens=128, output_tokens=4096, metric="tok_s_total", value=1.0, date="2025",
+        source="s", tier=2,
+    )  # fmt: skip
+    assert cat.stack("vllm").preempt_recompute and not cat.stack("trtllm").preempt_recompute
+    vllm = val.prepare(val.Point(**base, stack="vllm"))
+    trt = val.prepare(val.Point(**base, stack="trtllm"))
+    assert vllm.batch == trt.batch == 1500  # all run at their mean context
+    assert vllm.shrink is not None and vllm.reprefill is not None and vllm.tail is not None
+    assert trt.shrink is None and trt.reprefill is None and trt.tail is None
+    theta = np.array([[getattr(hm.DEFAULT_EFFICIENCY, k) for k in hm.FITTED]])
+    got = val.predicted(val.batch_of([vllm, trt]), theta)[0]
+    assert got[0] < 0.95 * got[1]  # the re-prefill and the tail cost throughput
+    fits = val.prepare(val.Point(**{**base, "batch": 500}, stack="vllm"))
+    assert fits.shrink is None  # 500 x 4,224 tokens fit: nothing is evicted
+
+
+def test_first_token_from_a_decode_step():
+    old, new = cat.stack("lmdeploy-v0.1"), cat.stack("lmdeploy")
+    assert old.first_token_from_decode and not new.first_token_from_decode
+    s_old, s_new = (system("a100-80gb", "llama-2-70b", tp=4, stack=st) for st in (old, new))
+    step = float(hm.decode_step_s(s_old, 1, 128))
+    assert float(hm.prefill_s(s_old, 128)) == pytest.approx(float(hm.prefill_s(s_new, 127)) + step)
+    assert float(hm.prefill_s(s_old, 1)) == pytest.approx(
+        old.request_overhead_ms * 1e-3 + float(hm.decode_step_s(s_old, 1, 1))
+    )
+    base = dict(
+        id="x", device="a100-80gb", chips=4, model="llama-2-70b", precision="fp16", batch=1, prompt_tokens=128,
+        output_tokens=128, metric="ttft_ms", value=1.0, date="2023", source="s", tier=2,
+    )  # fmt: skip
+    pts = [val.prepare(val.Point(**base, stack=st)) for st in ("lmdeploy-v0.1", "lmdeploy")]
+    theta = np.array([[getattr(hm.DEFAULT_EFFICIENCY, k) for k in hm.FITTED]])
+    got = val.predicted(val.batch_of(pts), theta)[0]
+    assert got[0] == pytest.approx(float(hm.prefill_s(s_old, 128)) * 1e3)
+    assert got[1] == pytest.approx(float(hm.prefill_s(s_new, 128)) * 1e3)
+
+
+def test_attention_dp_charges_a_ranks_prefill_to_every_rank_of_the_step():
+    base = dict(
+        id="x", device="b200", chips=8, model="deepseek-r1", precision="fp4", kv_precision="bf16",
+        prompt_tokens=1024, output_tokens=2048, stack="trtllm", metric="tok_s_total", value=1.0,
+        date="2025", source="s", tier=2,
+    )  # fmt: skip
+    dp = val.prepare(val.Point(**base, batch=3072, attention_dp=True))
+    tp = val.prepare(val.Point(**base, batch=3072))
+    assert tp.adp is None and dp.adp is not None
+    lam = 3072 / 8 / 2048
+    assert dp.adp[1] == pytest.approx(2048 * ((1 - (1 - lam) ** 8) - lam))
+    parts = dp.adp[0]
+    assert float(parts.dense_s) == float(parts.kv_s) == float(parts.comm_s) == 0.0  # compute only
+    # one prompt's rank-local work on one chip is more than its share of the group-wide prefill
+    spread = hm.step_parts(dp_system := hm.System(
+        cat.device("b200"), cat.model("deepseek-r1"), "fp4", 8, kv_precision="bf16", stack=cat.stack("trtllm"),
+        attention_dp=True), 0, 0, prefill_tokens=1024)  # fmt: skip
+    assert dp_system.attention_dp and float(parts.flops_s) > float(spread.flops_s)
+    # with a prompt on every rank in every step (λ ≥ 1) every step is held up anyway: nothing is added
+    short = val.prepare(val.Point(**{**base, "output_tokens": 128}, batch=3072, attention_dp=True))
+    assert short.adp is not None and short.adp[1] == 0.0
+
+
+def test_kv_rereads_follow_the_heads_one_read_serves():
+    shared, old_trt, tm = cat.stack("lmdeploy"), cat.stack("trtllm-v0.6"), cat.stack("lmdeploy-v0.1")
+    assert tm.gqa_heads_per_read == 4
+    assert [cat.kv_rereads(shared, g) for g in (1, 8)] == [1.0, 1.0]
+    assert [cat.kv_rereads(old_trt, g) for g in (1, 8)] == [1.0, 8.0]
+    # 4 heads a block when the group is a multiple of 4, else 2, else 1
+    assert [cat.kv_rereads(tm, g) for g in (1, 2, 4, 6, 8, 7)] == [1.0, 1.0, 1.0, 3.0, 2.0, 7.0]
+    a, b = (system("a100-80gb", "llama-2-70b", tp=4, stack=s) for s in (tm, cat.stack("lmdeploy")))
+    assert float(hm.step_parts(a, 64, 64 * 1152).kv_s) == pytest.approx(
+        2 * float(hm.step_parts(b, 64, 64 * 1152).kv_s), rel=0.01
+    )

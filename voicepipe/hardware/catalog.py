@@ -241,6 +241,15 @@ class Stack(BaseModel):
     multi_chip: Literal["tensor", "pipeline"] = "tensor"  # how it spreads a model over several chips
     # False: the decode attention kernel reads a GQA group's shared KV head once per query head
     gqa_kv_shared: bool = True
+    # query heads one read of a KV head serves (a decode kernel with that many heads per thread block,
+    # taken at the largest power of two ≤ it that divides the GQA group); None: the whole group
+    gqa_heads_per_read: int | None = Field(default=None, ge=1)
+    # True: the prefill pass covers the prompt but its last token, and the first output token comes from
+    # the first decode step (TurboMind before v0.1.0's unified pass; TTFT = prefill(P − 1) + one decode step)
+    first_token_from_decode: bool = False
+    # True: when the paged KV cache runs out, running sequences are evicted and later re-prefilled
+    # (vLLM's RECOMPUTE preemption); False: not modelled (the batch that fits at the mean context runs)
+    preempt_recompute: bool = False
     sources: dict[str, str]
 
     @model_validator(mode="after")
@@ -254,9 +263,29 @@ class Stack(BaseModel):
             missing.append("seq_overhead_us")
         if not self.gqa_kv_shared and not self.sources.get("gqa_kv_shared"):
             missing.append("gqa_kv_shared")
+        if self.gqa_heads_per_read is not None and not self.sources.get("gqa_heads_per_read"):
+            missing.append("gqa_heads_per_read")
+        for flag in ("first_token_from_decode", "preempt_recompute"):
+            if getattr(self, flag) and not self.sources.get(flag):
+                missing.append(flag)
         if missing:
             raise ValueError(f"no source for {', '.join(missing)}")
         return self
+
+
+def kv_rereads(stack: Stack, group: float) -> float:
+    """How many times a decode step reads each KV head: 1 for a kernel that serves the whole GQA group
+    from one read, the group size for one that reads it once per query head (``gqa_kv_shared: false``),
+    else the group over the heads one read serves (``gqa_heads_per_read``)."""
+    if not stack.gqa_kv_shared:
+        return group
+    if stack.gqa_heads_per_read is None or group <= 1:
+        return 1.0
+    g = round(group)
+    h = stack.gqa_heads_per_read
+    while h > 1 and g % h:
+        h //= 2
+    return g / h
 
 
 class QualityOnly(BaseModel):

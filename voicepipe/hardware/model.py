@@ -40,7 +40,8 @@ through the layers and across the chips holding them::
 routed experts that ``T`` tokens touch, ``1 − (1 − k/E)^T`` (= the active params at T = 1). The input
 embedding table is not streamed (one row per token) unless it is tied to the output head.
 
-TTFT adds the stack's per-request cost to the prefill step. A batch whose KV does not fit runs as many
+TTFT adds the stack's per-request cost to the prefill step (a ``first_token_from_decode`` stack: the
+prefill of all but the last prompt token, then one decode step). A batch whose KV does not fit runs as many
 sequences as fit (:func:`predict` says ``fits: false`` and the effective batch); serving stacks allocate
 KV blocks as sequences grow (paged KV), so that is what fits at the sequences' mean context
 (:func:`running_sequences`).
@@ -66,6 +67,7 @@ from voicepipe.hardware.catalog import (
     Stack,
     check_kv_precision,
     check_precision,
+    kv_rereads,
 )
 from voicepipe.hardware.catalog import stack as catalog_stack
 
@@ -82,11 +84,11 @@ class Efficiency:
     """Efficiency factors, one set for every HBM device (η_mem, MFU, η_wq, η_moe fitted; see docs §2)."""
 
     # fitted on every point of data/validation.yaml (`voicepipe hardware validate`; docs §2 and §3)
-    eta_mem: float = 0.823  # share of the sustained (STREAM-like) bandwidth a native decode step streams
-    mfu: float = 0.75  # share of the sustained (measured maximum) matmul FLOP/s a serving step reaches
+    eta_mem: float = 0.821  # share of the sustained (STREAM-like) bandwidth a native decode step streams
+    mfu: float = 0.751  # share of the sustained (measured maximum) matmul FLOP/s a serving step reaches
     eta_wq: float = 1.0  # weight-only kernels' efficiency relative to native ones (dequant in the loop)
-    eta_moe: float = 0.798  # expert (grouped-GEMM) streaming efficiency relative to dense GEMV + routing
-    layer_s: float = 11.8e-6  # per layer per step on HBM devices beyond the stack's own gaps (launch, sync)
+    eta_moe: float = 0.801  # expert (grouped-GEMM) streaming efficiency relative to dense GEMV + routing
+    layer_s: float = 11.6e-6  # per layer per step on HBM devices beyond the stack's own gaps (launch, sync)
     ar_growth: float = 0.5  # all-reduce latency growth per doubling of the TP group beyond 2
     moe_route_s: float = 20e-6  # per MoE layer per step: router, top-k, permute, grouped-GEMM launches
     link_eff: float = 0.45  # share of link bandwidth NCCL reaches at 0.1-10 MB messages
@@ -272,18 +274,23 @@ def weights_fit(system: System) -> bool:
     return in_hbm < dev.capacity_bytes * system.eff.usable_memory and spilled <= offload
 
 
-def max_sequences(system: System, context: int) -> int:
-    """How many sequences of ``context`` tokens fit beside the weights (≥ 0)."""
+def kv_capacity_tokens(system: System) -> float:
+    """KV-cache tokens (summed over sequences) that fit beside the weights (≥ 0)."""
     dev, m = system.device, system.model
     if dev.kind == "hbm":
         if not weights_fit(system):
-            return 0
+            return 0.0
         free = dev.capacity_bytes * system.eff.usable_memory - weight_split(system)[0]
-        per_seq = context * kv_bytes_per_token(m, system.kv) / kv_shards(m, system.chips, system.attention_dp)
+        per_token = kv_bytes_per_token(m, system.kv) / kv_shards(m, system.chips, system.attention_dp)
     else:
         free = system.chips * dev.capacity_bytes * system.eff.usable_sram - weight_bytes(m, system.precision)
-        per_seq = context * kv_bytes_per_token(m, system.kv)
-    return max(0, math.floor(free / per_seq)) if free > 0 else 0
+        per_token = kv_bytes_per_token(m, system.kv)
+    return max(0.0, free / per_token)
+
+
+def max_sequences(system: System, context: int) -> int:
+    """How many sequences of ``context`` tokens fit beside the weights (≥ 0)."""
+    return max(0, math.floor(kv_capacity_tokens(system) / context))
 
 
 def running_sequences(system: System, prompt_tokens: int, output_tokens: int) -> int:
@@ -297,6 +304,52 @@ def running_sequences(system: System, prompt_tokens: int, output_tokens: int) ->
     if max_sequences(system, prompt_tokens + output_tokens) < 1:
         return 0
     return max_sequences(system, max(1, math.floor(mean_context(prompt_tokens, output_tokens))))
+
+
+@dataclass(frozen=True)
+class Lockstep:
+    """A static batch of ``B`` equal requests started together that outgrows its paged KV cache.
+
+    All ``B`` decode until their context reaches ``c1 = C/B`` (``C``: cache tokens); from then on only
+    ``C/c`` fit at context ``c``, and a recompute-preempting stack (vLLM) evicts the rest, so the running
+    batch falls to ``C/L`` by the end (``L = P + O``). The evicted sequences rejoin when the survivors
+    finish: they re-prefill the ``C·ln(L/c1)`` tokens they had (one evicted at context ``c`` holds ``c``;
+    ``C/c²`` are evicted per unit of context) and decode their remaining ``B·L − C − C·ln(L/c1)`` tokens
+    over ``L − c1`` tail steps. Output tokens balance: ``B·(c1 − P)`` + ``C·ln(L/c1)`` (phase two, the
+    shrinking batch) + the tail = ``B·O``."""
+
+    full_steps: float  # steps with all B running: c1 − P
+    shrink_steps: float  # steps while the batch shrinks from B to C/L: L − c1
+    shrink_batch: float  # mean running batch over them: C·ln(L/c1) / (L − c1)
+    capacity: float  # C: KV tokens held during them
+    evicted: float  # sequences evicted: B − C/L
+    reprefill_tokens: float  # C·ln(L/c1)
+    tail_steps: float  # L − c1
+    tail_batch: float  # mean running batch over the tail
+    tail_context: float  # their mean context, (c1 + L)/2
+
+
+def lockstep(capacity_tokens: float, batch: int, prompt_tokens: int, output_tokens: int) -> Lockstep | None:
+    """How a static batch started at once outgrows its cache (see :class:`Lockstep`); None when its KV
+    at the last token fits, or when not even the prompts plus one token each fit."""
+    c, b, length = float(capacity_tokens), float(batch), float(prompt_tokens + output_tokens)
+    if b * length <= c or c / b <= prompt_tokens + 1:
+        return None
+    c1 = c / b
+    grown = c * math.log(length / c1)
+    steps = length - c1
+    tail = b * length - c - grown
+    return Lockstep(
+        full_steps=c1 - prompt_tokens,
+        shrink_steps=steps,
+        shrink_batch=grown / steps,
+        capacity=c,
+        evicted=b - c / length,
+        reprefill_tokens=grown,
+        tail_steps=steps,
+        tail_batch=tail / steps,
+        tail_context=(c1 + length) / 2.0,
+    )
 
 
 def sram_units(
@@ -457,7 +510,7 @@ def step_parts(
     )
     stk = system.serving
     # a decode kernel that does not share a GQA group's KV head reads it once per query head
-    reread = 1.0 if stk.gqa_kv_shared else m.gqa_group
+    reread = kv_rereads(stk, m.gqa_group)
     kv_bytes = (reread * kv + np.where(n > 0, c, 0.0) + tokens) * kvb
     # tensor parallelism splits every step's work over the chips; a pipeline (llama.cpp's layer split)
     # runs the chips in turn, so a step costs one chip's time for all the work plus the hops between
@@ -515,6 +568,33 @@ def step_parts(
         layers=zero,
         weight_only=False,
         sram=True,
+    )
+
+
+def rank_local_prefill_parts(system: System, prompt_tokens: float) -> StepParts:
+    """Under attention data parallelism, the work of one prompt's prefill that stays on the chip that
+    owns the sequence: the non-expert matmuls (attention projections, dense layers, shared experts, head)
+    and its attention, at that chip's rate (not split over the group). The routed experts run
+    expert-parallel over the whole group and are not counted. Weight bytes are not counted either (the
+    step that carries the prompt streams them anyway), so only the compute terms are set."""
+    dev, m = system.device, system.model
+    n = float(prompt_tokens)
+    _, experts = _expert_split(m)
+    local = matmul_params(m) - experts * (m.experts_active / m.experts if m.is_moe else 0.0)
+    attention = 2.0 * m.layers * m.heads * 2.0 * m.head_dim * n * n / 2.0
+    zero = np.zeros(())
+    return StepParts(
+        kv_s=zero,
+        dense_s=zero,
+        expert_s=zero,
+        spill_s=zero,
+        flops_s=zero + 2.0 * local * n / dev.matmul_flops(system.precision),
+        attn_s=zero + attention / dev.matmul_flops("bf16"),
+        comm_s=zero,
+        fixed_s=zero,
+        layers=zero,
+        weight_only=dev.weight_only(system.precision),
+        sram=False,
     )
 
 
@@ -607,10 +687,20 @@ def tokens_per_step(spec: Speculative | None) -> float:
 
 def prefill_s(system: System, prompt_tokens: ArrayLike, cached_tokens: ArrayLike = 0) -> FArray:
     """TTFT on an idle device: the stack's per-request cost plus one forward pass over the uncached
-    prompt (≥ 1 token; it streams every weight even for a short prompt) that emits token 0."""
+    prompt (≥ 1 token; it streams every weight even for a short prompt) that emits token 0 — or, for a
+    stack whose first token comes from a decode step (``first_token_from_decode``), a pass over all but
+    the prompt's last token and then one decode step."""
     p = np.asarray(prompt_tokens, dtype=float)
     c = np.minimum(np.asarray(cached_tokens, dtype=float), np.maximum(p - 1.0, 0.0))
-    step = mixed_step_s(system, 0, 0, prefill_tokens=np.maximum(p - c, 1.0), prefill_cached=c)
+    if system.device.kind == "hbm" and system.serving.first_token_from_decode:
+        # the prefill pass leaves the prompt's last token to the first decode step, which emits token 0
+        n = p - c - 1.0
+        step = np.where(
+            n > 0, mixed_step_s(system, 0, 0, prefill_tokens=np.maximum(n, 1.0), prefill_cached=c), 0.0
+        )
+        step = step + mixed_step_s(system, 1, p)
+    else:
+        step = mixed_step_s(system, 0, 0, prefill_tokens=np.maximum(p - c, 1.0), prefill_cached=c)
     return step + request_overhead_s(system)
 
 

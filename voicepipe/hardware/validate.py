@@ -15,6 +15,11 @@ is then a closed-form function of those parts and the constants θ = (η_mem, MF
 a loaded server's mean step: besides B decodes it prefills B·P/O prompt tokens (every request brings P
 prompt tokens per O output tokens), on average half-way into their prompt; a median inter-token gap
 (``itl_median_ms``) is a decode-only step, since newcomers' prefills land in a minority of steps.
+Three stack- or setting-specific dynamics add steps to these forms (:class:`Prepared`): a stack whose
+first token comes from a decode step prefills P − 1 tokens and adds that step; a static batch that
+outgrows its cache on a recompute-preempting stack (vLLM) runs :class:`voicepipe.hardware.model.Lockstep`'s
+shrinking batch, re-prefill and tail; and under attention DP each decode step of a throughput run is
+charged the expected wait for a rank that prefills a prompt.
 The fit minimises the mean absolute log error over the training points inside published ranges (a
 coarse grid, then a pattern search), with a weak pull towards published mid-range values so constants
 no training point constrains stay there.
@@ -43,7 +48,10 @@ from voicepipe.hardware.model import (
     StepParts,
     System,
     combine,
+    kv_capacity_tokens,
+    lockstep,
     make_system,
+    rank_local_prefill_parts,
     request_overhead_s,
     running_sequences,
     step_parts,
@@ -114,7 +122,13 @@ def points() -> tuple[Point, ...]:
 
 @dataclass(frozen=True)
 class Prepared:
-    """A point reduced to the raw parts its metric needs (or the reason it cannot be answered)."""
+    """A point reduced to the raw parts its metric needs (or the reason it cannot be answered).
+
+    The fields named in ``EXTRA`` are further steps of a run, each with how many times it runs: the
+    decode step that emits token 0 on a ``first_token_from_decode`` stack; for a recompute-preempting
+    stack whose static batch outgrows its cache (:class:`voicepipe.hardware.model.Lockstep`) the
+    shrinking-batch steps, the evicted sequences' re-prefill and their tail steps; under attention DP
+    the rank-local prefill that holds up the other ranks."""
 
     point: Point
     reason: str = ""
@@ -123,6 +137,14 @@ class Prepared:
     request_s: float = 0.0
     batch: int = 0  # the batch that runs (≤ the published one)
     out: int = 0  # output tokens (DEFAULT_OUTPUT where unpublished)
+    # 0 when the prefill pass has no tokens (a 1-token prompt whose first token comes from a decode step)
+    prefill_runs: float = 1.0
+    first: tuple[StepParts, float] | None = None  # the decode step that emits token 0, and 1 (or none)
+    # (parts, times) replacing `times` of the run's decode steps (preemption, above)
+    shrink: tuple[StepParts, float] | None = None
+    reprefill: tuple[StepParts, float] | None = None
+    tail: tuple[StepParts, float] | None = None
+    adp: tuple[StepParts, float] | None = None  # attention DP: a rank's context holding up the others
 
 
 def _stack_key(name: str) -> str:
@@ -174,19 +196,50 @@ def prepare(p: Point) -> Prepared:
         if batch < 1:
             return Prepared(p, reason=f"weights do not fit {p.chips} x {dev.key} at {p.precision}")
     ctx = prompt + out / 2.0
+    static = p.metric in ("tok_s_total", "e2e_latency_s", "e2el_ms")  # a static batch started at once
+    grows = None
+    if static and p.batch is not None and dev.kind == "hbm" and system.serving.preempt_recompute:
+        grows = lockstep(kv_capacity_tokens(system), batch, prompt, out)
+    extra: dict[str, tuple[StepParts, float]] = {}
     if p.metric in STEADY_STATE and batch > 1:
         # a loaded server's mean step also prefills newcomers: B requests of P prompt and O output
         # tokens bring B·P/O prompt tokens per step, on average half-way into their prompt
         decode = step_parts(
             system, batch, batch * ctx, prefill_tokens=batch * prompt / out, prefill_cached=prompt / 2.0
         )
+    elif grows is not None:
+        # all B run until the cache is full, then the batch shrinks and the evicted rejoin at the end
+        decode = step_parts(system, batch, batch * (prompt + grows.full_steps / 2.0))
+        extra["shrink"] = (step_parts(system, grows.shrink_batch, grows.capacity), grows.shrink_steps)
+        extra["reprefill"] = (
+            step_parts(system, 0, 0, prefill_tokens=grows.reprefill_tokens, prefill_seqs=grows.evicted),
+            1.0,
+        )
+        extra["tail"] = (
+            step_parts(system, grows.tail_batch, grows.tail_batch * grows.tail_context),
+            grows.tail_steps,
+        )
     else:
         decode = step_parts(system, batch, batch * ctx)
-    # all B prompts in one prefill pass: B·P tokens through the weights, attention per prompt (P²/2 each)
-    prefill = step_parts(system, 0, 0, prefill_tokens=batch * max(prompt, 1), prefill_seqs=batch)
+    if p.metric == "tok_s_total" and system.attention_dp and system.chips > 1:
+        # in-flight batching under attention DP: a step takes as long as its slowest rank (TensorRT-LLM's
+        # ADP balance blog), so a prompt prefilled on one rank holds up all of them. Each rank admits
+        # λ = B/(N·O) prompts a step; a step carries at least one with probability 1 − (1 − λ)^N, and
+        # then costs one prompt's rank-local prefill, where the closed form spreads λ of it per step
+        lam = min(1.0, batch / system.chips / out)
+        busy = 1.0 - (1.0 - lam) ** system.chips
+        extra["adp"] = (rank_local_prefill_parts(system, max(prompt, 1)), out * max(0.0, busy - lam))
+    first_by_decode = dev.kind == "hbm" and system.serving.first_token_from_decode
+    # all B prompts in one prefill pass: B·P tokens through the weights, attention per prompt (P²/2 each);
+    # a stack whose first token comes from a decode step prefills all but the last prompt token
+    pf_tokens = max(prompt - 1, 0) if first_by_decode else max(prompt, 1)
+    prefill = step_parts(system, 0, 0, prefill_tokens=batch * max(pf_tokens, 1), prefill_seqs=batch)
+    if first_by_decode:
+        extra["first"] = (step_parts(system, batch, batch * max(prompt, 1)), 1.0)
     return Prepared(
-        p, decode=decode, prefill=prefill, request_s=request_overhead_s(system), batch=batch, out=out
-    )
+        p, decode=decode, prefill=prefill, request_s=request_overhead_s(system), batch=batch, out=out,
+        prefill_runs=1.0 if pf_tokens > 0 else 0.0, **extra,
+    )  # fmt: skip
 
 
 def _stack_parts(parts: list[StepParts]) -> StepParts:
@@ -194,6 +247,9 @@ def _stack_parts(parts: list[StepParts]) -> StepParts:
     arrays["weight_only"] = arrays["weight_only"].astype(bool)
     arrays["sram"] = arrays["sram"].astype(bool)
     return StepParts(**arrays)
+
+
+EXTRA = ("first", "shrink", "reprefill", "tail", "adp")  # further steps of a static-batch run (Prepared)
 
 
 @dataclass(frozen=True)
@@ -208,18 +264,29 @@ class Batch:
     out: FArray
     value: FArray
     metric: np.ndarray  # of metric names
+    prefill_runs: FArray
+    # for each name in EXTRA: the steps' parts (a point without them repeats its decode parts) and counts
+    extra: dict[str, tuple[StepParts, FArray]]
 
 
 def batch_of(items: list[Prepared]) -> Batch:
+    ok = [x for x in items if x.decode is not None and x.prefill is not None]
+    extra = {}
+    for name in EXTRA:
+        got = [getattr(x, name) for x in ok]
+        parts = [g[0] if g is not None else x.decode for g, x in zip(got, ok, strict=True)]
+        extra[name] = (_stack_parts(parts), np.array([g[1] if g is not None else 0.0 for g in got]))
     return Batch(
         items=tuple(items),
-        decode=_stack_parts([x.decode for x in items if x.decode is not None]),
-        prefill=_stack_parts([x.prefill for x in items if x.prefill is not None]),
+        decode=_stack_parts([x.decode for x in ok]),
+        prefill=_stack_parts([x.prefill for x in ok]),
         request_s=np.array([x.request_s for x in items]),
         batch=np.array([float(x.batch) for x in items]),
         out=np.array([float(x.out) for x in items]),
         value=np.array([x.point.value for x in items]),
         metric=np.array([x.point.metric for x in items]),
+        prefill_runs=np.array([x.prefill_runs for x in items]),
+        extra=extra,
     )
 
 
@@ -228,8 +295,16 @@ def predicted(b: Batch, theta: FArray) -> FArray:
     th = np.atleast_2d(theta)
     cols = [th[:, i : i + 1] for i in range(len(FITTED))]
     t_d = combine(b.decode, *cols)[2]
-    t_p = combine(b.prefill, *cols)[2] + b.request_s
-    e2e = t_p + (b.out - 1.0) * t_d
+    runs = {k: (combine(parts, *cols)[2], n) for k, (parts, n) in b.extra.items()}
+    first_t, first_n = runs["first"]
+    # TTFT: the prefill pass (and, where the stack emits token 0 from a decode step, that step)
+    t_p = b.prefill_runs * combine(b.prefill, *cols)[2] + b.request_s + first_n * first_t
+    # decode steps of a static run: O (O − 1 after the first-token step; the tok_s_total form counts
+    # one more than e2e), of which those a shrinking batch runs are charged at their own step
+    moved = sum(runs[k][0] * runs[k][1] for k in ("shrink", "reprefill", "tail", "adp"))
+    shrunk = runs["shrink"][1]
+    e2e = t_p + (b.out - 1.0 - shrunk) * t_d + moved
+    total = t_p + (b.out - first_n - shrunk) * t_d + moved
     m = b.metric
     return np.select(
         [
@@ -240,7 +315,7 @@ def predicted(b: Batch, theta: FArray) -> FArray:
             m == "e2e_latency_s",
             m == "e2el_ms",
         ],
-        [t_d * 1e3, t_p * 1e3, 1.0 / t_d, b.batch * b.out / (t_p + b.out * t_d), e2e, e2e * 1e3],
+        [t_d * 1e3, t_p * 1e3, 1.0 / t_d, b.batch * b.out / total, e2e, e2e * 1e3],
     )
 
 
