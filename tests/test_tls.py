@@ -190,6 +190,23 @@ async def test_example_acl_confines_a_user_to_its_run(make_mosquitto):
     assert len(res.records) == 2 and all(r.status == "ok" for r in res.records)
 
 
+def test_a_run_id_the_acl_refuses_is_one_line_at_start_not_timeouts(make_mosquitto, tmp_path, monkeypatch):
+    """mosquitto accepts the connection, subscriptions and publishes of user runa on run runb's topics and
+    delivers nothing: without a check every turn would time out with no reason. The run stops at start
+    with one line naming the run, the user and the ACL, before playing any turn; the right run id plays."""
+    import time
+
+    m = make_mosquitto(users={"runa": "pa-" + PW}, acl_file=ACL)
+    monkeypatch.setenv("VOICEPIPE_BROKER_PASSWORD", "pa-" + PW)
+    base = ["run", str(scenario_file(tmp_path)), "--broker", m.url, *sets("broker.username=runa")]
+    t0 = time.monotonic()
+    line = one_error_line(runner.invoke(app, [*base, "--run-id", "runb"]))
+    assert time.monotonic() - t0 < 60  # the check waits 5 s; a turn timeout per turn would be far longer
+    assert "'runb'" in line and "'runa'" in line and "ACL" in line and PW not in line
+    ok = runner.invoke(app, [*base, "--run-id", "runa", "-q"])
+    assert ok.exit_code == 0, ok.stdout + ok.stderr
+
+
 @pytest.mark.parametrize("how", ["url", "file", "env"])
 def test_no_secret_in_any_output(make_mosquitto, pki, tmp_path, how):
     """Every output of a run over TLS with a password — stdout, stderr (with logs), JSON, CSV, HTML report

@@ -1083,6 +1083,37 @@ async def negotiate_protocol(addr: BrokerAddress, setting: str) -> str:
         raise
 
 
+class RunTopicsUnreachable(Exception):
+    """The broker accepted the connection but never delivered the run's own topics back (an ACL)."""
+
+
+async def check_run_topics(addr: BrokerAddress, run: str, timeout_s: float = 5.0) -> None:
+    """Publish one message under the run's topics and wait for it to come back (QoS 1, one client).
+
+    A broker whose ACL does not let this user read and write ``voicepipe/{run}/#`` accepts the connection,
+    the subscriptions and the publishes, then delivers nothing (mosquitto checks ACLs per message), so every
+    turn would time out with no reason given. This turns that into one error at start, naming the run and
+    the user. The topic's session part (``_reach``) and channel (a fresh tag) are ones no stage subscribes to.
+    """
+    tag = f"vp-reach-{time.monotonic_ns():x}"
+    probe = topic(run, "_reach", tag)
+    async with addr.client(identifier=tag) as c:
+        await c.subscribe(probe, qos=1)
+        await c.publish(probe, b"reach", qos=1)
+        try:
+            async with asyncio.timeout(timeout_s):
+                async for _m in c.messages:
+                    return
+        except TimeoutError:
+            who = f"user {addr.username!r}" if addr.username else "an anonymous client"
+            raise RunTopicsUnreachable(
+                f"broker {addr.host}:{addr.port} accepts {who} but does not deliver run {run!r}'s topics back "
+                f"(published and subscribed {probe}: nothing came back in {timeout_s:g} s) — its ACL does not "
+                f"let {who} read and write voicepipe/{run}/#? With docs/mosquitto-acl.conf the run id must be "
+                "the user name (--run-id)"
+            ) from None
+
+
 async def probe_round_trip(addr: BrokerAddress, rounds: int = 8, qos: int = 1) -> float:
     """Median ms of a QoS ``qos`` ping-pong between two clients (the pipeline's message pattern).
 

@@ -560,7 +560,10 @@ def _run_error(cfg: PipelineConfig, exc: BaseException) -> typer.Exit | None:
 
     if isinstance(exc, StagesMissing):
         return fail(str(exc))
-    from voicepipe.bus import BrokerOutage
+    from voicepipe.bus import BrokerOutage, RunTopicsUnreachable
+
+    if isinstance(exc, RunTopicsUnreachable):
+        return fail(str(exc))
 
     if isinstance(exc, BrokerOutage):  # the broker stayed away past broker.outage_window_s
         fail(str(exc))

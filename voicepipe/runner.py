@@ -36,6 +36,7 @@ from voicepipe.bus import (
     Bus,
     MqttBus,
     MqttLink,
+    check_run_topics,
     negotiate_protocol,
     probe_round_trip,
 )
@@ -266,6 +267,7 @@ async def serve_stages(
     addr = BrokerAddress.from_config(cfg.broker)
     ctx = RunContext(run=run, cfg=cfg) if token is None else RunContext(run=run, cfg=cfg, token=token)
     protocol = await negotiate_protocol(addr, cfg.broker.protocol)
+    await check_run_topics(addr, run)
     base = mqtt_connector(addr, ctx, protocol)
     mine = replicas or [replica_id(n, 0) for n in names]
     process = process or process_name()
@@ -481,6 +483,7 @@ async def run_pipeline(
         if cfg.broker.url:
             addr = BrokerAddress.from_config(cfg.broker)
             protocol = await negotiate_protocol(addr, cfg.broker.protocol)
+            await check_run_topics(addr, run)  # an ACL that refuses them would only show as timeouts
             shown = f"{addr.host}:{addr.port} (MQTT {protocol})"
         else:
             emb = await stack.enter_async_context(EmbeddedBroker())
