@@ -12,6 +12,7 @@ import pytest
 
 from tests.conftest import fast_config, tiny_scenario
 from voicepipe.bus import BrokerAddress
+from voicepipe.limits import MAX_TEXT
 from voicepipe.messages import (
     SCHEMA_VERSION,
     Audio,
@@ -26,6 +27,8 @@ from voicepipe.messages import (
     UserWord,
 )
 from voicepipe.runner import needed_stages, run_pipeline
+from voicepipe.scenario import Turn
+from voicepipe.stages.client import spoken
 from voicepipe.stages.guard import MAX_SPAN_NS, MAX_WORDS, TOKEN_ENV, Guard, Verdict, sign
 
 TOKEN = b"test token"
@@ -136,6 +139,20 @@ def test_an_utterance_no_one_could_speak_is_out_of_range():
     for seq, (why, p) in enumerate(bad.items(), start=1):
         got = g.admit(signed(p, src="client/1", seq=seq, turn=0))
         assert got.reason.startswith("out of range"), why
+
+
+def test_the_longest_utterance_a_scenario_can_hold_is_not_out_of_range():
+    """A turn's text may be MAX_TEXT characters (voicepipe.limits): one-letter words make that 5,000 of them,
+    and the client's utterance of them must pass the guard (a 2,000-word bound turned such a turn into a
+    timeout: the ASR dead-lettered its only message)."""
+    user = " ".join(["a"] * ((MAX_TEXT + 1) // 2))
+    turn = Turn(user=user, reply="ok")  # the scenario loader accepts it
+    p = spoken(turn.user, 1000.0)
+    assert len(p.words) == (MAX_TEXT + 1) // 2
+    g = Guard(TOKEN)
+    assert g.admit(script(0, 0)).verdict is Verdict.OK
+    got = g.admit(signed(p, src="client/1", seq=0, turn=0))
+    assert got.verdict is Verdict.OK, got.reason
 
 
 def test_only_a_trusted_bus_skips_the_mac_and_every_other_check_stays():

@@ -12,10 +12,12 @@ from voicepipe.brokers import Mosquitto
 from voicepipe.measure import LAG_TRUST_P99_MS, LoopLag
 from voicepipe.messages import Envelope
 from voicepipe.predict import predict
-from voicepipe.runner import run_pipeline
+from voicepipe.runner import run_pipeline, simulate
+from voicepipe.scenario import Scenario, Turn
 from voicepipe.stages.asr import ASR
 from voicepipe.stages.client import Client
 from voicepipe.stages.tts import TTS
+from voicepipe.text import speak
 
 
 def sums_exactly(r) -> bool:
@@ -115,3 +117,16 @@ async def test_a_queue_limit_broker_loses_turns_loudly(monkeypatch):
     # so no turn is merely "failed": each that did not complete is lost, with the reason
     assert sum(acc.lost.values()) == 20 - acc.completed and not acc.failed, acc
     assert all("dropped" in why for why in acc.lost), acc
+
+
+def test_a_long_utterance_does_not_eat_into_the_turn_timeout():
+    """The client waits for the reply from when the last word's audio starts reaching the ASR (as when every
+    word was a message of its own), not from the first word: an utterance longer than the whole wait
+    (timeout + 10 s) still gets its reply, and the record is the one a fast speaker's turn would have."""
+    user = "please tell me about your opening hours today"
+    turn = Turn(user=user, reply="Sure, we open at seven.", words_per_minute=30)
+    assert speak(user, 30)[-1].end_ms > 11_000  # longer than a 1 s timeout's whole wait
+    res = simulate(fast_config("client.turn_timeout_s=1"), [Scenario(name="slow", turns=[turn])], 1)
+    (rec,) = res.records
+    assert rec.status == "ok", rec.error
+    assert rec.transcript == user and not rec.premature_endpoint

@@ -245,7 +245,7 @@ class Bus(abc.ABC):
 
     @abc.abstractmethod
     async def subscribe(self, *channels: str) -> None:
-        """Receive ``channels`` (``user/word``...) of every session of the run."""
+        """Receive ``channels`` (``user/utterance``...) of every session of the run."""
 
     @abc.abstractmethod
     async def publish(self, env: Envelope, *, qos: int | None = None) -> None:

@@ -213,7 +213,8 @@ class ASR(Stage):
 
     def _quiet_start(self, u: Utterance) -> bool:
         """Would hearing a next word publish nothing before its silence (no premature endpoint to withdraw,
-        no partial anyone receives)? Then it is heard as it arrives (:meth:`word`)."""
+        no partial anyone receives)? Then it is taken without waiting for its instant (:meth:`_arrive`,
+        :meth:`_listen`)."""
         if u.finalised:
             return False
         if u.partials < len(u.words):

@@ -228,6 +228,9 @@ class Client(Stage):
         await sleep_until_ns(t_start + first.media_ns + uplink)
         span = modelled_span("transport", "uplink", t_start + first.media_ns + first.dur_ns, uplink)
         await self.publish(Envelope.of(speech, run, session, k, [span]))
+        # the turn's timeout counts from when the last word's audio starts reaching the ASR (as when each word
+        # was a message of its own), not from the first: a long utterance must not eat into it
+        await sleep_until_ns(t_start + last.media_ns + uplink)
         record = await self._await_reply(scenario, session, k, turn, lis)
         # let the reply play out (or stop it), then the user's pause before speaking again
         if turn.barge_in_after_ms is not None and record.status == "ok" and record.first_audio_ns:

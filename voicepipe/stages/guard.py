@@ -54,6 +54,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from enum import Enum
 
+from voicepipe.limits import MAX_TEXT
 from voicepipe.messages import Audio, Cancel, CancelReason, Envelope, UserUtterance
 
 TOKEN_ENV = "VOICEPIPE_RUN_TOKEN"
@@ -65,8 +66,10 @@ MAX_SPAN_NS = 3_600 * 10**9
 MAX_SPANS = 256
 # One audio chunk is one clause; ten minutes of it would be a ~1,500-word clause.
 MAX_AUDIO_MS = 600_000.0
-# An utterance of at most a minute (MAX_MS) at a fast 200-300 words per minute: 2,000 leaves a wide margin.
-MAX_WORDS = 2_000
+# The most words a scenario's utterance can hold: its text is at most MAX_TEXT characters (voicepipe.limits),
+# a word and the space after it at least two. A legitimate utterance is never refused (a 5,000-word one is
+# ~30 minutes at 165 wpm; the duration bound is MAX_SPAN_NS's); 2,000 refused scenarios the loader accepts.
+MAX_WORDS = (MAX_TEXT + 1) // 2
 
 STAGES = ("client", "asr", "router", "agent", "council", "cache", "tts")
 OWNERS: dict[str, frozenset[str]] = {
