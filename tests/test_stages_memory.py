@@ -135,3 +135,22 @@ def test_asr_builds_partials_only_when_someone_can_receive_them():
 def test_the_router_takes_partials_only_for_preemptive_generation():
     assert "asr/partial" not in Router.channels_for(fast_config())
     assert "asr/partial" in Router.channels_for(fast_config("router.preemptive.enabled=true"))
+
+
+def test_a_task_cancelled_before_it_starts_closes_its_coroutine():
+    """A turn's work spawned and cancelled in the same instant (a barge-in, a withdrawn segment) never ran:
+    its coroutine is closed, not left for the collector to warn 'coroutine ... was never awaited'."""
+    import inspect
+
+    async def work() -> None:
+        await asyncio.sleep(1)
+
+    async def go() -> str:
+        stage = ASR(MemoryBroker("t").connect("asr"), RunContext(run="t", cfg=fast_config(), token=TOKEN))
+        coro = work()
+        stage.spawn("s-0", (0, "work"), coro).cancel()
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        return inspect.getcoroutinestate(coro)
+
+    assert run_virtual(go()) == inspect.CORO_CLOSED

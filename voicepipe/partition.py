@@ -108,6 +108,7 @@ class PartitionedBus(Bus):
     def __init__(self, inner: Bus, replica: str, members: Membership) -> None:
         super().__init__(inner.run, inner.name)
         self.inner = inner
+        self.trusted = inner.trusted  # a view of the same bus: its peers sign (or not) as the inner bus's do
         self.replica = replica
         self.kind = kind_of(replica)
         self.members = members

@@ -205,6 +205,8 @@ class Stage:
         bucket[key] = task
 
         def _done(t: asyncio.Task[None], session: str = session, key: Any = key) -> None:
+            if t.cancelled():
+                coro.close()  # cancelled before it started: never awaited, so close it (no RuntimeWarning)
             b = self.tasks.get(session)
             if b is not None and b.get(key) is t:
                 del b[key]
