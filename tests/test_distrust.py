@@ -122,8 +122,11 @@ def test_a_non_ascii_auth_is_refused_as_unauthenticated_not_raised():
 
 
 def test_an_utterance_no_one_could_speak_is_out_of_range():
-    def w(i: int, media: int, last: bool = False, dur: int = 10) -> UserWord:
-        return UserWord(text="x", dur_ns=dur, index=i, pause_before=False, last_word=last, media_ns=media)
+    def w(i: int, media: int, last: bool = False, dur: int = 10, gap: int | None = 0) -> UserWord:
+        return UserWord(
+            text="x", dur_ns=dur, index=i, pause_before=False, last_word=last, media_ns=media,
+            gap_after_ns=None if last else gap,
+        )  # fmt: skip
 
     g = Guard(TOKEN)
     assert g.admit(script(0, 0)).verdict is Verdict.OK
@@ -133,6 +136,7 @@ def test_an_utterance_no_one_could_speak_is_out_of_range():
         "overlapping words": said(w(0, 0), w(1, 5, last=True)),
         "index out of place": said(w(1, 0), w(0, 10, last=True)),
         "last word not last": said(w(0, 0, last=True), w(1, 10)),
+        "no silence stamped after a word": said(w(0, 0, gap=None), w(1, 10, last=True)),
         "too long": said(w(0, 0, last=True, dur=MAX_SPAN_NS + 1)),
         "too many words": said(*[w(i, 10 * i, last=i == MAX_WORDS) for i in range(MAX_WORDS + 1)]),
     }

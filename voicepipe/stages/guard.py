@@ -339,7 +339,8 @@ def out_of_range(env: Envelope) -> str:
 
 def _bad_utterance(p: UserUtterance) -> str:
     """What in an utterance no spoken one has: too many words, a value past the limits, words out of order
-    on the media timeline (each starts after the one before ends), a misplaced index or last word."""
+    on the media timeline (each starts after the one before ends), a misplaced index or last word, a silence
+    after the last word or none after another (the client stamps the gap to the next word on every other)."""
     words = p.words
     if len(words) > MAX_WORDS:
         return f"{len(words)} words"
@@ -348,7 +349,12 @@ def _bad_utterance(p: UserUtterance) -> str:
     for i, w in enumerate(words):
         if w.dur_ns > MAX_SPAN_NS or w.media_ns > MAX_SPAN_NS or (w.gap_after_ns or 0) > MAX_SPAN_NS:
             return "word duration, media position or gap"
-        if w.index != i or w.last_word != (i == last) or w.media_ns < end:
+        if (
+            w.index != i
+            or w.last_word != (i == last)
+            or (w.gap_after_ns is None) != (i == last)
+            or w.media_ns < end
+        ):
             return f"word {i} out of order"
         end = w.media_ns + w.dur_ns
     return ""
