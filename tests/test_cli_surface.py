@@ -245,3 +245,34 @@ def test_capacity_at_80_columns_shows_every_number_in_full(tmp_path: Path) -> No
     for lv in levels:  # the percentiles the JSON carries are printed whole
         for k in ("p50_ms", "p90_ms"):
             assert f" {ms(lv[k])} " in p.stdout, (k, lv[k])
+
+
+def test_require_gates_predict_and_run_with_exit_1_after_printing_everything(tmp_path: Path) -> None:
+    """--require for CI: a missed requirement exits 1 and names itself, after the usual output; met ones
+    exit 0; a malformed one is a one-line error (exit 2) before anything runs."""
+    from voicepipe.gate import values
+
+    p90 = values([p.as_record() for p in predict(load_config(None, []), [load_scenario("cafe-order")])])[
+        "p90"
+    ]
+    assert p90 is not None
+    miss = vp("predict", "cafe-order", "--require", f"p90<={p90 - 1:.0f},ok>=1")
+    assert miss.returncode == 1, miss.stderr
+    assert "Predicted turns" in miss.stdout  # the predictions were printed first
+    lines = [ln for ln in miss.stderr.splitlines() if "requirement" in ln]
+    assert len(lines) == 1 and f"p90 <= {p90 - 1:.0f} ms not met" in lines[0], miss.stderr
+    met = vp("predict", "cafe-order", "--require", f"p90<={p90 + 1:.0f}", "--require", "within>=0")
+    assert met.returncode == 0, met.stderr
+    bad = vp("predict", "cafe-order", "--require", "p90=800")
+    assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "--require" in bad.stderr
+    import yaml
+
+    from tests.conftest import tiny_scenario
+
+    sc, out = tmp_path / "tiny.yaml", tmp_path / "turns.jsonl"
+    sc.write_text(yaml.safe_dump(tiny_scenario(turns=2).model_dump(mode="json")))
+    fast = ["--set", "client.playout=first_audio", "--set", "agent.backend=cerebras-llama-3.1-8b"]
+    run = vp("run", str(sc), *fast, "-q", "--json", str(out), "--require", "ok>=1,p50<=1")
+    assert run.returncode == 1, run.stderr
+    assert "requirement p50 <= 1 ms not met" in run.stderr and "requirement ok" not in run.stderr
+    assert len(out.read_text().splitlines()) == 2  # everything measured was written

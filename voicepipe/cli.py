@@ -23,6 +23,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from voicepipe import gate
 from voicepipe.config import BrokerOverrides, PipelineConfig, config_dict, load_config
 from voicepipe.errors import UserError
 from voicepipe.records import TurnRecord
@@ -139,6 +140,15 @@ OtlpOpt = Annotated[
         metavar="URL",
         envvar="OTEL_EXPORTER_OTLP_ENDPOINT",
         help="Push per-turn traces over OTLP/HTTP, e.g. http://localhost:4318 (env OTEL_EXPORTER_OTLP_ENDPOINT).",
+    ),
+]
+RequireOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--require",
+        metavar="NAME<=N",
+        help="Exit 1 unless the turns meet it, e.g. 'p90<=800,within>=0.9' (p50 p90 p99 within ok tax_p50; "
+        "repeatable).",
     ),
 ]
 ConfigOpt = Annotated[
@@ -425,6 +435,7 @@ def run(
             "affinity); needs --broker.",
         ),
     ] = 0,
+    require: RequireOpt = None,
 ) -> None:
     """Play scenarios through the pipeline over MQTT and measure every turn against the budget."""
     from voicepipe.report.advice import advice, base_command, print_advice
@@ -434,6 +445,7 @@ def run(
         opts = broker_options(broker, ca_file, cert_file, key_file, password_file, insecure)
         cfg = load_config(config, set_ or [], opts)
         scs = load_scenarios(scenario)
+        reqs = gate.parse(require)
         ext = stage_names(external, "--external")
         if ext and not cfg.broker.url:
             raise UserError("--external", "stages in other processes need a broker (--broker URL)")
@@ -506,6 +518,7 @@ def run(
             soft_wrap=True,
         )
         raise typer.Exit(3)
+    gate_exit(reqs, sink.records)
 
 
 ConfigsOpt = Annotated[
@@ -741,6 +754,7 @@ def predict(
     ] = None,
     fmt: FormatOpt = OutputFormat.table,
     wide: WideOpt = False,
+    require: RequireOpt = None,
 ) -> None:
     """Predict every turn's latency and breakdown: the live stages on virtual time — no broker, no waiting.
 
@@ -754,6 +768,7 @@ def predict(
     with user_errors():
         cfg = load_config(config, set_ or [])
         scs = load_scenarios(scenario)
+        reqs = gate.parse(require)
         try:
             preds = predict_turns(cfg, scs, sessions)
         except ValueError as exc:
@@ -762,13 +777,22 @@ def predict(
     for p in preds:
         sink.write_raw(p.to_json())
     sink.close()
-    if fmt == OutputFormat.json:
-        return
     records = [p.as_record() for p in preds]
-    print_predictions(out, records, cfg.budget_ms, wide=wide)
-    fix = advice(records, cfg, scenario, base_command("predict", scenario, config, set_ or []))
-    if fix:
-        print_advice(out, fix)
+    if fmt != OutputFormat.json:
+        print_predictions(out, records, cfg.budget_ms, wide=wide)
+        fix = advice(records, cfg, scenario, base_command("predict", scenario, config, set_ or []))
+        if fix:
+            print_advice(out, fix)
+    gate_exit(reqs, records)
+
+
+def gate_exit(reqs: list[gate.Requirement], records: list[TurnRecord]) -> None:
+    """After everything is printed and written: name each ``--require`` the turns missed, then exit 1."""
+    lines = gate.missed(reqs, records)
+    for line in lines:
+        err.print(f"[bold red]error:[/] {line}", highlight=False, soft_wrap=True)
+    if lines:
+        raise typer.Exit(1)
 
 
 def stage_names(raw: str | list[str] | None, where: str) -> list[str]:
