@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from voicepipe.construct import built
+from voicepipe.construct import built, copied
 
 
 class Span(BaseModel):
@@ -53,3 +53,16 @@ def modelled_span(stage: str, what: str, start_ns: int, dur_ns: int) -> Span:
         },
         {"stage", "what", "start_ns", "dur_ns"},
     )
+
+
+def shifted(spans: list[Span], shift_ns: int) -> list[Span]:
+    """``spans`` moved ``shift_ns`` later (new spans, the fields copied as they are: an int shift keeps
+    them valid); ``spans`` itself when there is nothing to move."""
+    if not shift_ns or not spans:
+        return spans
+    out = []
+    for s in spans:
+        d = s.__dict__.copy()
+        d["start_ns"] += shift_ns
+        out.append(copied(s, d))
+    return out

@@ -24,9 +24,8 @@ from dataclasses import dataclass, field
 
 from voicepipe.clock import now_ns, rng_for, running_loop, sleep_until_ns
 from voicepipe.config import ASRConfig
-from voicepipe.construct import copied
 from voicepipe.messages import Cancel, CancelReason, Envelope, Final, Partial, UserUtterance, UserWord
-from voicepipe.spans import Span, modelled_span
+from voicepipe.spans import Span, modelled_span, shifted
 from voicepipe.stages.base import Stage
 from voicepipe.text import normalise
 
@@ -90,14 +89,7 @@ class Heard:
     shift: int
 
     def spans(self) -> list[Span]:
-        if not self.shift:
-            return self.base
-        out = []
-        for s in self.base:
-            d = s.__dict__.copy()
-            d["start_ns"] += self.shift
-            out.append(copied(s, d))
-        return out
+        return shifted(self.base, self.shift)
 
 
 @dataclass

@@ -37,6 +37,7 @@ from voicepipe.bus import Bus
 from voicepipe.clock import now_ns, running_loop
 from voicepipe.config import PipelineConfig
 from voicepipe.messages import Cancel, CancelReason, Envelope, Span, TurnScript, copied
+from voicepipe.spans import shifted
 from voicepipe.stages.guard import ADMITTED, Guard, Verdict, run_token, sign
 
 log = structlog.get_logger("voicepipe.stage")
@@ -305,13 +306,8 @@ def rebase(env: Envelope, arrived_ns: int) -> Envelope:
     shift = arrived_ns - env.sent_ns
     if not shift or not env.spans:
         return env
-    spans = []
-    for s in env.spans:
-        d = s.__dict__.copy()
-        d["start_ns"] += shift
-        spans.append(copied(s, d))
     d = env.__dict__.copy()
-    d["spans"] = spans
+    d["spans"] = shifted(env.spans, shift)
     d["sent_ns"] = arrived_ns
     return copied(env, d)
 
