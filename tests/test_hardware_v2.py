@@ -589,18 +589,12 @@ def test_kv_rereads_follow_the_heads_one_read_serves():
     )
 
 
-def test_the_held_back_points_are_valid_points_ready_to_move():
-    """data/validation-pending.yaml (not read by validate; why in its header) holds well-formed points that
-    every catalog name answers, none already in the validation set."""
-    from importlib import resources
-
-    import yaml
-
+def test_a_point_whose_device_variant_is_inferred_is_tier_2():
+    """Tier 1 needs the setting stated by the source; where a page names only a device family and the
+    variant is identified from its own rows (data notes say so), the point is tier 2 (docs §3, seventh pass)."""
     from voicepipe.hardware import validate
 
-    text = resources.files("voicepipe.hardware").joinpath("data", "validation-pending.yaml").read_text()
-    pending = [validate.Point(**p) for p in yaml.safe_load(text)["points"]]
-    assert len(pending) == 29
-    assert not {p.id for p in pending} & {p.id for p in validate.points()}
-    for p in pending:
-        validate.prepare(p)  # device, model, stack and precision resolve (raises otherwise)
+    inferred = [p for p in validate.points() if "inferred, not stated" in p.notes]
+    assert len(inferred) == 10  # GPUStack's Qwen3-32B "H100" page, identified as the PCIe card
+    assert {p.tier for p in inferred} == {2}
+    assert {p.device for p in inferred} == {"h100-pcie"}
