@@ -100,3 +100,28 @@ def test_cli_capacity_outputs(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "voicepipe.cli", "capacity", "rapid-fire", "--sessions", "x"],
                          capture_output=True, text=True, timeout=60)  # fmt: skip
     assert bad.returncode == 2 and "--sessions" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_hop_ms_charges_every_bus_message_and_is_said(sweep, tmp_path):
+    """``--hop-ms`` models a real bus: one session alone (no queue) is slower by at least the hops on a turn's
+    critical path (client→ASR→router→agent→TTS→client: 5), the level records it, and the output says so."""
+    cfg, sc, levels = sweep
+    d = conversation_s(cfg, [sc])
+    hop = run_level("a100", cfg, [sc], Load("sessions", 1), conv_s=d, hop_ms=2.0)
+    assert hop.hop_ms == 2.0 and levels[0].hop_ms == 0.0
+    assert hop.p50_ms - levels[0].p50_ms >= 5 * 2.0 - 1e-6
+    assert hop.p50_ms - levels[0].p50_ms < 20 * 2.0  # a hop per message, not per token
+    j = tmp_path / "c.jsonl"
+    r = subprocess.run(
+        [sys.executable, "-m", "voicepipe.cli", "capacity", "rapid-fire", "--set", "agent.backend=groq-lpu/llama-3.1-8b",
+         "--sessions", "1", "--hop-ms", "0.4", "--json", str(j)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "0.4 ms per message" in " ".join(r.stdout.split())
+    assert json.loads(j.read_text().splitlines()[0])["hop_ms"] == 0.4
+    bad = subprocess.run(
+        [sys.executable, "-m", "voicepipe.cli", "capacity", "rapid-fire", "--sessions", "1", "--hop-ms", "-1"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr

@@ -108,6 +108,7 @@ class Level:
     stage_errors: int = 0
     cpu_s: float = 0.0  # CPU seconds of the run (its process's, measured): steadier than wall on a busy box
     played_turns: int = 0  # every turn the run played (counted or not): what the CPU seconds bought
+    hop_ms: float = 0.0  # modelled cost of each bus message (0: the modelled spans alone)
 
     def to_json(self) -> dict:
         return {
@@ -116,7 +117,7 @@ class Level:
             "answered": self.answered, "p50_ms": self.p50_ms, "p90_ms": self.p90_ms, "p99_ms": self.p99_ms,
             "within_budget": self.within_budget, "cost_per_hour_usd": self.cost_per_hour_usd,
             "window_s": self.window_s, "wall_s": self.wall_s, "cpu_s": self.cpu_s,
-            "played_turns": self.played_turns, "stage_errors": self.stage_errors,
+            "played_turns": self.played_turns, "stage_errors": self.stage_errors, "hop_ms": self.hop_ms,
             "devices": [d.__dict__ for d in self.devices], "modelled": True,
         }  # fmt: skip
 
@@ -226,11 +227,12 @@ async def _level_async(
     scenarios: Sequence[Scenario],
     p: Plan,
     on_record: Callable[[TurnRecord], None] | None,
+    hop_ns: int = 0,
 ) -> tuple[RunResult, list[_Reply], int]:
     replies: list[_Reply] = []
     t0 = now_ns()
     res = await simulate_async(
-        cfg, list(scenarios), slots=p.slots, tap=_observe(replies), on_record=on_record
+        cfg, list(scenarios), slots=p.slots, hop_ns=hop_ns, tap=_observe(replies), on_record=on_record
     )
     return res, replies, t0
 
@@ -255,15 +257,18 @@ def run_level(
     conv_s: float,
     minutes: float = 10.0,
     on_record: Callable[[TurnRecord], None] | None = None,
+    hop_ms: float = 0.0,
 ) -> Level:
+    """One load level on virtual time. ``hop_ms``: what each bus message costs (a broker's one-way hop);
+    0 = the modelled spans alone, as ``predict``."""
     p = plan(load, scenarios, conv_s, cfg.seed, minutes)
     wall, cpu = time.perf_counter(), time.process_time()
-    res, replies, t0 = run_virtual(_level_async(cfg, scenarios, p, on_record))
+    res, replies, t0 = run_virtual(_level_async(cfg, scenarios, p, on_record, round(hop_ms * 1e6)))
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     if res.first_error:
         raise ValueError(res.first_error)
     lv = level_of(label, cfg, load, p, res, t0, replies, wall)
-    lv.cpu_s, lv.played_turns = cpu, len(res.records)
+    lv.cpu_s, lv.played_turns, lv.hop_ms = cpu, len(res.records), hop_ms
     return lv
 
 
@@ -277,6 +282,7 @@ class LevelJob:
     load: Load
     conv_s: float
     minutes: float = 10.0
+    hop_ms: float = 0.0
 
     def plan(self) -> Plan:
         return plan(self.load, self.scenarios, self.conv_s, self.cfg.seed, self.minutes)
@@ -289,7 +295,7 @@ class LevelJob:
     def run(self, report: Report | None = None) -> Level:
         tell = report or (lambda _n: None)
         return run_level(self.label, self.cfg, self.scenarios, self.load, conv_s=self.conv_s,
-                         minutes=self.minutes, on_record=lambda _r: tell(1))  # fmt: skip
+                         minutes=self.minutes, on_record=lambda _r: tell(1), hop_ms=self.hop_ms)  # fmt: skip
 
 
 def _run_job(job: LevelJob, report: Report) -> Level:

@@ -22,10 +22,18 @@ from voicepipe.parallel import ItemFailed, default_workers
 from voicepipe.report.svg import HALO, MUTED, budget_ref, esc, fmt_num, nice_ticks, series_colour
 from voicepipe.report.term import Cell, Col, print_fitted
 
-MODELLED = (
-    "MODELLED on virtual time: the live stages on an in-memory bus with zero hops; a real bus adds its "
-    "pipeline tax (see `voicepipe run`)"
-)
+
+def modelled_caption(hop_ms: float) -> str:
+    """What the table's numbers are: modelled, and how the bus was charged."""
+    if not hop_ms:
+        return (
+            "MODELLED on virtual time: the live stages on an in-memory bus with zero hops; a real bus adds "
+            "its pipeline tax (see `voicepipe run`; --hop-ms charges a hop per message)"
+        )
+    return (
+        f"MODELLED on virtual time: the live stages on an in-memory bus, {hop_ms:g} ms per message (--hop-ms); "
+        "a real bus's hops vary and its stages' own CPU time adds to them (see `voicepipe run`)"
+    )
 
 
 def _ms(v: float | None) -> str:
@@ -170,7 +178,7 @@ def report_html(levels: Sequence[Level], limits: Sequence[Limit], budget_ms: flo
         "text-align:right}td:first-child,th:first-child,td:nth-child(2){text-align:left}"
         f".note{{color:{MUTED}}}</style></head><body><h1>{esc(title)}</h1><ul>{answers}</ul>"
         f"{p90_chart(levels, budget_ms)}<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
-        f"<p class='note'>{esc(MODELLED)}.</p></body></html>"
+        f"<p class='note'>{esc(modelled_caption(levels[0].hop_ms if levels else 0.0))}.</p></body></html>"
     )
 
 
@@ -197,6 +205,17 @@ def register(cli: ModuleType) -> None:
         minutes: Annotated[
             float, typer.Option("--minutes", min=0.1, help="Arrival horizon (with --arrivals).")
         ] = 10.0,
+        hop_ms: Annotated[
+            float,
+            typer.Option(
+                "--hop-ms",
+                min=0.0,
+                max=1000.0,
+                help="Charge every bus message this one-way hop (e.g. a broker's measured median: "
+                "`voicepipe run` prints its round trip; ~0.4 ms for mosquitto on loopback). Default 0: "
+                "the modelled spans alone, as predict.",
+            ),
+        ] = 0.0,
         json_out: Annotated[
             Path | None,
             typer.Option("--json", metavar="FILE", help="JSON lines: one per load level, then limits."),
@@ -220,7 +239,7 @@ def register(cli: ModuleType) -> None:
     ) -> None:
         """How many concurrent conversations (or calls per minute) keep p90 inside the budget, per configuration.
 
-        Runs the pipeline's own stages on virtual time at each load level: p50/p90/p99, share within budget, queue wait and busy share of each shared device, decode rate per user, cost per hour; then the answer line per configuration. Modelled: no bus tax.
+        Runs the pipeline's own stages on virtual time at each load level: p50/p90/p99, share within budget, queue wait and busy share of each shared device, decode rate per user, cost per hour; then the answer line per configuration. Modelled: no bus tax unless --hop-ms charges one.
         """
         from voicepipe.compare import plan_variants
         from voicepipe.config import load_config
@@ -243,7 +262,7 @@ def register(cli: ModuleType) -> None:
             except ValueError as exc:
                 raise fail(f"configuration {label!r}: {exc}") from None
         level_jobs = [
-            LevelJob(label, cfg, tuple(scs), ld, lengths[label], minutes)
+            LevelJob(label, cfg, tuple(scs), ld, lengths[label], minutes, hop_ms)
             for label, cfg in variants
             for ld in loads
         ]
@@ -266,7 +285,7 @@ def register(cli: ModuleType) -> None:
         if len(variants) == 1:
             title += f" · {variants[0][0]}"
         cols, rows = capacity_rows(levels, budget)
-        print_fitted(out, cols, rows, wide=wide, title=title, caption=MODELLED)
+        print_fitted(out, cols, rows, wide=wide, title=title, caption=modelled_caption(hop_ms))
         for lim in limits:
             out.print(lim.sentence(), highlight=False, markup=False)
         if json_out:
