@@ -96,6 +96,23 @@ def test_asr_endpoints_after_the_silence_and_withdraws_a_premature_segment():
     assert [(s.what, s.dur_ns // MS) for s in spans] == [("endpoint wait", 300), ("finalise", 50)]
 
 
+def test_asr_refuses_a_second_utterance_for_the_same_turn():
+    """A client says a turn's words in one message; a second one for that turn (a replay under a new id, a
+    confused client) would splice its words into the transcript: it is dead-lettered (Stage.reject), the turn
+    goes on as if it never came."""
+    cfg = fast_config("asr.silence_ms=300", "asr.finalize_ms=50")
+    script = TurnScript(user="a b", reply="ok", words=2)
+    feed = [
+        (0, Envelope.of(script, "t", "s-0", 0)),
+        *_words(["a", "b"], [10, 210]),
+        *_words(["x", "y"], [300, 500]),
+    ]
+    got = run_virtual(_run(ASR, cfg, _as("client", feed), ("asr/final", "control/cancel")))
+    finals = [(t, e.payload) for t, e in got if isinstance(e.payload, Final)]
+    assert finals == [(760 * MS, Final(text="a b", words=2, segment=0))]
+    assert not [e for _, e in got if e.type == "control.cancel"]
+
+
 def test_router_sends_each_final_to_the_rule_that_matches():
     cfg = fast_config("router.policy=rules", "router.rules=[{when: {keywords: [menu]}, to: council}]",
                       "router.default=agent:main", "council.members=[groq-lpu/llama-3.1-8b]")  # fmt: skip

@@ -145,6 +145,9 @@ class ASR(Stage):
         """The utterance's first word is arriving: every word is heard at its own instant from here."""
         arrived = now_ns()
         u = self.utt.get(env.session)
+        if u is not None and u.turn == env.turn:  # a client says a turn's words in one message, once
+            await self.reject(env, f"out of range: a second utterance for turn {env.turn}")
+            return
         if u is None or u.turn != env.turn:
             u = Utterance(turn=env.turn, env=env)
             script = self.script_of(env)
