@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import itertools
 import json
 import subprocess
@@ -111,15 +112,17 @@ def test_hop_ms_charges_every_bus_message_and_is_said(sweep, tmp_path):
     assert hop.hop_ms == 2.0 and levels[0].hop_ms == 0.0
     assert hop.p50_ms - levels[0].p50_ms >= 5 * 2.0 - 1e-6
     assert hop.p50_ms - levels[0].p50_ms < 20 * 2.0  # a hop per message, not per token
-    j = tmp_path / "c.jsonl"
+    j, c, h = tmp_path / "c.jsonl", tmp_path / "c.csv", tmp_path / "c.html"
     r = subprocess.run(
         [sys.executable, "-m", "voicepipe.cli", "capacity", "rapid-fire", "--set", "agent.backend=groq-lpu/llama-3.1-8b",
-         "--sessions", "1", "--hop-ms", "0.4", "--json", str(j)],
+         "--sessions", "1", "--hop-ms", "0.4", "--json", str(j), "--csv", str(c), "--report", str(h)],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert "0.4 ms per message" in " ".join(r.stdout.split())
     assert json.loads(j.read_text().splitlines()[0])["hop_ms"] == 0.4
+    assert [float(row["hop_ms"]) for row in csv.DictReader(c.open())] == [0.4]  # a CSV alone says it too
+    assert "0.4 ms per message" in h.read_text()
     bad = subprocess.run(
         [sys.executable, "-m", "voicepipe.cli", "capacity", "rapid-fire", "--sessions", "1", "--hop-ms", "-1"],
         capture_output=True, text=True, timeout=60,

@@ -84,7 +84,7 @@ def capacity_rows(levels: Sequence[Level], budget_ms: float) -> tuple[list[Col],
 
 def write_csv(path: Path, levels: Sequence[Level]) -> None:
     cols = ["label", "load_kind", "load", "conversations", "turns", "answered", "p50_ms", "p90_ms", "p99_ms",
-            "within_budget", "cost_per_hour_usd", "window_s", "wall_s"]  # fmt: skip
+            "within_budget", "cost_per_hour_usd", "window_s", "wall_s", "hop_ms"]  # fmt: skip
     with path.open("w", newline="") as f:
         w = csvlib.writer(f)
         w.writerow(
