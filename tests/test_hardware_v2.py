@@ -587,14 +587,3 @@ def test_kv_rereads_follow_the_heads_one_read_serves():
     assert float(hm.step_parts(a, 64, 64 * 1152).kv_s) == pytest.approx(
         2 * float(hm.step_parts(b, 64, 64 * 1152).kv_s), rel=0.01
     )
-
-
-def test_a_point_whose_device_variant_is_inferred_is_tier_2():
-    """Tier 1 needs the setting stated by the source; where a page names only a device family and the
-    variant is identified from its own rows (data notes say so), the point is tier 2 (docs §3, seventh pass)."""
-    from voicepipe.hardware import validate
-
-    inferred = [p for p in validate.points() if "inferred, not stated" in p.notes]
-    assert len(inferred) == 10  # GPUStack's Qwen3-32B "H100" page, identified as the PCIe card
-    assert {p.tier for p in inferred} == {2}
-    assert {p.device for p in inferred} == {"h100-pcie"}
