@@ -212,7 +212,7 @@ def register(cli: ModuleType) -> None:
                 min=0.0,
                 max=1000.0,
                 help="Charge every bus message this one-way hop (e.g. a broker's measured median: "
-                "`voicepipe run` prints its round trip; ~0.4 ms for mosquitto on loopback). Default 0: "
+                "half the round trip `voicepipe run` probes; ~0.4 ms for mosquitto on loopback). Default 0: "
                 "the modelled spans alone, as predict.",
             ),
         ] = 0.0,
