@@ -9,6 +9,10 @@ capacity twice: with zero hops (the modelled spans alone, as predict) and chargi
 message (``capacity --hop-ms``). Prints p50/p90 of both, of the live run's measured voice-to-voice
 (client clock), of its modelled part (predicted_ms) and of its pipeline tax (measured − predicted), and
 writes JSON. Agreement: |live measured − capacity| at p50 and p90 within the live tax at that percentile.
+It also pairs the two runs turn by turn (same session and turn of the same plan): the difference of the
+modelled parts (live predicted_ms − capacity's), how many turns have identical modelled time and identical
+queue spans, and the per-turn live measured − capacity. The modelled parts differ only where the live
+run's timing (its tax) changed the order or overlap of requests on the shared device.
 
     python bench/live_vs_capacity.py [--sessions 50] [--scenario cafe-order] [--backend a100-40gb/llama-3.1-70b] [--runs 5]
 """
@@ -33,7 +37,7 @@ from voicepipe.bus import BrokerAddress, probe_round_trip
 from voicepipe.capacity import Level, Load, conversation_s, level_of, plan, run_level
 from voicepipe.clock import now_ns
 from voicepipe.config import PipelineConfig, load_config
-from voicepipe.records import percentile
+from voicepipe.records import TurnRecord, percentile
 from voicepipe.runner import RunResult, build_stages, mqtt_connector, needed_stages, play_sessions
 from voicepipe.scenario import Scenario, load_scenario
 from voicepipe.stages.base import RunContext
@@ -50,7 +54,39 @@ async def live(cfg, slots, url: str) -> tuple[RunResult, int]:
     return result, t0
 
 
-def one_run(args: argparse.Namespace, cfg: PipelineConfig, sc: Scenario, d: float, cap: Level) -> dict:
+def _queue_ms(r: TurnRecord) -> float:
+    return sum(s.dur_ns for s in r.spans if s.what == "queue") / 1e6
+
+
+def paired(cap_records: list[TurnRecord], live_records: list[TurnRecord]) -> dict:
+    """The same turns of the same plan, virtual vs live: how far apart are their modelled parts?"""
+    cap_by = {(r.session, r.turn): r for r in cap_records if r.predicted_ms is not None}
+    pairs = [(cap_by[k], r) for r in live_records if (k := (r.session, r.turn)) in cap_by
+             and r.predicted_ms is not None and r.measured_ms is not None]  # fmt: skip
+    if not pairs:
+        return {"turns": 0}
+    dp = [lv.predicted_ms - c.predicted_ms for c, lv in pairs]  # type: ignore[operator]
+    dm = [lv.measured_ms - c.predicted_ms for c, lv in pairs]  # type: ignore[operator]
+    return {
+        "turns": len(pairs),
+        "predicted_live_minus_capacity_ms": {
+            "p10": percentile(dp, 10), "median": percentile(dp, 50), "p90": percentile(dp, 90),
+            "mean": sum(dp) / len(dp),
+        },
+        "identical_predicted": sum(abs(x) < 1e-3 for x in dp),
+        "identical_queue": sum(abs(_queue_ms(lv) - _queue_ms(c)) < 1e-3 for c, lv in pairs),
+        "measured_live_minus_capacity_ms": {"median": percentile(dm, 50), "p90": percentile(dm, 90)},
+    }  # fmt: skip
+
+
+def one_run(
+    args: argparse.Namespace,
+    cfg: PipelineConfig,
+    sc: Scenario,
+    d: float,
+    cap: Level,
+    cap_records: list[TurnRecord],
+) -> dict:
     """One live run beside capacity (zero hops: ``cap``; and at the hop measured just before it)."""
     load = Load("sessions", args.sessions)
     p = plan(load, [sc], d, cfg.seed, 10)
@@ -86,6 +122,12 @@ def one_run(args: argparse.Namespace, cfg: PipelineConfig, sc: Scenario, d: floa
     )
     t.add_row("live pipeline tax", str(len(tax)), f"{tax50:.1f}", f"{tax90:.1f}")
     Console().print(t)
+    pair = paired(cap_records, res.records)
+    if pair["turns"]:
+        dp = pair["predicted_live_minus_capacity_ms"]
+        print(f"paired turns {pair['turns']}: modelled part live − capacity median {dp['median']:+.3f} ms "
+              f"(p10 {dp['p10']:+.1f}, p90 {dp['p90']:+.1f}, mean {dp['mean']:+.2f}); identical modelled time "
+              f"{pair['identical_predicted']}, identical queue span {pair['identical_queue']}")  # fmt: skip
     a0, a1 = agree(cap), agree(cap_hop)
     print(f"agree within the measured tax: zero hops p50 {a0['p50']}, p90 {a0['p90']}; "
           f"measured hop p50 {a1['p50']}, p90 {a1['p90']}")  # fmt: skip
@@ -93,7 +135,7 @@ def one_run(args: argparse.Namespace, cfg: PipelineConfig, sc: Scenario, d: floa
         "hop_ms_measured": hop_ms, "capacity_with_hop": cap_hop.to_json(),
         "live_measured": meas.to_json(), "live_predicted": pred.to_json(),
         "tax_p50_ms": tax50, "tax_p90_ms": tax90,
-        "agree_within_tax": a0, "agree_within_tax_with_hop": a1,
+        "agree_within_tax": a0, "agree_within_tax_with_hop": a1, "paired": pair,
         "live_stage_errors": res.stage_errors, "live_deadletters": res.deadletters,
         "load_average_1min_after": os.getloadavg()[0],
     }  # fmt: skip
@@ -110,8 +152,11 @@ def main() -> None:
     cfg = load_config(None, [f"agent.backend={args.backend}"])
     sc = load_scenario(args.scenario)
     d = conversation_s(cfg, [sc])
-    cap = run_level(args.backend, cfg, [sc], Load("sessions", args.sessions), conv_s=d)
-    runs = [one_run(args, cfg, sc, d, cap) for _ in range(args.runs)]
+    cap_records: list[TurnRecord] = []
+    cap = run_level(
+        args.backend, cfg, [sc], Load("sessions", args.sessions), conv_s=d, on_record=cap_records.append
+    )
+    runs = [one_run(args, cfg, sc, d, cap, cap_records) for _ in range(args.runs)]
     counts = {
         kind: {q: sum(r[key][q] for r in runs) for q in ("p50", "p90")}
         for kind, key in (("zero_hops", "agree_within_tax"), ("measured_hop", "agree_within_tax_with_hop"))

@@ -27,7 +27,7 @@ from voicepipe import gate
 from voicepipe.config import BrokerOverrides, PipelineConfig, config_dict, load_config
 from voicepipe.errors import UserError
 from voicepipe.records import TurnRecord
-from voicepipe.scenario import Scenario, load_scenario, shipped
+from voicepipe.scenario import Scenario, check_speech, load_scenario, shipped
 
 app = typer.Typer(
     add_completion=True,
@@ -445,6 +445,7 @@ def run(
         opts = broker_options(broker, ca_file, cert_file, key_file, password_file, insecure)
         cfg = load_config(config, set_ or [], opts)
         scs = load_scenarios(scenario)
+        check_speech(cfg, scs)
         reqs = gate.parse(require)
         ext = stage_names(external, "--external")
         if ext and not cfg.broker.url:
@@ -674,6 +675,8 @@ def compare(
         opts = broker_options(broker, ca_file, cert_file, key_file, password_file, insecure)
         variants = plan_variants(config or [], vary or [], set_ or [], opts)
         scs = load_scenarios(scenario)
+        for _label, vcfg in variants:
+            check_speech(vcfg, scs)
 
     as_json = fmt == OutputFormat.json
     sink = RecordSink(json_out, stdout=as_json)
@@ -768,6 +771,7 @@ def predict(
     with user_errors():
         cfg = load_config(config, set_ or [])
         scs = load_scenarios(scenario)
+        check_speech(cfg, scs)
         reqs = gate.parse(require)
         try:
             preds = predict_turns(cfg, scs, sessions)

@@ -345,6 +345,22 @@ class PipelineConfig(Strict):
             )
         return self
 
+    @model_validator(mode="after")
+    def _answers_speakable(self) -> PipelineConfig:
+        """The config's own cache answers, at its TTS speaking rate (a scenario's lines: check_speech)."""
+        from voicepipe.scenario import reply_speech_ms, too_long
+
+        wpm = self.tts.words_per_minute
+        for j, e in enumerate(self.cache.entries):
+            said = too_long(
+                f"cache.entries.{j}.answer",
+                reply_speech_ms(e["answer"], wpm),
+                f"tts.words_per_minute {wpm:g}",
+            )
+            if said:
+                raise ValueError(said)
+        return self
+
     @property
     def main_agent(self) -> str:
         """The agent single and preemptive routes go to."""

@@ -58,6 +58,13 @@ MAX_WORDS = 100_000
 # bound matters: TTS clause chunking is quadratic in words when a reply has no punctuation; at this bound
 # ``predict`` spends ~0.1 s on such a reply, a 2 MB one took over ten minutes (issue 12).
 MAX_TEXT = 10_000
+# One utterance, reply or cached answer as spoken: ten minutes (MAX_TEXT's ~1,700 words at 165 wpm). Text
+# within MAX_TEXT can still take longer at a slow speaking rate (5,000 one-letter words at 20 wpm are over
+# four hours), and the speaking rates live in the config, so this is checked when a scenario meets its
+# config (voicepipe.scenario.check_speech; a config's own cache answers when it loads). The bus guard's
+# bound on an audio chunk is this one (voicepipe.stages.guard.MAX_AUDIO_MS), so no message of a run that
+# passed the check is ever refused as out of range.
+MAX_SPEECH_MS = 600_000.0
 MAX_NAME = 200  # scenario, agent and intent names; they end up in MQTT topics and table columns
 MAX_URL = 2_048
 MAX_SEED = 2**63 - 1

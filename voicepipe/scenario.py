@@ -4,14 +4,27 @@ from __future__ import annotations
 
 from importlib import resources
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.json_schema import SkipJsonSchema
 
 from voicepipe.errors import UserError, from_validation, read_yaml_mapping
-from voicepipe.limits import MAX_CACHE_ENTRIES, MAX_LIST, MAX_MS, MAX_TURNS, Ms, Name, Text, Wpm
-from voicepipe.text import PAUSE, pause_ms, plain
+from voicepipe.limits import (
+    MAX_CACHE_ENTRIES,
+    MAX_LIST,
+    MAX_MS,
+    MAX_SPEECH_MS,
+    MAX_TURNS,
+    Ms,
+    Name,
+    Text,
+    Wpm,
+)
+from voicepipe.text import PAUSE, pause_ms, plain, speak
+
+if TYPE_CHECKING:
+    from voicepipe.config import PipelineConfig
 
 # Strict: no coercion of text or booleans into numbers; no NaN/inf; every number and text bounded
 # (voicepipe/limits.py says why each bound is where it is).
@@ -88,6 +101,46 @@ class Scenario(BaseModel):
         description="Answers predicted in advance for the speculative cache.",
     )  # answers predicted in advance (issue 4)
     source: SkipJsonSchema[str] = Field("", exclude=True)
+
+
+def reply_speech_ms(text: str, words_per_minute: float) -> float:
+    """How long the TTS takes to say ``text`` (its audio: words at the speaking rate, voicepipe.stages.tts)."""
+    return len(text.split()) * 60_000.0 / words_per_minute
+
+
+def too_long(field: str, ms: float, rate: str) -> str | None:
+    """The one-line complaint when a line takes longer than :data:`MAX_SPEECH_MS` to say, else None."""
+    if ms <= MAX_SPEECH_MS:
+        return None
+    return (
+        f"{field}: takes {ms / 60_000:.1f} minutes to say at {rate}; "
+        f"one line may take at most {MAX_SPEECH_MS / 60_000:g} minutes"
+    )
+
+
+def check_speech(cfg: PipelineConfig, scenarios: list[Scenario]) -> None:
+    """Refuse (:class:`UserError` naming the scenario file and field) any utterance, reply or cached answer
+    that takes longer than :data:`voicepipe.limits.MAX_SPEECH_MS` to say at the speaking rate it gets:
+    a turn's own ``words_per_minute`` or the config's ``client.words_per_minute`` for the user (pauses
+    included), ``tts.words_per_minute`` for replies and answers. Only now are text and rate both known."""
+    tts = cfg.tts.words_per_minute
+    for sc in scenarios:
+        for i, t in enumerate(sc.turns):
+            wpm = t.words_per_minute or cfg.client.words_per_minute
+            words = speak(t.user, wpm)
+            rate = f"{wpm:g} words per minute" + ("" if t.words_per_minute else " (client.words_per_minute)")
+            said = too_long(f"turns.{i}.user", words[-1].end_ms if words else 0.0, rate)
+            said = said or too_long(
+                f"turns.{i}.reply", reply_speech_ms(t.reply, tts), f"tts.words_per_minute {tts:g}"
+            )
+            if said:
+                raise UserError(sc.source or sc.name, said)
+        for j, e in enumerate(sc.cache):
+            said = too_long(
+                f"cache.{j}.answer", reply_speech_ms(e.answer, tts), f"tts.words_per_minute {tts:g}"
+            )
+            if said:
+                raise UserError(sc.source or sc.name, said)
 
 
 def shipped_dir() -> Path:

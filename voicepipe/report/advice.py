@@ -186,7 +186,7 @@ def advice(
     ``base_command`` is how the user ran this configuration (e.g. ``voicepipe run cafe-order -c my.yaml``);
     the suggested command is it plus the change. Without it, only the change's flags are shown."""
     from voicepipe.predict import predict
-    from voicepipe.scenario import load_scenario
+    from voicepipe.scenario import check_speech, load_scenario
 
     missed = [r for r in records if not r.within_budget]
     if not missed:
@@ -204,7 +204,9 @@ def advice(
     best: tuple[Candidate, float, float] | None = None
     for c in candidates(part[0], cfg):
         try:
-            s = summarise(p.as_record() for p in predict(_alternative(cfg, c), scs))
+            alt = _alternative(cfg, c)
+            check_speech(alt, scs)  # a candidate's own speaking rate can make a line too long to say
+            s = summarise(p.as_record() for p in predict(alt, scs))
         except (UserError, ValueError):
             continue
         if s.p50_ms is None or now.p50_ms is None:

@@ -54,7 +54,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from enum import Enum
 
-from voicepipe.limits import MAX_TEXT
+from voicepipe.limits import MAX_SPEECH_MS, MAX_TEXT
 from voicepipe.messages import Audio, Cancel, CancelReason, Envelope, UserUtterance
 
 TOKEN_ENV = "VOICEPIPE_RUN_TOKEN"
@@ -64,11 +64,13 @@ _blake2b = hashlib.blake2b
 # voicepipe.limits.MAX_MS); the chain of one turn is ~10-20 spans, 256 leaves room for any council.
 MAX_SPAN_NS = 3_600 * 10**9
 MAX_SPANS = 256
-# One audio chunk is one clause; ten minutes of it would be a ~1,500-word clause.
-MAX_AUDIO_MS = 600_000.0
+# One audio chunk is at most one reply or cached answer: the loader refuses any that takes longer to say at
+# its speaking rate (voicepipe.limits.MAX_SPEECH_MS), so our own audio never meets this bound.
+MAX_AUDIO_MS = MAX_SPEECH_MS
 # The most words a scenario's utterance can hold: its text is at most MAX_TEXT characters (voicepipe.limits),
-# a word and the space after it at least two. A legitimate utterance is never refused (a 5,000-word one is
-# ~30 minutes at 165 wpm; the duration bound is MAX_SPAN_NS's); 2,000 refused scenarios the loader accepts.
+# a word and the space after it at least two. A legitimate utterance is never refused: the loader bounds its
+# spoken length, pauses included, by MAX_SPEECH_MS (well inside MAX_SPAN_NS); 2,000 refused scenarios the
+# loader accepts.
 MAX_WORDS = (MAX_TEXT + 1) // 2
 
 STAGES = ("client", "asr", "router", "agent", "council", "cache", "tts")
