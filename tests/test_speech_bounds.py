@@ -84,3 +84,25 @@ def test_a_reply_just_inside_the_bound_is_spoken_without_dead_letters(tmp_path):
     check_speech(cfg, [sc])
     (turn,) = predict(cfg, [sc])
     assert turn.predicted_ms is not None and turn.predicted_ms > 0
+
+
+def test_lines_at_the_bounds_run_without_dead_letters(tmp_path):
+    """Every line as long as the loader lets it be, at both speaking-rate bounds: all turns answered, and
+    not one of the run's own messages refused by the guard (the class of the 12-minute-chunk bug)."""
+    from voicepipe.limits import MAX_MS, MAX_WPM, MIN_WPM
+    from voicepipe.runner import simulate
+
+    slow = words(190, "hello") + f" [{MAX_MS / 2:g}]"  # 190 x 3 s at 20 wpm + 30 s: 10 minutes exactly
+    fast = words(MAX_TEXT // 2 - 1, "a")  # the most words the text bound holds, at 1,000 wpm: 3.4 minutes
+    p = tmp_path / "edges.yaml"
+    p.write_text(
+        "name: edges\nturns:\n"
+        f'  - user: "{slow}"\n    words_per_minute: {MIN_WPM:g}\n    reply: "{words(LONGEST)}"\n'
+        f"    gap_ms: {MAX_MS:g}\n"
+        f'  - user: "{fast}"\n    words_per_minute: {MAX_WPM:g}\n    reply: "ok"\n'
+    )
+    cfg, sc = load_config(), load_scenario(str(p))
+    check_speech(cfg, [sc])
+    res = simulate(cfg, [sc], 1)
+    assert res.deadletters == 0 and res.stage_errors == 0
+    assert [r.status for r in res.records] == ["ok", "ok"]
