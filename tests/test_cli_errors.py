@@ -19,6 +19,11 @@ def vp(*args: str, cwd=None) -> subprocess.CompletedProcess[str]:
         (["run", "cafe-order", "--set", "agent.backend=warp-drive"], "agent.backend"),
         (["run", "cafe-order", "--set", "asr.silence_ms=fast"], "asr.silence_ms"),
         (["run", "cafe-order", "--config", "missing.yaml"], "missing.yaml: no such file"),
+        # a modelled wait past the client's patience: the turn would time out; predict says which and why
+        (
+            ["predict", "barge-in", "--set", "asr.silence_ms=60000"],
+            "config (with --set): turn 0 of barge-in-0 got no reply within client.turn_timeout_s (20 s",
+        ),
     ],
 )
 def test_bad_input_exits_2_with_one_line(args, needle):

@@ -776,7 +776,7 @@ def predict(
         try:
             preds = predict_turns(cfg, scs, sessions)
         except ValueError as exc:
-            raise UserError(str(config or "config"), str(exc)) from None
+            raise UserError(f"{config or 'config'}{' (with --set)' if set_ else ''}", str(exc)) from None
     sink = RecordSink(json_out, stdout=fmt == OutputFormat.json)
     for p in preds:
         sink.write_raw(p.to_json())

@@ -115,6 +115,12 @@ def predict(cfg: PipelineConfig, scenarios: Sequence[Scenario], sessions: int = 
     shared = shares_devices(cfg, sessions)
     order = {sc.name: i for i, sc in enumerate(scenarios)}
     recs = sorted(res.records, key=lambda r: (order[r.scenario], int(r.session.rsplit("-", 1)[1]), r.turn))
+    late = next((r for r in recs if r.predicted_ms is None), None)
+    if late is not None:
+        raise ValueError(
+            f"turn {late.turn} of {late.session} got no reply within client.turn_timeout_s "
+            f"({cfg.client.turn_timeout_s:g} s of virtual time): a modelled wait or stage takes longer than that"
+        )
     return [TurnPrediction.of(r, exact_turn(r, shared)) for r in recs]
 
 
