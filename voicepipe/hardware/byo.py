@@ -3,7 +3,8 @@
 :func:`load_hf_config` maps the fields of a ``config.json`` to a :class:`~voicepipe.hardware.catalog.
 ModelSpec`: dense and GQA (``num_key_value_heads``), MoE (``num_local_experts`` / ``num_experts`` /
 ``n_routed_experts`` with ``num_experts_per_tok``, shared experts, ``first_k_dense_replace``,
-``moe_intermediate_size``) and MLA (``kv_lora_rank`` + ``qk_rope_head_dim`` cached per token per layer).
+``moe_intermediate_size``), MLA (``kv_lora_rank`` + ``qk_rope_head_dim`` cached per token per layer) and
+local attention (sliding windows and Llama 4's chunks: :func:`_local_attention`).
 Parameter counts are computed from the shapes (attention, gated MLP or experts, norms, embeddings);
 multimodal configs are read from their ``text_config``. :func:`load_device` reads a YAML mapping with
 the fields of a catalog device (``voicepipe hardware show h100-sxm``) and checks it the same way.
@@ -62,6 +63,43 @@ def _gated(cfg: dict[str, Any]) -> bool:
         "falcon",
         "gpt2",
     )
+
+
+_LOCAL_TYPES = ("sliding_attention", "chunked_attention")
+
+
+def _local_attention(r: _Reader, cfg: dict[str, Any], layers: int) -> tuple[int | None, int]:
+    """(window, local layers) of a config's local attention, or (None, 0): ``layer_types`` (newer
+    transformers: "sliding_attention" / "chunked_attention" per layer), Gemma 3's
+    ``sliding_window_pattern`` (every N-th layer global), Gemma 2 (alternating), Llama 4's
+    ``attention_chunk_size`` on its RoPE layers (``no_rope_layers``: 1 = RoPE, chunked), Qwen's
+    ``use_sliding_window`` with ``max_window_layers`` (the layers from there on slide), else a plain
+    ``sliding_window`` on every layer (Mistral 7B v0.1). A null window, or Qwen's switch off, is none."""
+    chunk = _first(cfg, "attention_chunk_size")
+    window_field = "attention_chunk_size" if chunk is not None else "sliding_window"
+    if _first(cfg, window_field) is None or cfg.get("use_sliding_window") is False:
+        return None, 0
+    window = r.int_(window_field)
+    types = cfg.get("layer_types")
+    if isinstance(types, list) and types:
+        local = sum(1 for t in types[:layers] if t in _LOCAL_TYPES)
+    elif chunk is not None:
+        nope = cfg.get("no_rope_layers")
+        if isinstance(nope, list) and nope:
+            local = sum(1 for v in nope[:layers] if v)
+        else:
+            every = r.int_("no_rope_layer_interval", default=4)
+            local = layers - layers // every
+    elif _first(cfg, "sliding_window_pattern") is not None:
+        every = r.int_("sliding_window_pattern")
+        local = layers - layers // every
+    elif cfg.get("model_type") == "gemma2":
+        local = layers - layers // 2
+    elif cfg.get("use_sliding_window") is True:
+        local = layers - min(r.int_("max_window_layers", default=0, lo=0), layers)
+    else:
+        local = layers
+    return (window, local) if local > 0 else (None, 0)
 
 
 @cache
@@ -133,10 +171,13 @@ def load_hf_config(path: str) -> ModelSpec:
         total = active = layers * (attn + dense_mlp)
     embed = vocab * hidden * (1 if tied else 2)
     total, active = total + embed, active + embed
+    window, local_layers = _local_attention(r, cfg, layers)
     dtype = str(cfg.get("torch_dtype") or raw.get("torch_dtype") or "bfloat16")
     quant = raw.get("quantization_config") if isinstance(raw.get("quantization_config"), dict) else {}
     qmethod = str(quant.get("quant_method", ""))
-    precision = "fp8" if qmethod == "fp8" else "int4" if qmethod in ("awq", "gptq", "mxfp4") else None
+    # MXFP4 (gpt-oss): 4-bit floats with a shared scale, native on chips with fp4 math, else weight-only
+    precision = "fp8" if qmethod == "fp8" else "int4" if qmethod in ("awq", "gptq") else None
+    precision = "fp4" if qmethod == "mxfp4" else precision
     fields: dict[str, Any] = {
         "key": source,
         "layers": layers,
@@ -151,6 +192,8 @@ def load_hf_config(path: str) -> ModelSpec:
         "experts_active": top_k if experts > 1 else 1,
         "moe_layers": moe_layers if experts > 1 else None,
         "kv_dim": kv_dim,
+        "window": window,
+        "local_layers": local_layers,
         "tied_embeddings": tied,
         "default_precision": precision or _DTYPES.get(dtype, "bf16"),
         "sources": {

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from functools import cache
 from importlib import resources
-from typing import Literal
+from typing import Any, Literal
 
+import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -169,6 +170,11 @@ class ModelSpec(BaseModel):
     experts_active: int = Field(default=1, ge=1)
     moe_layers: int | None = Field(default=None, gt=0)  # layers with routed experts (MoE; default all)
     kv_dim: int | None = Field(default=None, gt=0)
+    # local attention: ``local_layers`` of the layers attend to (and cache) only the last ``window``
+    # tokens: sliding windows (Mistral 7B v0.1, Gemma 2/3, gpt-oss) or chunked attention (Llama 4, whose
+    # chunk bound is taken as a window: an upper bound on what a chunked layer holds)
+    window: int | None = Field(default=None, gt=0)
+    local_layers: int = Field(default=0, ge=0)
     tied_embeddings: bool = False
     default_precision: str = "bf16"
     quality: Quality | None = None
@@ -190,7 +196,18 @@ class ModelSpec(BaseModel):
             raise ValueError("experts_active > experts")
         if self.params_active_b is not None and self.params_active_b > self.params_total_b:
             raise ValueError("params_active_b > params_total_b")
+        if (self.window is None) != (self.local_layers == 0):
+            raise ValueError("window and local_layers go together (local attention needs both)")
+        if self.local_layers > self.layers:
+            raise ValueError("local_layers > layers")
         return self
+
+    def held(self, context: Any) -> Any:
+        """KV-cache tokens a sequence of ``context`` tokens holds, counted as full tokens (all layers): the
+        local layers keep at most ``window`` of them. ``context`` may be a numpy array."""
+        if self.window is None:
+            return context
+        return context - self.local_layers / self.layers * np.maximum(context - self.window, 0)
 
     @property
     def is_moe(self) -> bool:

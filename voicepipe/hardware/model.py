@@ -289,8 +289,9 @@ def kv_capacity_tokens(system: System) -> float:
 
 
 def max_sequences(system: System, context: int) -> int:
-    """How many sequences of ``context`` tokens fit beside the weights (≥ 0)."""
-    return max(0, math.floor(kv_capacity_tokens(system) / context))
+    """How many sequences of ``context`` tokens fit beside the weights (≥ 0); a model with local
+    attention holds fewer than ``context`` full tokens per sequence (:meth:`ModelSpec.held`)."""
+    return max(0, math.floor(kv_capacity_tokens(system) / system.model.held(context)))
 
 
 def running_sequences(system: System, prompt_tokens: int, output_tokens: int) -> int:
@@ -356,7 +357,7 @@ def sram_units(
     device: Device, model: ModelSpec, precision: str, seqs: int, context: int, eff: Efficiency, kv: str
 ) -> int:
     """Chips/wafers an SRAM machine needs to hold the weights plus ``seqs`` KV caches of ``context``."""
-    need = weight_bytes(model, precision) + seqs * context * kv_bytes_per_token(model, kv)
+    need = weight_bytes(model, precision) + seqs * model.held(context) * kv_bytes_per_token(model, kv)
     return math.ceil(need / (device.capacity_bytes * eff.usable_sram))
 
 
@@ -414,7 +415,7 @@ def make_system(
 
 def _no_fit(system: System, seqs: int, context: int) -> str:
     dev, m = system.device, system.model
-    need = weight_bytes(m, system.precision) + seqs * context * kv_bytes_per_token(m, system.kv)
+    need = weight_bytes(m, system.precision) + seqs * m.held(context) * kv_bytes_per_token(m, system.kv)
     have = system.chips * dev.capacity_bytes * system.eff.usable_memory
     hint = "" if system.precision in ("int4", "fp4") else "; try a smaller --precision"
     return (
@@ -475,6 +476,17 @@ def allreduces_per_step(model: ModelSpec, tp: int) -> int:
     return 2 * model.layers if tp > 1 else 0
 
 
+def held_total(model: ModelSpec, tokens: ArrayLike, seqs: ArrayLike) -> FArray:
+    """Full-token equivalent of ``tokens`` of cache spread over ``seqs`` sequences, each at their mean
+    context (:meth:`ModelSpec.held`); the tokens themselves without local attention."""
+    t = np.asarray(tokens, dtype=float)
+    if model.window is None:
+        return t
+    return t - model.local_layers / model.layers * np.maximum(
+        t - np.asarray(seqs, dtype=float) * model.window, 0.0
+    )
+
+
 def step_parts(
     system: System,
     decode_seqs: ArrayLike,
@@ -502,16 +514,20 @@ def step_parts(
     kvb = kv_bytes_per_token(m, system.kv)
     dense_p, expert_p = _read_split(m, tokens)
     linear = 2.0 * matmul_params(m) * tokens
+    # local attention: the decoders' cache at their mean context, the prompt's cached prefix, and the
+    # span a new prompt token attends to, each capped at the window on the local layers
+    kv = held_total(m, kv, d)
+    cached = held_total(m, c, ps)
     attention = (
         2.0
         * m.layers
         * m.heads
-        * (decode_attention_width(m) * q * kv + 2.0 * m.head_dim * n * (c + n / (2.0 * ps)))
+        * (decode_attention_width(m) * q * kv + 2.0 * m.head_dim * n * m.held(c + n / (2.0 * ps)))
     )
     stk = system.serving
     # a decode kernel that does not share a GQA group's KV head reads it once per query head
     reread = kv_rereads(stk, m.gqa_group)
-    kv_bytes = (reread * kv + np.where(n > 0, c, 0.0) + tokens) * kvb
+    kv_bytes = (reread * kv + np.where(n > 0, cached, 0.0) + tokens) * kvb
     # tensor parallelism splits every step's work over the chips; a pipeline (llama.cpp's layer split)
     # runs the chips in turn, so a step costs one chip's time for all the work plus the hops between
     pipeline = dev.kind == "hbm" and stk.multi_chip == "pipeline" and system.chips > 1
@@ -821,7 +837,7 @@ def predict(
         ttft_ms=float(prefill_s(system, prompt_tokens)) * 1e3,
         bound=str(st.bound()),
         weights_gb=weight_bytes(model, system.precision) / 1e9,
-        kv_gb=batch * ctx_max * kv_bytes_per_token(model, system.kv) / 1e9,
+        kv_gb=batch * model.held(ctx_max) * kv_bytes_per_token(model, system.kv) / 1e9,
         capacity_gb=cap / 1e9,
         max_batch_fits=room,
         memory_ms=float(st.memory_s) * 1e3,
