@@ -62,7 +62,7 @@ BASE = {"hidden_size": 1024, "num_attention_heads": 16, "num_key_value_heads": 4
         "intermediate_size": 4096, "vocab_size": 32000}  # fmt: skip
 
 
-def test_gpt_oss_layer_types_and_mxfp4(tmp_path):
+def test_gpt_oss_layer_types(tmp_path):
     # openai/gpt-oss-20b config.json (the fields the model reads): alternating sliding/full layers
     m = hf(tmp_path, {
         "model_type": "gpt_oss", "num_hidden_layers": 24, "hidden_size": 2880, "intermediate_size": 2880,
@@ -72,8 +72,10 @@ def test_gpt_oss_layer_types_and_mxfp4(tmp_path):
         "quantization_config": {"quant_method": "mxfp4"},
     })  # fmt: skip
     assert (m.window, m.local_layers) == (128, 12)
-    assert m.default_precision == "fp4"
+    assert m.default_precision == "int4"  # MXFP4: 4.25 bits, as the catalog records gpt-oss
     assert m.params_total_b == pytest.approx(20.9, rel=0.05)  # model card: 21B total (20.9B)
+    cat = catalog.model("gpt-oss-20b")
+    assert (cat.window, cat.local_layers, cat.layers) == (m.window, m.local_layers, m.layers)
 
 
 def test_gemma3_pattern_llama4_chunks_mistral_and_switched_off(tmp_path):

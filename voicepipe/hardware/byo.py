@@ -175,9 +175,8 @@ def load_hf_config(path: str) -> ModelSpec:
     dtype = str(cfg.get("torch_dtype") or raw.get("torch_dtype") or "bfloat16")
     quant = raw.get("quantization_config") if isinstance(raw.get("quantization_config"), dict) else {}
     qmethod = str(quant.get("quant_method", ""))
-    # MXFP4 (gpt-oss): 4-bit floats with a shared scale, native on chips with fp4 math, else weight-only
-    precision = "fp8" if qmethod == "fp8" else "int4" if qmethod in ("awq", "gptq") else None
-    precision = "fp4" if qmethod == "mxfp4" else precision
+    # MXFP4 (gpt-oss) as int4: 4.25 bits per weight, dequantised in the kernel (the catalog's gpt-oss default)
+    precision = "fp8" if qmethod == "fp8" else "int4" if qmethod in ("awq", "gptq", "mxfp4") else None
     fields: dict[str, Any] = {
         "key": source,
         "layers": layers,
