@@ -222,6 +222,17 @@ ScenariosArg = Annotated[
 ]
 
 
+def check_variants_speech(variants: list[tuple[str, PipelineConfig]], scs: list[Scenario]) -> None:
+    """:func:`check_speech` for every configuration; with several, the error names the one that fails."""
+    for label, vcfg in variants:
+        try:
+            check_speech(vcfg, scs)
+        except UserError as exc:
+            if len(variants) == 1:
+                raise
+            raise UserError(f"configuration {label!r}", str(exc)) from None
+
+
 def load_scenarios(names: list[str]) -> list[Scenario]:
     scs = [load_scenario(n) for n in names]
     seen: dict[str, str] = {}
@@ -675,8 +686,7 @@ def compare(
         opts = broker_options(broker, ca_file, cert_file, key_file, password_file, insecure)
         variants = plan_variants(config or [], vary or [], set_ or [], opts)
         scs = load_scenarios(scenario)
-        for _label, vcfg in variants:
-            check_speech(vcfg, scs)
+        check_variants_speech(variants, scs)
 
     as_json = fmt == OutputFormat.json
     sink = RecordSink(json_out, stdout=as_json)

@@ -21,7 +21,6 @@ from voicepipe.capacity import Level, LevelJob, Limit, conversation_s, level_poo
 from voicepipe.parallel import ItemFailed, default_workers
 from voicepipe.report.svg import HALO, MUTED, budget_ref, esc, fmt_num, nice_ticks, series_colour
 from voicepipe.report.term import Cell, Col, print_fitted
-from voicepipe.scenario import check_speech
 
 
 def modelled_caption(hop_ms: float) -> str:
@@ -253,8 +252,7 @@ def register(cli: ModuleType) -> None:
                 one = load_config(config[0] if config else None, set_ or [])
                 variants = [(config[0].stem if config else one.backend_label(), one)]
             scs = cli.load_scenarios(scenario)
-            for _label, vcfg in variants:
-                check_speech(vcfg, scs)
+            cli.check_variants_speech(variants, scs)
         levels: list[Level] = []
         limits: list[Limit] = []
         budget = variants[0][1].budget_ms
