@@ -101,3 +101,16 @@ def test_gemma3_pattern_llama4_chunks_mistral_and_switched_off(tmp_path):
 def test_a_bad_window_is_one_line_naming_the_field(tmp_path):
     with pytest.raises(ValueError, match=r"config\.json: sliding_window: must be an integer >= 1"):
         hf(tmp_path, {**BASE, "sliding_window": "wide"})
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [({"layer_types": ["linear_attention"] * 3 + ["full_attention"]}, "layer_types: linear_attention layers"),
+     ({"hybrid_override_pattern": "M-M*-"}, "hybrid_override_pattern: hybrid models"),
+     ({"model_type": "jamba"}, "model_type: jamba: state-space")],
+)  # fmt: skip
+def test_layers_that_are_not_attention_are_refused_not_misread(tmp_path, extra, field):
+    """A Qwen3-Next (3 linear-attention layers per full one), Nemotron-H or Jamba config read as attention
+    would count KV on every layer and attention weights where Mamba blocks are: refused in one line."""
+    with pytest.raises(ValueError, match=rf"config\.json: {field}"):
+        hf(tmp_path, {**BASE, **extra})

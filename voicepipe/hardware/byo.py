@@ -66,6 +66,34 @@ def _gated(cfg: dict[str, Any]) -> bool:
 
 
 _LOCAL_TYPES = ("sliding_attention", "chunked_attention")
+_ATTENTION_TYPES = ("full_attention", *_LOCAL_TYPES)
+# fields that mark layers which are not attention (linear attention, Mamba/SSM blocks): their weights and
+# recurrent state differ from an attention layer's, so reading such a config as attention would be wrong
+_HYBRID_FIELDS = (
+    "hybrid_override_pattern",  # Nemotron-H
+    "layers_block_type",  # Zamba, Bamba
+    "attn_layer_indices",
+    "attn_layer_period",  # Jamba
+    "attn_type_list",  # MiniMax-Text-01 (lightning attention)
+    "full_attention_interval",  # Qwen3-Next
+)
+# architectures that are state-space or recurrent throughout, or mix such layers in
+_HYBRID_TYPES = ("mamba", "mamba2", "jamba", "falcon_h1", "nemotron_h", "zamba", "zamba2", "bamba",
+                 "granitemoehybrid", "qwen3_next", "recurrent_gemma", "rwkv", "lfm2", "falcon_mamba")  # fmt: skip
+
+
+def _no_hybrid(r: _Reader, cfg: dict[str, Any]) -> None:
+    """Refuse (one line naming the field) a config with layers that are not attention."""
+    types = cfg.get("layer_types")
+    if isinstance(types, list):
+        other = sorted({str(t) for t in types if t not in _ATTENTION_TYPES})
+        if other:
+            raise r.fail("layer_types", f"{', '.join(other)} layers are not modelled (attention layers only)")
+    for f in _HYBRID_FIELDS:
+        if cfg.get(f) is not None:
+            raise r.fail(f, "hybrid models (linear-attention or state-space layers) are not modelled")
+    if cfg.get("model_type") in _HYBRID_TYPES:
+        raise r.fail("model_type", f"{cfg['model_type']}: state-space or hybrid layers are not modelled")
 
 
 def _local_attention(r: _Reader, cfg: dict[str, Any], layers: int) -> tuple[int | None, int]:
@@ -116,6 +144,7 @@ def load_hf_config(path: str) -> ModelSpec:
         raise ValueError(f"{source}: top level must be a JSON object")
     cfg = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
     r = _Reader(source, cfg)
+    _no_hybrid(r, cfg)
     layers = r.int_("num_hidden_layers", "n_layer", "num_layers")
     hidden = r.int_("hidden_size", "n_embd", "d_model")
     heads = r.int_("num_attention_heads", "n_head", "num_heads")
