@@ -252,6 +252,22 @@ def test_hardware_validate_cli_prints_the_summary():
     assert "tier 1: median" in r.output and "worst" in r.output
 
 
+def test_hardware_validate_filters_rows_but_not_the_summary():
+    rep = val.run()
+    r = runner.invoke(app, ["validate", "--tier", "1", "--worst", "3", "--format", "json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    errs = [abs(x["error"]) for x in out["rows"]]
+    assert len(errs) == 3 and all(x["tier"] == 1 for x in out["rows"]) and errs == sorted(errs, reverse=True)
+    tier1 = [x for x in rep.rows if x.point.tier == 1 and x.error is not None]
+    assert errs[0] == pytest.approx(max(abs(x.error or 0.0) for x in tier1))
+    assert out["summary"] == val.summary_lines(rep)  # over every point, whatever is shown
+    m = json.loads(runner.invoke(app, ["validate", "--match", "MI300X", "--format", "json"]).output)
+    assert 0 < len(m["rows"]) < len(rep.rows)
+    for x in m["rows"]:
+        assert "mi300x" in " ".join((x["id"], x["device"], x["model"], x["source"])).lower()
+
+
 def test_predict_and_sweep_agree_on_chips_at_batch_one():
     for m in ("llama-3.1-70b", "llama-3.1-8b", "mixtral-8x7b"):
         p = json.loads(runner.invoke(app, ["predict", "-H", "h100-sxm", "-m", m, "--format", "json"]).output)

@@ -390,14 +390,28 @@ def sweep(
 def validate(
     fmt: str = typer.Option("table", "--format", help="table, json or markdown (the docs table)"),
     json_out: Path | None = JsonOpt,
+    tier: int | None = typer.Option(None, "--tier", min=1, max=2, help="only rows of this tier"),
+    match: str | None = typer.Option(
+        None, "--match", help="only rows whose id, device, model or source contains this text"
+    ),
+    worst: int | None = typer.Option(None, "--worst", min=1, help="only the N largest errors, largest first"),
 ) -> None:
-    """Published measurements vs the model: leave-one-source-out residuals, median / worst error."""
+    """Published measurements vs the model: leave-one-source-out residuals, median / worst error.
+
+    The filters choose the rows shown; the summary lines are always over every point."""
     from voicepipe.hardware import validate as val
 
     rep = _guard(val.run)
     if fmt == "markdown":
         typer.echo(val.markdown(rep))
         return
+    rows = [r for r in rep.rows if tier is None or r.point.tier == tier]
+    if match:
+        m = match.lower()
+        rows = [r for r in rows if any(m in str(x).lower() for x in
+                (r.point.id, r.point.device, r.point.model, r.point.source))]  # fmt: skip
+    if worst is not None:
+        rows = sorted((r for r in rows if r.error is not None), key=lambda r: -abs(r.error or 0.0))[:worst]
     payload = {
         "modelled": True,
         "fitted_on_all": rep.theta_all,
@@ -406,6 +420,8 @@ def validate(
             {
                 "id": r.point.id,
                 "tier": r.point.tier,
+                "device": r.point.device,
+                "model": r.point.model,
                 "metric": r.point.metric,
                 "published": r.point.value,
                 "predicted_held_out": r.predicted,
@@ -413,7 +429,7 @@ def validate(
                 "reason": r.reason,
                 "source": r.point.source,
             }
-            for r in rep.rows
+            for r in rows
         ],
     }
     if _emit_json(payload, fmt, json_out):
@@ -424,12 +440,16 @@ def validate(
         [r.point.id, str(r.point.tier), r.point.metric, f"{r.point.value:g}",
          f"{r.predicted:.4g}" if r.predicted is not None else "—",
          f"{r.error * 100:+.0f} %" if r.error is not None else f"n/a: {r.reason}"]
-        for r in rep.rows
+        for r in rows
     ]  # fmt: skip
     con = _console()
+    shown = "" if len(rows) == len(rep.rows) else f" — {len(rows)} of {len(rep.rows)} rows"
     con.print(
         _fit_table(
-            "Published vs modelled (predicted with the point's source held out)", cols, cells, con.width
+            f"Published vs modelled (predicted with the point's source held out){shown}",
+            cols,
+            cells,
+            con.width,
         )
     )
     for line in val.summary_lines(rep):
