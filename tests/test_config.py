@@ -189,3 +189,19 @@ def test_insecure_only_by_the_flag(tmp_path):
     with pytest.raises(UserError, match="only the --insecure flag"):
         load_config(None, ["broker.insecure=true"], "mqtts://h:8883")
     assert load_config(None, [], BrokerOverrides(url="mqtts://h:8883", insecure=True)).broker.insecure
+
+
+def test_a_dist_never_draws_past_a_modelled_durations_bound():
+    """A valid but extreme shape (median 0.001 ms, p90 260 ms: sigma ~9.7) drew hours, so a turn could
+    never be answered (found by fuzzing configs within their bounds); draws stop at MAX_MS."""
+    import numpy as np
+
+    from voicepipe.config import Dist
+    from voicepipe.limits import MAX_MS
+
+    rng = np.random.default_rng(0)
+    wide = Dist(median=0.001, p90=260.0)
+    draws = [wide.sample_ms(rng) for _ in range(2000)]
+    assert max(draws) == MAX_MS and min(draws) > 0
+    usual = Dist(median=188.0, p90=260.0)  # the TTS default: never near the bound, so unchanged
+    assert max(usual.sample_ms(rng) for _ in range(2000)) < 1000
