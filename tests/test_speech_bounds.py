@@ -92,7 +92,8 @@ def test_lines_at_the_bounds_run_without_dead_letters(tmp_path):
     from voicepipe.limits import MAX_MS, MAX_WPM, MIN_WPM
     from voicepipe.runner import simulate
 
-    slow = words(190, "hello") + f" [{MAX_MS / 2:g}]"  # 190 x 3 s at 20 wpm + 30 s: 10 minutes exactly
+    # 189 x 3 s at 20 wpm, a 30 s pause, one more word: 10 minutes exactly (a trailing pause is not said)
+    slow = words(189, "hello") + f" [{MAX_MS / 2:g}] hello"
     fast = words(MAX_TEXT // 2 - 1, "a")  # the most words the text bound holds, at 1,000 wpm: 3.4 minutes
     p = tmp_path / "edges.yaml"
     p.write_text(
@@ -106,3 +107,28 @@ def test_lines_at_the_bounds_run_without_dead_letters(tmp_path):
     res = simulate(cfg, [sc], 1)
     assert res.deadletters == 0 and res.stage_errors == 0
     assert [r.status for r in res.records] == ["ok", "ok"]
+
+
+def test_the_tts_cuts_a_runaway_clause_at_the_guard_bound():
+    """Whatever text reaches the TTS (a stage process with a slower voice than the run's config, a real
+    model's reply), no audio chunk is longer than the guard lets through: a run with no clause end is cut."""
+    from voicepipe.config import TTSConfig
+    from voicepipe.stages.tts import audio_ms, longest_clause, split_clauses
+
+    cfg = TTSConfig(words_per_minute=20)
+    assert longest_clause(20) == 200 and longest_clause(165) == LONGEST
+    for wpm in (20, 137.3, 165, 999.9, 1000):
+        assert audio_ms(["w"] * longest_clause(wpm), wpm) <= MAX_AUDIO_MS
+    clauses, rest = split_clauses(["word"] * 450, cfg, final=False)
+    assert [len(c) for c in clauses] == [200, 200] and len(rest) == 50
+    clauses, rest = split_clauses(["word"] * 450, cfg, final=True)
+    assert [len(c) for c in clauses] == [200, 200, 50] and rest == []
+    short = ["one", "two", "three,", "four", "five", "six."]
+    assert split_clauses(short, cfg, final=True) == split_clauses(short, TTSConfig(), final=True)
+
+
+def test_the_python_api_checks_speech_too(tmp_path):
+    """predict() and simulate() meet the same bound as the CLI (play_sessions checks every scenario)."""
+    path = scenario(tmp_path, "hi there", words(LONGEST + 1))
+    with pytest.raises(UserError, match=r"turns\.0\.reply: takes 10\.0 minutes"):
+        predict(load_config(), [load_scenario(str(path))])

@@ -117,8 +117,14 @@ def predict(cfg: PipelineConfig, scenarios: Sequence[Scenario], sessions: int = 
     recs = sorted(res.records, key=lambda r: (order[r.scenario], int(r.session.rsplit("-", 1)[1]), r.turn))
     late = next((r for r in recs if r.predicted_ms is None), None)
     if late is not None:
+        where = f"turn {late.turn} of {late.session}"
+        dead = "; ".join(f"{n} {why}" for why, n in sorted(res.counters.dead.items()) if n)
+        if late.status != "timeout":
+            raise ValueError(f"{where} {late.status}: {late.error or 'no reason given'}")
+        if dead:  # the run refused some of its own messages: that, not the clock, is why
+            raise ValueError(f"{where} got no reply; messages were dead-lettered ({dead})")
         raise ValueError(
-            f"turn {late.turn} of {late.session} got no reply within client.turn_timeout_s "
+            f"{where} got no reply within client.turn_timeout_s "
             f"({cfg.client.turn_timeout_s:g} s of virtual time): a modelled wait or stage takes longer than that"
         )
     return [TurnPrediction.of(r, exact_turn(r, shared)) for r in recs]

@@ -49,7 +49,7 @@ from voicepipe.membus import MemoryBroker
 from voicepipe.messages import Cancel, CancelReason, Envelope
 from voicepipe.partition import Membership, PartitionedBus, kind_of, plan_workers, replica_id
 from voicepipe.records import Accounting, TurnRecord, account
-from voicepipe.scenario import Scenario, session_id
+from voicepipe.scenario import Scenario, check_speech, session_id
 from voicepipe.stages.agent import Agent
 from voicepipe.stages.asr import ASR
 from voicepipe.stages.base import NOTED_PER_REASON, RunContext, Stage, cancel_quietly
@@ -595,8 +595,12 @@ async def play_sessions(
     *,
     before: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
-    """Start the stages, play every slot's conversations, stop the stages."""
+    """Start the stages, play every slot's conversations, stop the stages. Every scenario is first checked
+    against the run's config (:func:`voicepipe.scenario.check_speech`: a UserError), on every path in."""
     tasks: list[asyncio.Task[None]] = []
+    if stages:
+        played = {id(sc): sc for _, convs in slots for sc, _ in convs}
+        check_speech(stages[0].cfg, list(played.values()))
     result.expected_turns = sum(len(sc.turns) for _, convs in slots for sc, _ in convs)
     probe = None if is_virtual() else LagProbe()
     probing = asyncio.create_task(probe.run()) if probe else None

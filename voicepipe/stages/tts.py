@@ -9,24 +9,39 @@ rate, carrying the causal chain of the text that completed the first clause.
 from __future__ import annotations
 
 import asyncio
+import math
 from dataclasses import dataclass, field
 
 from voicepipe.clock import now_ns, rng_for, sleep_until_ns
 from voicepipe.config import TTSConfig
+from voicepipe.limits import MAX_SPEECH_MS
 from voicepipe.messages import Audio, Cancel, CancelReason, Envelope, ReplyText
 from voicepipe.spans import modelled_span
 from voicepipe.stages.base import Stage
 from voicepipe.text import first_clause_end
 
 
+def longest_clause(words_per_minute: float) -> int:
+    """The most words one audio chunk may hold: what the speaking rate says in MAX_SPEECH_MS (the bus
+    guard's bound on a chunk, so the TTS's own audio never meets it, whatever text reaches it)."""
+    n = max(1, math.floor(MAX_SPEECH_MS / 60_000.0 * words_per_minute))
+    while n > 1 and n * 60_000.0 / words_per_minute > MAX_SPEECH_MS:
+        n -= 1
+    return n
+
+
 def split_clauses(words: list[str], cfg: TTSConfig, final: bool) -> tuple[list[list[str]], list[str]]:
-    """Complete clauses in ``words`` and the rest still waiting for more text (flushed when final)."""
+    """Complete clauses in ``words`` and the rest still waiting for more text (flushed when final). A
+    run of words with no clause end is cut at :func:`longest_clause` (as a TTS engine caps its input)."""
     out: list[list[str]] = []
     rest = list(words)
+    cap = longest_clause(cfg.words_per_minute)
     while rest:
         end = first_clause_end(rest, cfg.min_clause_words, sentence=cfg.aggregate == "sentence")
-        if end is None:
-            break
+        if end is None or end > cap:
+            if end is None and len(rest) < cap:
+                break
+            end = cap
         out.append(rest[:end])
         rest = rest[end:]
     if final and rest:
