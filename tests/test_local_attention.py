@@ -87,27 +87,53 @@ def test_gemma3_pattern_llama4_chunks_mistral_and_switched_off(tmp_path):
     assert (hf(tmp_path, llama4).window, hf(tmp_path, llama4).local_layers) == (8192, 36)
     llama4_interval = {"text_config": {**BASE, "num_hidden_layers": 48, "attention_chunk_size": 8192}}
     assert hf(tmp_path, llama4_interval).local_layers == 36
-    mistral = {**BASE, "num_hidden_layers": 32, "sliding_window": 4096}
+    mistral = {**BASE, "model_type": "mistral", "num_hidden_layers": 32, "sliding_window": 4096}
     assert (hf(tmp_path, mistral).window, hf(tmp_path, mistral).local_layers) == (4096, 32)
-    for off in (
-        {**BASE, "sliding_window": None},
-        {**BASE, "sliding_window": 4096, "use_sliding_window": False},
-    ):
-        assert hf(tmp_path, off).window is None
-    qwen_on = {**BASE, "sliding_window": 4096, "use_sliding_window": True, "max_window_layers": 20}
-    assert hf(tmp_path, qwen_on).local_layers == 4
+    offs = [
+        {**BASE, "model_type": "mistral", "sliding_window": None},
+        {**BASE, "model_type": "qwen2", "sliding_window": 4096, "use_sliding_window": False},
+        {**BASE, "model_type": "qwen3", "sliding_window": 4096},  # Qwen's switch defaults to off
+        # a window on a layout not known here (DeepSeek-V4-style compressed attention): full, never tiny
+        {**BASE, "model_type": "deepseek_v4", "sliding_window": 128, "index_topk": 512},
+    ]
+    for off in offs:
+        assert hf(tmp_path, off).window is None, off
+    qwen_on = {**BASE, "model_type": "qwen2", "sliding_window": 4096, "use_sliding_window": True}
+    assert hf(tmp_path, {**qwen_on, "max_window_layers": 20}).local_layers == 4  # layers 20.. slide
+    assert (
+        hf(tmp_path, {**qwen_on, "num_hidden_layers": 32}).local_layers == 4
+    )  # default max_window_layers 28
+    exaone = {**BASE, "model_type": "exaone4", "sliding_window": 4096, "sliding_window_pattern": "LLLG"}
+    assert hf(tmp_path, exaone).local_layers == 18  # 24 layers, 3 of every 4 local
+    baichuan = {
+        **BASE,
+        "model_type": "baichuan_m1",
+        "sliding_window": 8192,
+        "sliding_window_layers": [1, 3, 5, 7],
+    }
+    assert hf(tmp_path, baichuan).local_layers == 4
 
 
 def test_a_bad_window_is_one_line_naming_the_field(tmp_path):
     with pytest.raises(ValueError, match=r"config\.json: sliding_window: must be an integer >= 1"):
-        hf(tmp_path, {**BASE, "sliding_window": "wide"})
+        hf(tmp_path, {**BASE, "model_type": "mistral", "sliding_window": "wide"})
+    with pytest.raises(
+        ValueError, match=r"config\.json: sliding_window_pattern: expected an integer or a string"
+    ):
+        hf(tmp_path, {**BASE, "sliding_window": 4096, "sliding_window_pattern": "LLXG"})
+
+
+def test_minimax_m2_all_softmax_attention_is_read(tmp_path):
+    m = hf(tmp_path, {**BASE, "attn_type_list": [1] * 24})  # MiniMax-M2: every layer ordinary attention
+    assert m.window is None and m.layers == 24
 
 
 @pytest.mark.parametrize(
     ("extra", "field"),
     [({"layer_types": ["linear_attention"] * 3 + ["full_attention"]}, "layer_types: linear_attention layers"),
      ({"hybrid_override_pattern": "M-M*-"}, "hybrid_override_pattern: hybrid models"),
-     ({"model_type": "jamba"}, "model_type: jamba: state-space")],
+     ({"model_type": "jamba"}, "model_type: jamba: state-space"),
+     ({"attn_type_list": [0, 0, 0, 1]}, "attn_type_list: linear-attention")],
 )  # fmt: skip
 def test_layers_that_are_not_attention_are_refused_not_misread(tmp_path, extra, field):
     """A Qwen3-Next (3 linear-attention layers per full one), Nemotron-H or Jamba config read as attention

@@ -74,7 +74,6 @@ _HYBRID_FIELDS = (
     "layers_block_type",  # Zamba, Bamba
     "attn_layer_indices",
     "attn_layer_period",  # Jamba
-    "attn_type_list",  # MiniMax-Text-01 (lightning attention)
     "full_attention_interval",  # Qwen3-Next
 )
 # architectures that are state-space or recurrent throughout, or mix such layers in
@@ -89,6 +88,9 @@ def _no_hybrid(r: _Reader, cfg: dict[str, Any]) -> None:
         other = sorted({str(t) for t in types if t not in _ATTENTION_TYPES})
         if other:
             raise r.fail("layer_types", f"{', '.join(other)} layers are not modelled (attention layers only)")
+    kinds = cfg.get("attn_type_list")  # MiniMax: 0 = lightning (linear) attention, 1 = softmax attention
+    if isinstance(kinds, list) and 0 in kinds:
+        raise r.fail("attn_type_list", "linear-attention layers (0) are not modelled (attention layers only)")
     for f in _HYBRID_FIELDS:
         if cfg.get(f) is not None:
             raise r.fail(f, "hybrid models (linear-attention or state-space layers) are not modelled")
@@ -96,19 +98,32 @@ def _no_hybrid(r: _Reader, cfg: dict[str, Any]) -> None:
         raise r.fail("model_type", f"{cfg['model_type']}: state-space or hybrid layers are not modelled")
 
 
+# architectures whose ``sliding_window``, with nothing else said, applies to every layer
+_SLIDE_EVERY_LAYER = ("mistral", "mixtral", "phi3", "starcoder2")
+_QWEN = ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe")
+
+
 def _local_attention(r: _Reader, cfg: dict[str, Any], layers: int) -> tuple[int | None, int]:
-    """(window, local layers) of a config's local attention, or (None, 0): ``layer_types`` (newer
-    transformers: "sliding_attention" / "chunked_attention" per layer), Gemma 3's
-    ``sliding_window_pattern`` (every N-th layer global), Gemma 2 (alternating), Llama 4's
-    ``attention_chunk_size`` on its RoPE layers (``no_rope_layers``: 1 = RoPE, chunked), Qwen's
-    ``use_sliding_window`` with ``max_window_layers`` (the layers from there on slide), else a plain
-    ``sliding_window`` on every layer (Mistral 7B v0.1). A null window, or Qwen's switch off, is none."""
+    """(window, local layers) of a config's local attention, or (None, 0).
+
+    Read from, in order: ``layer_types`` (newer transformers: "sliding_attention" / "chunked_attention"
+    per layer); Llama 4's ``attention_chunk_size`` on its RoPE layers (``no_rope_layers``: 1 = RoPE,
+    chunked; else every ``no_rope_layer_interval``-th layer global); ``sliding_window_layers`` (the local
+    layers' indices); ``sliding_window_pattern`` (Gemma 3: every N-th layer global; EXAONE 4: a string
+    such as "LLLG", L = local); Gemma 2 (alternating); Qwen's ``use_sliding_window`` with
+    ``max_window_layers`` (transformers: the layers from there on slide; default 28); a plain
+    ``sliding_window`` on every layer only for the architectures known to do that (Mistral 7B v0.1,
+    Mixtral, Phi-3, StarCoder2). A null window, Qwen's switch off, or a window on an architecture whose
+    layout is not known here reads as full attention (more KV than the truth, never less)."""
     chunk = _first(cfg, "attention_chunk_size")
     window_field = "attention_chunk_size" if chunk is not None else "sliding_window"
     if _first(cfg, window_field) is None or cfg.get("use_sliding_window") is False:
         return None, 0
     window = r.int_(window_field)
+    kind = cfg.get("model_type")
     types = cfg.get("layer_types")
+    pattern = _first(cfg, "sliding_window_pattern")
+    listed = cfg.get("sliding_window_layers")
     if isinstance(types, list) and types:
         local = sum(1 for t in types[:layers] if t in _LOCAL_TYPES)
     elif chunk is not None:
@@ -118,15 +133,27 @@ def _local_attention(r: _Reader, cfg: dict[str, Any], layers: int) -> tuple[int 
         else:
             every = r.int_("no_rope_layer_interval", default=4)
             local = layers - layers // every
-    elif _first(cfg, "sliding_window_pattern") is not None:
+    elif isinstance(listed, list):
+        local = len({i for i in listed if isinstance(i, int) and not isinstance(i, bool) and 0 <= i < layers})
+    elif isinstance(pattern, str):
+        if not pattern or set(pattern.upper()) - {"L", "G"}:
+            raise r.fail(
+                "sliding_window_pattern", f"expected an integer or a string of L and G, got {pattern!r}"
+            )
+        local = sum(1 for i in range(layers) if pattern.upper()[i % len(pattern)] == "L")
+    elif pattern is not None:
         every = r.int_("sliding_window_pattern")
         local = layers - layers // every
-    elif cfg.get("model_type") == "gemma2":
+    elif kind == "gemma2":
         local = layers - layers // 2
-    elif cfg.get("use_sliding_window") is True:
-        local = layers - min(r.int_("max_window_layers", default=0, lo=0), layers)
-    else:
+    elif kind in _QWEN:
+        if cfg.get("use_sliding_window") is not True:
+            return None, 0
+        local = layers - min(r.int_("max_window_layers", default=28, lo=0), layers)
+    elif kind in _SLIDE_EVERY_LAYER:
         local = layers
+    else:
+        return None, 0
     return (window, local) if local > 0 else (None, 0)
 
 
