@@ -44,6 +44,18 @@ def test_local_attention_saves_memory_and_time_only_past_the_window():
     assert long.kv_gb < predict(dev, full, batch=16, prompt_tokens=30000, output_tokens=500).kv_gb / 3
 
 
+def test_memory_holds_the_window_only_where_the_stack_frees_it():
+    """SGLang keeps every token of a Gemma layer allocated (its hybrid SWA pool is off for Gemma 2/3): the
+    same reads as vLLM, but no more sequences fit than with full attention."""
+    dev = catalog.device("h100-sxm")
+    assert catalog.stack("vllm").window_kv and not catalog.stack("sglang").window_kv
+    keeps = make_system(dev, GEMMA, "bf16", context=4096, stack=catalog.stack("sglang"))
+    frees = make_system(dev, GEMMA, "bf16", context=4096, stack=catalog.stack("vllm"))
+    full = make_system(dev, without_window(GEMMA), "bf16", context=4096, stack=catalog.stack("sglang"))
+    assert max_sequences(keeps, 32768) == max_sequences(full, 32768) < max_sequences(frees, 32768)
+    assert decode_step_s(keeps, 8, 32768) < decode_step_s(full, 8, 32768)
+
+
 def test_a_window_needs_its_layer_count():
     with pytest.raises(ValueError, match="window and local_layers go together"):
         without_window(GEMMA).model_validate({**GEMMA.model_dump(), "local_layers": 0})

@@ -267,6 +267,10 @@ class Stack(BaseModel):
     # True: when the paged KV cache runs out, running sequences are evicted and later re-prefilled
     # (vLLM's RECOMPUTE preemption); False: not modelled (the batch that fits at the mean context runs)
     preempt_recompute: bool = False
+    # True: the KV cache keeps only a local layer's window (what falls out is freed: vLLM's hybrid KV-cache
+    # manager, TensorRT-LLM's per-window pools, llama.cpp's SWA cache), so a sequence holds ModelSpec.held
+    # tokens; False: every token on every layer stays allocated (the kernels still read only the window)
+    window_kv: bool = False
     sources: dict[str, str]
 
     @model_validator(mode="after")
@@ -282,7 +286,7 @@ class Stack(BaseModel):
             missing.append("gqa_kv_shared")
         if self.gqa_heads_per_read is not None and not self.sources.get("gqa_heads_per_read"):
             missing.append("gqa_heads_per_read")
-        for flag in ("first_token_from_decode", "preempt_recompute"):
+        for flag in ("first_token_from_decode", "preempt_recompute", "window_kv"):
             if getattr(self, flag) and not self.sources.get(flag):
                 missing.append(flag)
         if missing:

@@ -288,10 +288,18 @@ def kv_capacity_tokens(system: System) -> float:
     return max(0.0, free / per_token)
 
 
+def kept_tokens(system: System, context: ArrayLike) -> ArrayLike:
+    """KV tokens (full-token equivalents) one sequence of ``context`` keeps in memory: the window on local
+    layers where the stack frees what falls out of it (:attr:`Stack.window_kv`), else every token. The
+    kernels read only the window either way (:func:`step_parts`)."""
+    if system.device.kind == "hbm" and system.serving.window_kv:
+        return system.model.held(context)
+    return context
+
+
 def max_sequences(system: System, context: int) -> int:
-    """How many sequences of ``context`` tokens fit beside the weights (≥ 0); a model with local
-    attention holds fewer than ``context`` full tokens per sequence (:meth:`ModelSpec.held`)."""
-    return max(0, math.floor(kv_capacity_tokens(system) / system.model.held(context)))
+    """How many sequences of ``context`` tokens fit beside the weights (≥ 0) (:func:`kept_tokens`)."""
+    return max(0, math.floor(kv_capacity_tokens(system) / kept_tokens(system, context)))
 
 
 def running_sequences(system: System, prompt_tokens: int, output_tokens: int) -> int:
@@ -357,7 +365,7 @@ def sram_units(
     device: Device, model: ModelSpec, precision: str, seqs: int, context: int, eff: Efficiency, kv: str
 ) -> int:
     """Chips/wafers an SRAM machine needs to hold the weights plus ``seqs`` KV caches of ``context``."""
-    need = weight_bytes(model, precision) + seqs * model.held(context) * kv_bytes_per_token(model, kv)
+    need = weight_bytes(model, precision) + seqs * context * kv_bytes_per_token(model, kv)  # every token kept
     return math.ceil(need / (device.capacity_bytes * eff.usable_sram))
 
 
@@ -415,7 +423,9 @@ def make_system(
 
 def _no_fit(system: System, seqs: int, context: int) -> str:
     dev, m = system.device, system.model
-    need = weight_bytes(m, system.precision) + seqs * m.held(context) * kv_bytes_per_token(m, system.kv)
+    need = weight_bytes(m, system.precision) + seqs * kept_tokens(system, context) * kv_bytes_per_token(
+        m, system.kv
+    )
     have = system.chips * dev.capacity_bytes * system.eff.usable_memory
     hint = "" if system.precision in ("int4", "fp4") else "; try a smaller --precision"
     return (
@@ -597,7 +607,7 @@ def rank_local_prefill_parts(system: System, prompt_tokens: float) -> StepParts:
     n = float(prompt_tokens)
     _, experts = _expert_split(m)
     local = matmul_params(m) - experts * (m.experts_active / m.experts if m.is_moe else 0.0)
-    attention = 2.0 * m.layers * m.heads * 2.0 * m.head_dim * n * n / 2.0
+    attention = 2.0 * m.layers * m.heads * 2.0 * m.head_dim * n * m.held(n / 2.0)
     zero = np.zeros(())
     return StepParts(
         kv_s=zero,
@@ -837,7 +847,7 @@ def predict(
         ttft_ms=float(prefill_s(system, prompt_tokens)) * 1e3,
         bound=str(st.bound()),
         weights_gb=weight_bytes(model, system.precision) / 1e9,
-        kv_gb=batch * model.held(ctx_max) * kv_bytes_per_token(model, system.kv) / 1e9,
+        kv_gb=batch * kept_tokens(system, ctx_max) * kv_bytes_per_token(model, system.kv) / 1e9,
         capacity_gb=cap / 1e9,
         max_batch_fits=room,
         memory_ms=float(st.memory_s) * 1e3,

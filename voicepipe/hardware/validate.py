@@ -198,7 +198,15 @@ def prepare(p: Point) -> Prepared:
     ctx = prompt + out / 2.0
     static = p.metric in ("tok_s_total", "e2e_latency_s", "e2el_ms")  # a static batch started at once
     grows = None
-    if static and p.batch is not None and dev.kind == "hbm" and system.serving.preempt_recompute:
+    # (the lockstep model counts every token of the cache: not for a stack that keeps only local windows)
+    keeps_all = mdl.window is None or not system.serving.window_kv
+    if (
+        static
+        and p.batch is not None
+        and dev.kind == "hbm"
+        and system.serving.preempt_recompute
+        and keeps_all
+    ):
         grows = lockstep(kv_capacity_tokens(system), batch, prompt, out)
     extra: dict[str, tuple[StepParts, float]] = {}
     if p.metric in STEADY_STATE and batch > 1:
