@@ -145,6 +145,47 @@ def test_an_utterance_no_one_could_speak_is_out_of_range():
         assert got.reason.startswith("out of range"), why
 
 
+def test_a_trusted_bus_keeps_an_utterances_verdict_and_refuses_the_same_utterances():
+    """On a trusted bus an utterance's verdict is kept per payload object (clients share memoised ones):
+    every utterance refused above is still refused there, the first time and when the same object comes
+    again, and a fine one shared by two sessions passes for both; a subclass of a payload class is
+    range-checked as its class (the per-class lookup that replaced isinstance)."""
+
+    def w(i: int, media: int, last: bool = False, dur: int = 10, gap: int | None = 0) -> UserWord:
+        return UserWord(
+            text="x", dur_ns=dur, index=i, pause_before=False, last_word=last, media_ns=media,
+            gap_after_ns=None if last else gap,
+        )  # fmt: skip
+
+    bad = [
+        said(w(0, 0), w(1, 5, last=True)),
+        said(w(1, 0), w(0, 10, last=True)),
+        said(w(0, 0, last=True), w(1, 10)),
+        said(w(0, 0, last=True, dur=MAX_SPAN_NS + 1)),
+    ]
+    fine = said(w(0, 0), w(1, 10), w(2, 30, last=True))
+    g = Guard(TOKEN, trusted=True)
+    for session in ("a", "b"):
+        opened = g.admit(signed(script(0, 0).payload, src="client/1", seq=0, turn=0, session=session))
+        assert opened.verdict is Verdict.OK
+        seq = 0
+        for p in [*bad, *bad]:
+            seq += 1
+            got = g.admit(signed(p, src="client/1", seq=seq, turn=0, session=session))
+            assert got.reason.startswith("out of range: word"), got.reason
+        got = g.admit(signed(fine, src="client/1", seq=seq + 1, turn=0, session=session))
+        assert got.verdict is Verdict.OK, got.reason
+
+    class LongAudio(Audio):
+        pass
+
+    g = Guard(TOKEN)
+    assert g.admit(script(0, 0)).verdict is Verdict.OK
+    long = LongAudio(seq=0, text="x", duration_ms=600_001.0, last=True, words=1, segment=0, meta=META)
+    got = g.admit(signed(long, src="tts/1", seq=0, turn=0))
+    assert got.reason == "out of range: audio duration 600001 ms", got.reason
+
+
 def test_the_longest_utterance_a_scenario_can_hold_is_not_out_of_range():
     """A turn's text may be MAX_TEXT characters (voicepipe.limits): one-letter words make that 5,000 of them,
     and the client's utterance of them must pass the guard (a 2,000-word bound turned such a turn into a

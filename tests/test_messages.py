@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from pydantic import ValidationError
 
 from voicepipe.messages import (
     PAYLOADS,
@@ -15,6 +16,7 @@ from voicepipe.messages import (
     Envelope,
     Partial,
     Path,
+    ReplyText,
     Route,
     Target,
     TurnMeta,
@@ -129,3 +131,53 @@ def test_every_message_of_a_virtual_run_is_what_the_wire_parser_accepts(config):
         assert back.model_dump() == env.model_dump(), env.type
         assert type(back.payload) is type(env.payload) and back.payload == env.payload, env.type
         assert all(type(a) is type(b) for a, b in zip(back.spans, env.spans, strict=True)), env.type
+        assert back.to_bytes() == env.to_bytes(), env.type  # the same JSON: no int where a float belongs
+
+
+@pytest.mark.parametrize(
+    "config", [None, "scenarios/configs/preemptive.yaml", "scenarios/configs/council-vote.yaml"]
+)
+def test_payloads_built_without_validation_are_what_validation_makes(config):
+    """reply_text() and audio() skip pydantic's validation for values already of their types: each such payload
+    of a virtual run must equal, field by field and type by type (and in the fields it counts as set), what
+    the validating constructor makes of the same values; a value of another type or out of range is
+    validated (and refused) as the constructor would."""
+    from voicepipe.config import load_config
+    from voicepipe.messages import audio, reply_text
+    from voicepipe.runner import simulate
+    from voicepipe.scenario import load_scenario
+
+    def same(a, b) -> bool:
+        return (
+            a.__dict__ == b.__dict__
+            and all(type(a.__dict__[k]) is type(v) for k, v in b.__dict__.items())
+            and a.model_fields_set == b.model_fields_set
+        )
+
+    seen: list[Envelope] = []
+    cfg = load_config(config, [])
+    res = simulate(
+        cfg, [load_scenario("rapid-fire"), load_scenario("barge-in")], 2, tap=lambda _, e: seen.append(e)
+    )
+    checked = 0
+    for env in seen:
+        p = env.payload
+        if type(p) in (ReplyText, Audio):
+            assert same(type(p)(**p.__dict__), p), env.type
+            checked += 1
+    assert checked > 10 and res.records
+    meta = TurnMeta(backend="b", path=Path.AGENT)
+    assert same(audio(0, "a", 2, True, 1, 0, meta), Audio(seq=0, text="a", duration_ms=2, last=True, words=1,
+                                                         segment=0, meta=meta))  # fmt: skip
+    assert type(audio(0, "a", 2, True, 1, 0, meta).duration_ms) is float  # validated: the int became a float
+    for bad in ({"duration_ms": -1.0}, {"duration_ms": float("nan")}, {"seq": -1}, {"last": 1}):
+        with pytest.raises(ValidationError):
+            audio(**{"seq": 0, "text": "a", "duration_ms": 1.0, "last": True, "words": 1, "segment": 0,
+                     "meta": meta, **bad})  # fmt: skip
+    for bad in ({"seq": True}, {"words": -2}, {"text": None}, {"final": 1}):
+        with pytest.raises(ValidationError):
+            reply_text(
+                **{"text": "a", "seq": 0, "final": True, "words": 1, "segment": 0, "meta": meta, **bad}
+            )
+    as_dict = reply_text("a", 0, True, 1, 0, meta.model_dump())  # type: ignore[arg-type]  # validated
+    assert same(as_dict, ReplyText(text="a", seq=0, final=True, words=1, segment=0, meta=meta))

@@ -11,6 +11,7 @@ unknown type, payload that fails validation) hands the raw bytes to the dead-let
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import secrets
 from enum import StrEnum
@@ -203,6 +204,59 @@ class Audio(Payload):
     words: Count
     segment: Count
     meta: TurnMeta
+
+
+_REPLY_TEXT_FIELDS = frozenset(ReplyText.model_fields)  # every one is passed (no defaults)
+_AUDIO_FIELDS = frozenset(Audio.model_fields)
+
+
+def reply_text(text: str, seq: int, final: bool, words: int, segment: int, meta: TurnMeta) -> ReplyText:
+    """``ReplyText(...)``, built without pydantic's validation when every value is exactly of its field's type
+    and in range (what the agent and council stages pass: a chunk per reply chunk); anything else is
+    validated, and refused, as the constructor would."""
+    if (
+        type(text) is str
+        and type(seq) is int
+        and seq >= 0
+        and type(final) is bool
+        and type(words) is int
+        and words >= 0
+        and type(segment) is int
+        and segment >= 0
+        and type(meta) is TurnMeta
+    ):
+        fields = {"text": text, "seq": seq, "final": final, "words": words, "segment": segment, "meta": meta}
+        return built(ReplyText, fields, set(_REPLY_TEXT_FIELDS))
+    return ReplyText(text=text, seq=seq, final=final, words=words, segment=segment, meta=meta)
+
+
+def audio(
+    seq: int, text: str, duration_ms: float, last: bool, words: int, segment: int, meta: TurnMeta
+) -> Audio:
+    """``Audio(...)``, built without pydantic's validation when every value is exactly of its field's type and
+    in range (what the TTS passes: a message per clause); anything else is validated, and refused, as the
+    constructor would."""
+    if (
+        type(seq) is int
+        and seq >= 0
+        and type(text) is str
+        and type(duration_ms) is float
+        and 0.0 <= duration_ms < math.inf  # finite (a NaN fails the comparison): the model allows no inf/nan
+        and type(last) is bool
+        and type(words) is int
+        and words >= 0
+        and type(segment) is int
+        and segment >= 0
+        and type(meta) is TurnMeta
+    ):
+        fields = {
+            "seq": seq, "text": text, "duration_ms": duration_ms, "last": last, "words": words,
+            "segment": segment, "meta": meta,
+        }  # fmt: skip
+        return built(Audio, fields, set(_AUDIO_FIELDS))
+    return Audio(
+        seq=seq, text=text, duration_ms=duration_ms, last=last, words=words, segment=segment, meta=meta
+    )
 
 
 class Cancel(Payload):

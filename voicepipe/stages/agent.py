@@ -30,12 +30,12 @@ from voicepipe.messages import (
     Cancel,
     CancelReason,
     Envelope,
-    ReplyText,
     Route,
     Span,
     Target,
     TurnMeta,
     TurnScript,
+    reply_text,
 )
 from voicepipe.records import EndpointMetrics
 from voicepipe.stages.base import Stage
@@ -140,7 +140,7 @@ async def stream_reply(
                     update={"endpoint": EndpointMetrics.model_validate(gen.stream.metrics())}
                 )
         route: Route = head.payload  # type: ignore[assignment]
-        text = ReplyText(
+        text = reply_text(  # ReplyText(...) without validating values that are already of their types
             text="".join(gen.tokens[start : end + 1]), seq=seq, final=final, words=route.words,
             segment=route.segment, meta=meta,
         )  # fmt: skip

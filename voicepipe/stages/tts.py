@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from voicepipe.clock import now_ns, rng_for, sleep_until_ns
 from voicepipe.config import TTSConfig
 from voicepipe.limits import MAX_SPEECH_MS
-from voicepipe.messages import Audio, Cancel, CancelReason, Envelope, ReplyText
+from voicepipe.messages import Cancel, CancelReason, Envelope, ReplyText, audio
 from voicepipe.spans import modelled_span
 from voicepipe.stages.base import Stage
 from voicepipe.text import first_clause_end
@@ -147,11 +147,11 @@ class TTS(Stage):
                     spans = []
                 await sleep_until_ns(ready)
                 text: ReplyText = env.payload
-                audio = Audio(
+                payload = audio(  # Audio(...) without validating values that are already of their types
                     seq=r.seq, text=" ".join(clause), duration_ms=audio_ms(clause, cfg.words_per_minute),
                     last=last, words=text.words, segment=key[2], meta=text.meta,
                 )  # fmt: skip
-                await self.publish(self.reply(env, audio, spans))
+                await self.publish(self.reply(env, payload, spans))
                 r.seq += 1
                 if last:
                     return
