@@ -526,8 +526,9 @@ def step_parts(
     linear = 2.0 * matmul_params(m) * tokens
     # local attention: the decoders' cache at their mean context, the prompt's cached prefix, and the
     # span a new prompt token attends to, each capped at the window on the local layers
-    kv = held_total(m, kv, d)
-    cached = held_total(m, c, ps)
+    cached = c
+    if m.window is not None:
+        kv, cached = held_total(m, kv, d), held_total(m, c, ps)
     attention = (
         2.0
         * m.layers

@@ -9,6 +9,7 @@ rate, carrying the causal chain of the text that completed the first clause.
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -21,6 +22,7 @@ from voicepipe.stages.base import Stage
 from voicepipe.text import first_clause_end
 
 
+@functools.lru_cache(maxsize=64)
 def longest_clause(words_per_minute: float) -> int:
     """The most words one audio chunk may hold: what the speaking rate says in MAX_SPEECH_MS (the bus
     guard's bound on a chunk, so the TTS's own audio never meets it, whatever text reaches it)."""
