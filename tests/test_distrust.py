@@ -394,8 +394,9 @@ async def fuzz_run(mosquitto, n: int, *, sessions: int, turns: int) -> None:
     addr = BrokerAddress.parse(mosquitto.url)
     run = f"fz{n}"
     sc = tiny_scenario(turns=turns)
-    # the last turn's pause keeps the run (and every stage) alive until the storm has surely been delivered
-    sc.turns[-1] = sc.turns[-1].model_copy(update={"gap_ms": 8000})
+    # the last turn's pause keeps the run (and every stage) alive until the storm has surely been delivered:
+    # ~2-4 s of publishing on a quiet box, and once over 8 s beside a valgrind job, hence 20 s
+    sc.turns[-1] = sc.turns[-1].model_copy(update={"gap_ms": 20000})
     names = [f"{sc.name}-{i}" for i in range(sessions)]
     rng = random.Random(12)
     msgs = [hostile(rng, run, names, turns) for _ in range(n)]
