@@ -21,7 +21,7 @@ from voicepipe.limits import (
     Text,
     Wpm,
 )
-from voicepipe.text import PAUSE, pause_ms, plain, speak
+from voicepipe.text import PAUSE, audio_ms, pause_ms, plain, speak
 
 if TYPE_CHECKING:
     from voicepipe.config import PipelineConfig
@@ -104,8 +104,8 @@ class Scenario(BaseModel):
 
 
 def reply_speech_ms(text: str, words_per_minute: float) -> float:
-    """How long the TTS takes to say ``text`` (its audio: words at the speaking rate, voicepipe.stages.tts)."""
-    return len(text.split()) * 60_000.0 / words_per_minute
+    """How long the TTS takes to say ``text`` (the audio of all its words, as voicepipe.stages.tts times it)."""
+    return audio_ms(text.split(), words_per_minute)
 
 
 def too_long(field: str, ms: float, rate: str) -> str | None:

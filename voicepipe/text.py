@@ -42,6 +42,11 @@ def speak(utterance: str, words_per_minute: float) -> list[Word]:
     return out
 
 
+def audio_ms(words: list[str], words_per_minute: float) -> float:
+    """How long the TTS takes to say ``words`` (its audio: words at the speaking rate)."""
+    return len(words) * 60_000.0 / words_per_minute
+
+
 def pause_ms(m: re.Match[str]) -> float:
     """The silence a :data:`PAUSE` marker stands for, in ms."""
     val = float(m.group(1))

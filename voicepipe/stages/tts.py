@@ -19,7 +19,7 @@ from voicepipe.limits import MAX_SPEECH_MS
 from voicepipe.messages import Cancel, CancelReason, Envelope, ReplyText, audio
 from voicepipe.spans import modelled_span
 from voicepipe.stages.base import Stage
-from voicepipe.text import first_clause_end
+from voicepipe.text import audio_ms, first_clause_end
 
 
 @functools.lru_cache(maxsize=64)
@@ -60,10 +60,6 @@ def first_audio_chunk(chunks: list[str], cfg: TTSConfig) -> int:
         if split_clauses(words, cfg, final=j == len(chunks) - 1)[0]:
             return j
     return len(chunks) - 1
-
-
-def audio_ms(words: list[str], words_per_minute: float) -> float:
-    return len(words) * 60_000.0 / words_per_minute
 
 
 @dataclass
