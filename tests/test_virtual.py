@@ -138,3 +138,28 @@ def test_a_stage_receive_that_waits_holds_its_later_messages_back_in_order():
     assert run_virtual(main()) == [
         (0, 0, "start"), (0, 0, "end"), (1, 0, "start"), (1, 5 * ms, "end"), (2, 5 * ms, "start"), (2, 5 * ms, "end"),
     ]  # fmt: skip
+
+
+def test_the_collector_is_off_during_a_virtual_run_unless_a_live_run_overlaps_and_comes_back_after():
+    import gc
+
+    from voicepipe.clock import GC_THRESHOLD, lean_gc
+
+    before = gc.get_threshold()
+    assert gc.isenabled()
+
+    async def state() -> tuple[bool, tuple[int, int, int]]:
+        return gc.isenabled(), gc.get_threshold()
+
+    assert run_virtual(state()) == (False, GC_THRESHOLD)
+    assert gc.isenabled() and gc.get_threshold() == before
+    with lean_gc():  # a live run in progress: its loop must keep collecting
+        assert run_virtual(state()) == (True, GC_THRESHOLD)
+        assert gc.isenabled()
+    assert gc.isenabled() and gc.get_threshold() == before
+    gc.disable()  # a caller that switched the collector off keeps it off
+    try:
+        assert run_virtual(state())[0] is False
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
