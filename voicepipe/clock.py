@@ -462,8 +462,10 @@ T = TypeVar("T")
 # exists before it is frozen (never walked) and the youngest generation is collected every 20,000
 # allocations instead of 700. While only virtual runs are in progress the collector is off altogether: a
 # virtual run's state is mostly alive until it ends (every session's tasks, futures and timers), so even
-# lean collections kept re-walking it, ~10-20 % of the CPU of a 1,000-session level; it leaves ~2 cyclic
-# objects per turn (13,000 after 7,000 turns, measured), freed by one collection of the youngest generation when the last run ends.
+# lean collections kept re-walking it: 8 % of the CPU of a 1,000-session level, 11 % of a 2,000-session one
+# (gc.callbacks timing). It leaves ~2 cyclic objects per turn (13,000 after 7,000 turns, measured), handed
+# to the oldest generation when the last run ends and freed by its next collection (collecting the run's
+# survivors on the spot cost ~3 % of a level, wasted in a worker process that then exits).
 # Timing only: nothing is leaked, the settings are restored when the last concurrent run ends.
 GC_THRESHOLD = (20_000, 20, 100)
 _gc_lock = threading.Lock()
@@ -502,11 +504,11 @@ def lean_gc(virtual: bool = False) -> Iterator[None]:
             _gc_live -= not virtual
             if _gc_runs == 0:
                 gc.set_threshold(*_gc_saved)
+                if virtual:
+                    gc.freeze()  # the run's objects join the oldest generation with the rest (not re-walked now)
                 gc.unfreeze()
                 if _gc_was_enabled:
                     gc.enable()
-                    if virtual:
-                        gc.collect(0)  # the run's objects never left the youngest generation
             elif _gc_was_enabled:
                 _gc_apply()
 
