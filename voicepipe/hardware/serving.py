@@ -724,6 +724,11 @@ class DeviceStream:
         return out
 
     def cancel(self) -> None:
+        if self.job.outputs - 1 in self._got:
+            # every token handed out: the request ends on its own (a reader that is done drops nothing);
+            # token times are whole ns, so a cancel "now" would land under 1 ns before the job's finish
+            # and re-project the whole device for nothing (~5 % of an H100 turn at 200 sessions)
+            return
         self.server.cancel(self.job)
 
 
