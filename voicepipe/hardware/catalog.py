@@ -271,6 +271,15 @@ class Stack(BaseModel):
     # manager, TensorRT-LLM's per-window pools, llama.cpp's SWA cache), so a sequence holds ModelSpec.held
     # tokens; False: every token on every layer stays allocated (the kernels still read only the window)
     window_kv: bool = False
+    # how the scheduler admits a request into the KV cache: "grow" (paged blocks allocated as the sequence
+    # grows, so the running batch is what fits at the mean context: vLLM, SGLang, LMDeploy) or "reserve"
+    # (blocks for prompt + maximum output reserved at admission, so a started request is never evicted:
+    # TensorRT-LLM's default GUARANTEED_NO_EVICT capacity scheduler)
+    kv_admission: Literal["grow", "reserve"] = "grow"
+    # how the KV pool is sized: "total" (a share of the whole memory, less the weights: vLLM's
+    # gpu_memory_utilization, SGLang's mem_fraction_static) or "free" (a share of what the loaded weights
+    # leave free: TensorRT-LLM's free_gpu_memory_fraction); the share is Efficiency.usable_memory
+    kv_pool: Literal["total", "free"] = "total"
     sources: dict[str, str]
 
     @model_validator(mode="after")
@@ -289,6 +298,9 @@ class Stack(BaseModel):
         for flag in ("first_token_from_decode", "preempt_recompute", "window_kv"):
             if getattr(self, flag) and not self.sources.get(flag):
                 missing.append(flag)
+        for key, default in (("kv_admission", "grow"), ("kv_pool", "total")):
+            if getattr(self, key) != default and not self.sources.get(key):
+                missing.append(key)
         if missing:
             raise ValueError(f"no source for {', '.join(missing)}")
         return self

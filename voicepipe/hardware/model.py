@@ -42,9 +42,9 @@ embedding table is not streamed (one row per token) unless it is tied to the out
 
 TTFT adds the stack's per-request cost to the prefill step (a ``first_token_from_decode`` stack: the
 prefill of all but the last prompt token, then one decode step). A batch whose KV does not fit runs as many
-sequences as fit (:func:`predict` says ``fits: false`` and the effective batch); serving stacks allocate
-KV blocks as sequences grow (paged KV), so that is what fits at the sequences' mean context
-(:func:`running_sequences`).
+sequences as fit (:func:`predict` says ``fits: false`` and the effective batch); most serving stacks allocate
+KV blocks as sequences grow (paged KV), so that is what fits at the sequences' mean context, while
+TensorRT-LLM reserves each request's full length at admission (:func:`running_sequences`).
 
 The constants η_mem, MFU, η_wq, η_moe and τ are fitted (:mod:`voicepipe.hardware.validate`); every
 step is first split into raw parts (:class:`StepParts`, seconds at efficiency 1) that :func:`combine`
@@ -84,15 +84,15 @@ class Efficiency:
     """Efficiency factors, one set for every HBM device (η_mem, MFU, η_wq, η_moe fitted; see docs §2)."""
 
     # fitted on every point of data/validation.yaml (`voicepipe hardware validate`; docs §2 and §3)
-    eta_mem: float = 0.816  # share of the sustained (STREAM-like) bandwidth a native decode step streams
-    mfu: float = 0.725  # share of the sustained (measured maximum) matmul FLOP/s a serving step reaches
+    eta_mem: float = 0.797  # share of the sustained (STREAM-like) bandwidth a native decode step streams
+    mfu: float = 0.732  # share of the sustained (measured maximum) matmul FLOP/s a serving step reaches
     eta_wq: float = 1.0  # weight-only kernels' efficiency relative to native ones (dequant in the loop)
-    eta_moe: float = 0.817  # expert (grouped-GEMM) streaming efficiency relative to dense GEMV + routing
-    layer_s: float = 10.7e-6  # per layer per step on HBM devices beyond the stack's own gaps (launch, sync)
+    eta_moe: float = 0.892  # expert (grouped-GEMM) streaming efficiency relative to dense GEMV + routing
+    layer_s: float = 9.76e-6  # per layer per step on HBM devices beyond the stack's own gaps (launch, sync)
     ar_growth: float = 0.5  # all-reduce latency growth per doubling of the TP group beyond 2
     moe_route_s: float = 20e-6  # per MoE layer per step: router, top-k, permute, grouped-GEMM launches
     link_eff: float = 0.45  # share of link bandwidth NCCL reaches at 0.1-10 MB messages
-    usable_memory: float = 0.90  # share of HBM for weights + KV (rest: activations, runtime, fragments)
+    usable_memory: float = 0.90  # share of HBM for weights + KV, or of what weights leave (Stack.kv_pool)
     usable_sram: float = 1.0  # SRAM machines map weights and KV directly
 
 
@@ -275,12 +275,19 @@ def weights_fit(system: System) -> bool:
 
 
 def kv_capacity_tokens(system: System) -> float:
-    """KV-cache tokens (summed over sequences) that fit beside the weights (≥ 0)."""
+    """KV-cache tokens (summed over sequences) that fit beside the weights (≥ 0).
+
+    The pool is ``usable_memory`` of the whole memory less the weights, or, for a stack that sizes it from
+    what the loaded weights leave free (``kv_pool: free``, TensorRT-LLM), ``usable_memory`` of that."""
     dev, m = system.device, system.model
     if dev.kind == "hbm":
         if not weights_fit(system):
             return 0.0
-        free = dev.capacity_bytes * system.eff.usable_memory - weight_split(system)[0]
+        weights = weight_split(system)[0]
+        if system.serving.kv_pool == "free":  # a share of what the weights leave free
+            free = (dev.capacity_bytes - weights) * system.eff.usable_memory
+        else:  # a share of the whole memory, less the weights
+            free = dev.capacity_bytes * system.eff.usable_memory - weights
         per_token = kv_bytes_per_token(m, system.kv) / kv_shards(m, system.chips, system.attention_dp)
     else:
         free = system.chips * dev.capacity_bytes * system.eff.usable_sram - weight_bytes(m, system.precision)
@@ -306,12 +313,14 @@ def running_sequences(system: System, prompt_tokens: int, output_tokens: int) ->
     """How many sequences of ``prompt + output`` tokens a paged-KV server keeps running at once.
 
     Serving stacks allocate KV-cache blocks as a sequence grows (PagedAttention, Kwon et al. 2023,
-    arXiv 2309.06180; TensorRT-LLM's and LMDeploy's paged/blocked caches alike), so what bounds the
-    running batch is the cache at the sequences' current context — over a decode, on average
-    ``prompt + output/2`` — not the cache each would reach at its end. 0 when not even one whole
-    sequence fits beside the weights."""
-    if max_sequences(system, prompt_tokens + output_tokens) < 1:
-        return 0
+    arXiv 2309.06180; LMDeploy's blocked cache alike), so what bounds the running batch is the cache at
+    the sequences' current context — over a decode, on average ``prompt + output/2`` — not the cache each
+    would reach at its end. A stack that reserves a request's whole ``prompt + output`` at admission
+    (``kv_admission: reserve``, TensorRT-LLM's default GUARANTEED_NO_EVICT) runs what fits at that full
+    length. 0 when not even one whole sequence fits beside the weights."""
+    full = max_sequences(system, prompt_tokens + output_tokens)
+    if full < 1 or system.serving.kv_admission == "reserve":
+        return full
     return max_sequences(system, max(1, math.floor(mean_context(prompt_tokens, output_tokens))))
 
 
@@ -822,10 +831,12 @@ def predict(
     ctx = mean_context(prompt_tokens, output_tokens)
     note = ""
     if run < batch:
-        note = (
-            f"KV for {batch} sequences at their mean context of {ctx:.0f} tokens exceeds memory: the "
-            f"server runs {run} at a time and queues the rest"
+        held = (
+            f"reserved at their full {ctx_max} tokens"
+            if system.serving.kv_admission == "reserve"
+            else f"at their mean context of {ctx:.0f} tokens"
         )
+        note = f"KV for {batch} sequences {held} exceeds memory: the server runs {run} at a time and queues the rest"
     st = step_time(system, run, run * ctx)
     step = float(decode_step_s(system, run, ctx, spec))
     per_user = tokens_per_step(spec) / step
