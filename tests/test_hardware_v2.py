@@ -246,6 +246,24 @@ def test_validation_points_are_sourced_and_loso_holds_out_the_source():
     assert len(held) >= 60 and np.isfinite([r.predicted for r in held]).all()
 
 
+def test_loso_holds_out_a_group_of_files_as_one_source():
+    # an MLPerf round's per-system result files are one publication: held out together, so no sibling
+    # row from the same round (same code, same lengths) is in the fit that predicts a row of it
+    pts = val.points()
+    group = [p for p in pts if p.group == "mlperf-inference-v4.1"]
+    assert len(group) >= 2 and len({p.source for p in group}) >= 2
+    assert all(p.held_out_with == "mlperf-inference-v4.1" for p in group)
+    assert pts[0].group is None and pts[0].held_out_with == pts[0].source
+    rep = val.run()
+    assert rep.sources == len({p.held_out_with for p in pts})
+    ok = [val.prepare(p) for p in pts]
+    train = [x for x in ok if not x.reason and x.point.group != "mlperf-inference-v4.1"]
+    test = [x for x in ok if x.point.group == "mlperf-inference-v4.1"]
+    want = val.predicted(val.batch_of(test), val.fit(val.batch_of(train)))[0]
+    got = {r.point.id: r.predicted for r in rep.rows}
+    assert [got[x.point.id] for x in test] == pytest.approx(list(want), rel=1e-9)
+
+
 def test_hardware_validate_cli_prints_the_summary():
     r = runner.invoke(app, ["validate"])
     assert r.exit_code == 0, r.output

@@ -85,10 +85,10 @@ class Efficiency:
 
     # fitted on every point of data/validation.yaml (`voicepipe hardware validate`; docs §2 and §3)
     eta_mem: float = 0.797  # share of the sustained (STREAM-like) bandwidth a native decode step streams
-    mfu: float = 0.732  # share of the sustained (measured maximum) matmul FLOP/s a serving step reaches
+    mfu: float = 0.707  # share of the sustained (measured maximum) matmul FLOP/s a serving step reaches
     eta_wq: float = 1.0  # weight-only kernels' efficiency relative to native ones (dequant in the loop)
-    eta_moe: float = 0.892  # expert (grouped-GEMM) streaming efficiency relative to dense GEMV + routing
-    layer_s: float = 9.76e-6  # per layer per step on HBM devices beyond the stack's own gaps (launch, sync)
+    eta_moe: float = 0.893  # expert (grouped-GEMM) streaming efficiency relative to dense GEMV + routing
+    layer_s: float = 9.41e-6  # per layer per step on HBM devices beyond the stack's own gaps (launch, sync)
     ar_growth: float = 0.5  # all-reduce latency growth per doubling of the TP group beyond 2
     moe_route_s: float = 20e-6  # per MoE layer per step: router, top-k, permute, grouped-GEMM launches
     link_eff: float = 0.45  # share of link bandwidth NCCL reaches at 0.1-10 MB messages
