@@ -247,21 +247,81 @@ def test_validation_points_are_sourced_and_loso_holds_out_the_source():
 
 
 def test_loso_holds_out_a_group_of_files_as_one_source():
-    # an MLPerf round's per-system result files are one publication: held out together, so no sibling
-    # row from the same round (same code, same lengths) is in the fit that predicts a row of it
+    # MLPerf's per-system result files (every round: same harness, same lengths) are held out together,
+    # so no sibling row is in the fit that predicts a row of them
     pts = val.points()
-    group = [p for p in pts if p.group == "mlperf-inference-v4.1"]
+    group = [p for p in pts if p.group == "mlperf-inference"]
     assert len(group) >= 2 and len({p.source for p in group}) >= 2
-    assert all(p.held_out_with == "mlperf-inference-v4.1" for p in group)
+    assert all(p.held_out_with == "mlperf-inference" for p in group)
     assert pts[0].group is None and pts[0].held_out_with == pts[0].source
     rep = val.run()
     assert rep.sources == len({p.held_out_with for p in pts})
     ok = [val.prepare(p) for p in pts]
-    train = [x for x in ok if not x.reason and x.point.group != "mlperf-inference-v4.1"]
-    test = [x for x in ok if x.point.group == "mlperf-inference-v4.1"]
+    train = [x for x in ok if not x.reason and x.point.group != "mlperf-inference"]
+    test = [x for x in ok if x.point.group == "mlperf-inference"]
     want = val.predicted(val.batch_of(test), val.fit(val.batch_of(train)))[0]
     got = {r.point.id: r.predicted for r in rep.rows}
     assert [got[x.point.id] for x in test] == pytest.approx(list(want), rel=1e-9)
+
+
+def test_closed_loop_throughput_is_the_loaded_servers_step():
+    # a client keeping 8 in flight over many requests: throughput = 8 / the mean loaded step (the TPOT
+    # form), not a static batch's single prefill followed by O decode steps
+    base = dict(
+        id="x", device="h100-sxm", chips=1, model="llama-3.1-8b", precision="bf16", batch=8,
+        prompt_tokens=2000, output_tokens=200, stack="vllm", value=1.0, date="2025", source="s", tier=2,
+    )  # fmt: skip
+    theta = np.array([[getattr(hm.DEFAULT_EFFICIENCY, k) for k in hm.FITTED]])
+
+    def pred(**kw):
+        return float(val.predicted(val.batch_of([val.prepare(val.Point(**{**base, **kw}))]), theta)[0][0])
+
+    tpot_s = pred(metric="tpot_ms") / 1e3
+    closed = pred(metric="tok_s_total", closed_loop=True)
+    assert closed == pytest.approx(8 / tpot_s, rel=1e-9)
+    static = pred(metric="tok_s_total")
+    assert static != pytest.approx(closed, rel=0.01)  # the forms differ for long prompts
+    # batch 1 has no newcomers to interleave: one request's prefill, then its decodes, either way
+    assert pred(metric="tok_s_total", closed_loop=True, batch=1) == pytest.approx(
+        pred(metric="tok_s_total", batch=1)
+    )
+
+
+def test_trtllm_sizes_its_pool_from_free_memory_and_reserves_full_length():
+    dev, mdl = cat.device("h100-sxm"), cat.model("llama-3.1-70b")
+    vllm = hm.System(dev, mdl, "fp8", 1, hm.DEFAULT_EFFICIENCY, "fp8", cat.stack("vllm"))
+    trt = hm.System(dev, mdl, "fp8", 1, hm.DEFAULT_EFFICIENCY, "fp8", cat.stack("trtllm"))
+    weights = hm.weight_bytes(mdl, "fp8")
+    per_token = hm.kv_bytes_per_token(mdl, "fp8")
+    u = hm.DEFAULT_EFFICIENCY.usable_memory
+    assert hm.kv_capacity_tokens(vllm) == pytest.approx((dev.capacity_bytes * u - weights) / per_token)
+    assert hm.kv_capacity_tokens(trt) == pytest.approx((dev.capacity_bytes - weights) * u / per_token)
+    # vLLM grows blocks: what fits at the mean context; TensorRT-LLM reserves prompt + output up front
+    assert hm.running_sequences(vllm, 1000, 1000) == hm.max_sequences(vllm, 1500)
+    assert hm.running_sequences(trt, 1000, 1000) == hm.max_sequences(trt, 2000)
+    # the MLPerf harness runs MAX_UTILIZATION: grows, from the free-memory pool
+    mlperf = hm.System(dev, mdl, "fp8", 1, hm.DEFAULT_EFFICIENCY, "fp8", cat.stack("trtllm-mlperf"))
+    assert hm.running_sequences(mlperf, 1000, 1000) == hm.max_sequences(trt, 1500)
+    # an SRAM machine has no serving stack's scheduler: the admission rule does not apply
+    wafer = hm.System(
+        cat.device("cerebras-wse3"), cat.model("llama-3.1-8b"), "bf16", 1, stack=cat.stack("trtllm")
+    )
+    same = hm.System(
+        cat.device("cerebras-wse3"), cat.model("llama-3.1-8b"), "bf16", 1, stack=cat.stack("vllm")
+    )
+    assert hm.running_sequences(wafer, 1024, 2048) == hm.running_sequences(same, 1024, 2048)
+
+
+def test_fit_loss_is_capped_so_a_gross_miss_stops_pulling():
+    pts = [p for p in val.points() if p.tier == 1][:6]
+    theta = np.array([[getattr(hm.DEFAULT_EFFICIENCY, k) for k in hm.FITTED]])
+
+    def loss(scale):
+        moved = [pts[0].model_copy(update={"value": pts[0].value * scale}), *pts[1:]]
+        return float(val._loss(val.batch_of([val.prepare(p) for p in moved]), theta)[0])
+
+    assert loss(1.1) < loss(1.3)  # within the cap a worse point costs more
+    assert loss(10.0) == pytest.approx(loss(100.0))  # past it, no more
 
 
 def test_hardware_validate_cli_prints_the_summary():
@@ -284,6 +344,8 @@ def test_hardware_validate_filters_rows_but_not_the_summary():
     assert 0 < len(m["rows"]) < len(rep.rows)
     for x in m["rows"]:
         assert "mi300x" in " ".join((x["id"], x["device"], x["model"], x["source"])).lower()
+    g = json.loads(runner.invoke(app, ["validate", "--match", "mlperf-inference", "--format", "json"]).output)
+    assert g["rows"] and all(x["held_out_with"] == "mlperf-inference" for x in g["rows"])
 
 
 def test_predict_and_sweep_agree_on_chips_at_batch_one():

@@ -392,7 +392,7 @@ def validate(
     json_out: Path | None = JsonOpt,
     tier: int | None = typer.Option(None, "--tier", min=1, max=2, help="only rows of this tier"),
     match: str | None = typer.Option(
-        None, "--match", help="only rows whose id, device, model or source contains this text"
+        None, "--match", help="only rows whose id, device, model, source or group contains this text"
     ),
     worst: int | None = typer.Option(None, "--worst", min=1, help="only the N largest errors, largest first"),
 ) -> None:
@@ -409,7 +409,7 @@ def validate(
     if match:
         m = match.lower()
         rows = [r for r in rows if any(m in str(x).lower() for x in
-                (r.point.id, r.point.device, r.point.model, r.point.source))]  # fmt: skip
+                (r.point.id, r.point.device, r.point.model, r.point.source, r.point.group or ""))]  # fmt: skip
     if worst is not None:
         rows = sorted((r for r in rows if r.error is not None), key=lambda r: -abs(r.error or 0.0))[:worst]
     payload = {
@@ -428,6 +428,7 @@ def validate(
                 "error": r.error,
                 "reason": r.reason,
                 "source": r.point.source,
+                "held_out_with": r.point.held_out_with,
             }
             for r in rows
         ],

@@ -9,20 +9,23 @@ is then a closed-form function of those parts and the constants θ = (η_mem, MF
     prefill  t_p = step(B prompts of P tokens at once) + stack request cost
     tpot_ms, itl_ms, itl_median_ms = t_d          tok_s_user = 1/t_d        ttft_ms = t_p
     tok_s_total = B·O / (t_p + O·t_d)          e2e_latency_s, e2el_ms = t_p + (O − 1)·t_d
+    tok_s_total of a closed-loop run (``closed_loop``: B kept in flight over many requests) = B / t_d
 
 (B is the batch that runs: the published one, or fewer when their KV does not fit at the mean context,
 :func:`voicepipe.hardware.model.running_sequences`.) A per-token metric at concurrency B > 1 is
-a loaded server's mean step: besides B decodes it prefills B·P/O prompt tokens (every request brings P
-prompt tokens per O output tokens), on average half-way into their prompt; a median inter-token gap
+a loaded server's mean step (so is a closed-loop run's throughput): besides B decodes it prefills B·P/O
+prompt tokens (every request brings P prompt tokens per O output tokens), on average half-way into their
+prompt; a median inter-token gap
 (``itl_median_ms``) is a decode-only step, since newcomers' prefills land in a minority of steps.
 Three stack- or setting-specific dynamics add steps to these forms (:class:`Prepared`): a stack whose
 first token comes from a decode step prefills P − 1 tokens and adds that step; a static batch that
 outgrows its cache on a recompute-preempting stack (vLLM) runs :class:`voicepipe.hardware.model.Lockstep`'s
 shrinking batch, re-prefill and tail; and under attention DP each decode step of a throughput run is
 charged the expected wait for a rank that prefills a prompt.
-The fit minimises the mean absolute log error over the training points inside published ranges (a
-coarse grid, then a pattern search), with a weak pull towards published mid-range values so constants
-no training point constrains stay there.
+The fit minimises the mean absolute log error over the training points, each point's error capped at a
+factor ``LOSS_CAP`` (so a point the physics cannot explain stops pulling the shared constants), inside
+published ranges (a coarse grid, then a pattern search), with a weak pull towards published mid-range
+values so constants no training point constrains stay there.
 Candidate θ are evaluated in one numpy broadcast, so a fit takes tens of milliseconds and
 leave-one-source-out (refit without every point of one source, predict that source; a point's
 ``group``, where set, joins files of one publication into one source) about a second.
@@ -76,6 +79,7 @@ STEADY_STATE = ("tpot_ms", "itl_ms", "tok_s_user")
 DEFAULT_PROMPT, DEFAULT_OUTPUT = 1024, 256  # where a source publishes no lengths (as `hardware predict`)
 SATURATED = 512  # cap on "as many as fit" for a saturated server (trtllm-bench/vLLM throughput runs)
 PRIOR_WEIGHT = 0.002  # weak pull to published mid-range values: decides only what the data leave free
+LOSS_CAP = 1.5  # a point's loss stops growing at a factor 1.5 off (±50 %: 2.5x the ±20 % users are told)
 PRIOR = {"eta_mem": 0.80, "mfu": 0.60, "eta_wq": 0.70, "eta_moe": 0.70, "layer_s": 10e-6}
 
 
@@ -95,6 +99,10 @@ class Point(BaseModel):
     output_tokens: int | None = Field(default=None, ge=1)
     stack: str
     attention_dp: bool = False  # the source runs attention data-parallel (each chip its own sequences)
+    # True: an online benchmark that keeps `batch` requests in flight over many more requests in all (a
+    # max-concurrency client): its throughput is the loaded server's mean step, newcomers' prefills
+    # included, not a static batch's one prefill and O decodes
+    closed_loop: bool = False
     metric: Metric
     value: float = Field(gt=0)
     date: str
@@ -204,7 +212,9 @@ def prepare(p: Point) -> Prepared:
         if batch < 1:
             return Prepared(p, reason=f"weights do not fit {p.chips} x {dev.key} at {p.precision}")
     ctx = prompt + out / 2.0
-    static = p.metric in ("tok_s_total", "e2e_latency_s", "e2el_ms")  # a static batch started at once
+    # a static batch started at once, unless the client keeps the batch in flight over many requests
+    static = p.metric in ("tok_s_total", "e2e_latency_s", "e2el_ms") and not p.closed_loop
+    steady = p.metric in STEADY_STATE or (p.closed_loop and p.metric == "tok_s_total")
     grows = None
     # (the lockstep model counts every token of the cache: not for a stack that keeps only local windows)
     keeps_all = mdl.window is None or not system.serving.window_kv
@@ -217,7 +227,7 @@ def prepare(p: Point) -> Prepared:
     ):
         grows = lockstep(kv_capacity_tokens(system), batch, prompt, out)
     extra: dict[str, tuple[StepParts, float]] = {}
-    if p.metric in STEADY_STATE and batch > 1:
+    if steady and batch > 1:
         # a loaded server's mean step also prefills newcomers: B requests of P prompt and O output
         # tokens bring B·P/O prompt tokens per step, on average half-way into their prompt
         decode = step_parts(
@@ -285,6 +295,12 @@ class Batch:
     extra: dict[str, tuple[StepParts, FArray]]
 
 
+def _metric_form(x: Prepared) -> str:
+    """The closed form a point's metric takes: a closed-loop run's throughput is its own form."""
+    closed = x.point.closed_loop and x.point.metric == "tok_s_total" and x.batch > 1
+    return "tok_s_closed" if closed else x.point.metric
+
+
 def batch_of(items: list[Prepared]) -> Batch:
     ok = [x for x in items if x.decode is not None and x.prefill is not None]
     extra = {}
@@ -300,7 +316,7 @@ def batch_of(items: list[Prepared]) -> Batch:
         batch=np.array([float(x.batch) for x in items]),
         out=np.array([float(x.out) for x in items]),
         value=np.array([x.point.value for x in items]),
-        metric=np.array([x.point.metric for x in items]),
+        metric=np.array([_metric_form(x) for x in items]),
         prefill_runs=np.array([x.prefill_runs for x in items]),
         extra=extra,
     )
@@ -328,15 +344,18 @@ def predicted(b: Batch, theta: FArray) -> FArray:
             m == "ttft_ms",
             m == "tok_s_user",
             m == "tok_s_total",
+            m == "tok_s_closed",
             m == "e2e_latency_s",
             m == "e2el_ms",
         ],
-        [t_d * 1e3, t_p * 1e3, 1.0 / t_d, b.batch * b.out / total, e2e, e2e * 1e3],
+        [t_d * 1e3, t_p * 1e3, 1.0 / t_d, b.batch * b.out / total, b.batch / t_d, e2e, e2e * 1e3],
     )
 
 
 def _loss(b: Batch, theta: FArray) -> FArray:
-    err = np.abs(np.log(predicted(b, theta) / b.value)).mean(axis=-1)
+    # absolute log error, capped: a point the physics misses by more than LOSS_CAP (software of another
+    # era, hardware not as stated) stops pulling the constants every other point shares
+    err = np.minimum(np.abs(np.log(predicted(b, theta) / b.value)), math.log(LOSS_CAP)).mean(axis=-1)
     default = np.array([PRIOR[k] for k in FITTED])
     prior = (np.log(np.atleast_2d(theta) / default) ** 2).sum(axis=-1)
     return err + PRIOR_WEIGHT * prior
