@@ -300,7 +300,7 @@ def test_trtllm_sizes_its_pool_from_free_memory_and_reserves_full_length():
     assert hm.running_sequences(vllm, 1000, 1000) == hm.max_sequences(vllm, 1500)
     assert hm.running_sequences(trt, 1000, 1000) == hm.max_sequences(trt, 2000)
     # the MLPerf harness runs MAX_UTILIZATION: grows, from the free-memory pool
-    mlperf = hm.System(dev, mdl, "fp8", 1, hm.DEFAULT_EFFICIENCY, "fp8", cat.stack("trtllm-mlperf"))
+    mlperf = hm.System(dev, mdl, "fp8", 1, hm.DEFAULT_EFFICIENCY, "fp8", cat.stack("trtllm-max-util"))
     assert hm.running_sequences(mlperf, 1000, 1000) == hm.max_sequences(trt, 1500)
     # an SRAM machine has no serving stack's scheduler: the admission rule does not apply
     wafer = hm.System(
