@@ -324,6 +324,19 @@ def test_fit_loss_is_capped_so_a_gross_miss_stops_pulling():
     assert loss(10.0) == pytest.approx(loss(100.0))  # past it, no more
 
 
+def test_modelled_numbers_carry_the_shipped_cross_validated_error():
+    # the summary printed beside every modelled number is the current set's, not a stale copy
+    assert val.shipped_accuracy() == val.accuracy(val.run()), (
+        "regenerate: python -c 'import voicepipe.hardware.validate as v; v.update_doc()'"
+    )
+    r = runner.invoke(app, ["predict", "-H", "h100-sxm", "-m", "llama-3.1-8b", "--format", "json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["validation"] == val.shipped_accuracy()
+    r = runner.invoke(app, ["predict", "-H", "h100-sxm", "-m", "llama-3.1-8b"])
+    acc = val.shipped_accuracy()
+    assert r.exit_code == 0 and "cross-validated" in r.output and f"{acc['median_error_pct']} %" in r.output
+
+
 def test_hardware_validate_cli_prints_the_summary():
     r = runner.invoke(app, ["validate"])
     assert r.exit_code == 0, r.output

@@ -29,6 +29,25 @@ app = typer.Typer(
     help="Hardware models: which device/model answers inside the turn budget.", no_args_is_help=True
 )
 MODELLED = "MODELLED by voicepipe.hardware (analytic physics model; not measured)"
+
+
+def _accuracy() -> str:
+    """How far such modelled numbers have been from published measurements (printed beside them)."""
+    from voicepipe.hardware.validate import accuracy_line
+
+    return accuracy_line()
+
+
+def _modelled() -> str:
+    return f"{MODELLED}; {_accuracy()}"
+
+
+def _validation() -> dict[str, float | int]:
+    from voicepipe.hardware.validate import shipped_accuracy
+
+    return dict(shipped_accuracy())
+
+
 T = TypeVar("T")
 
 
@@ -198,7 +217,7 @@ def show(name: str = typer.Argument(..., help="device, model, empirical profile,
     if "/" in name:
         backend = _guard(lambda: make_hardware_backend(name))
         con.print_json(json.dumps(backend.describe(), default=str))
-        con.print(MODELLED)
+        con.print(_modelled())
         return
     _fail(
         f"unknown NAME {name!r}: not a device ({', '.join(catalog.devices())}), a model, "
@@ -279,6 +298,7 @@ def predict(
         _fail(f"--tp: {exc}" if "tp" in str(exc) else str(exc))
     out = p.as_dict()
     out["modelled"] = True
+    out["validation"] = _validation()
     out["speculative"] = None if spec is None else spec.__dict__
     out["sources"] = {"device": dev.sources, "model": mdl.sources, "method": "docs/hardware-model.md"}
     if _emit_json(out, fmt, json_out):
@@ -306,7 +326,9 @@ def predict(
     t.add_column("value", justify="right", overflow="fold")
     for k, v in rows:
         t.add_row(k, v)
-    _console().print(t)
+    con = _console()
+    con.print(t)
+    con.print(_accuracy())
 
 
 def _batches(text: str) -> list[int]:
@@ -362,7 +384,7 @@ def sweep(
     payload = {
         "hardware": dev.key, "model": mdl.key, "precision": dep.system.precision, "kv_precision": dep.system.kv,
         "stack": dep.system.serving.key, "default_max_batch": dep.max_batch, "fast_max_batch": FAST_MAX_BATCH,
-        "modelled": True, "rows": rows,
+        "modelled": True, "validation": _validation(), "rows": rows,
     }  # fmt: skip
     if _emit_json(payload, fmt, json_out):
         return
@@ -380,7 +402,7 @@ def sweep(
     title = f"{dev.key}/{mdl.key} @ {dep.system.precision}, {prompt_tokens} in / {output_tokens} out"
     con.print(_fit_table(title, cols, cells, con.width))
     con.print(
-        f"{MODELLED}. B→N: the KV of B sequences does not fit, the server runs N at a time. "
+        f"{_modelled()}. B→N: the KV of B sequences does not fit, the server runs N at a time. "
         f"$/Mtok = chips x ${dev.price_per_chip_hour}/chip-h / aggregate throughput. fast = max_batch "
         f"{FAST_MAX_BATCH}; default = the backend's max_batch {dep.max_batch}."
     )
