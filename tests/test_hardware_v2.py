@@ -285,6 +285,17 @@ def test_closed_loop_throughput_is_the_loaded_servers_step():
     assert pred(metric="tok_s_total", closed_loop=True, batch=1) == pytest.approx(
         pred(metric="tok_s_total", batch=1)
     )
+    with pytest.raises(ValueError, match="closed_loop applies to tok_s_total only"):
+        val.Point(**{**base, "metric": "e2e_latency_s", "closed_loop": True})
+    # under attention DP the closed loop's mean step also carries the run's prefill waits
+    dp = dict(base, device="h200-sxm", chips=8, model="deepseek-r1", precision="fp8", batch=1024,
+              prompt_tokens=1024, output_tokens=2048, stack="trtllm", attention_dp=True)  # fmt: skip
+    prep = val.prepare(val.Point(**dp, metric="tok_s_total", closed_loop=True))
+    assert prep.adp is not None and prep.adp[1] > 0
+    b = val.batch_of([prep])
+    got = float(val.predicted(b, theta)[0][0])
+    t_d = float(hm.combine(b.decode, *[theta[:, i : i + 1] for i in range(len(hm.FITTED))])[2][0][0])
+    assert got < 1024 / t_d  # the waits make the step longer than the decode step alone
 
 
 def test_trtllm_sizes_its_pool_from_free_memory_and_reserves_full_length():
@@ -332,6 +343,8 @@ def test_modelled_numbers_carry_the_shipped_cross_validated_error():
     r = runner.invoke(app, ["predict", "-H", "h100-sxm", "-m", "llama-3.1-8b", "--format", "json"])
     assert r.exit_code == 0, r.output
     assert json.loads(r.output)["validation"] == val.shipped_accuracy()
+    r = runner.invoke(app, ["sweep", "-H", "h100-sxm", "-m", "llama-3.1-8b", "--format", "json"])
+    assert r.exit_code == 0 and json.loads(r.output)["validation"] == val.shipped_accuracy()
     r = runner.invoke(app, ["predict", "-H", "h100-sxm", "-m", "llama-3.1-8b"])
     acc = val.shipped_accuracy()
     assert r.exit_code == 0 and "cross-validated" in r.output and f"{acc['median_error_pct']} %" in r.output

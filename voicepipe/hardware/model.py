@@ -85,7 +85,7 @@ class Efficiency:
 
     # fitted on every point of data/validation.yaml (`voicepipe hardware validate`; docs §2 and §3)
     eta_mem: float = 0.83  # share of the sustained (STREAM-like) bandwidth a native decode step streams
-    mfu: float = 0.723  # share of the sustained (measured maximum) matmul FLOP/s a serving step reaches
+    mfu: float = 0.739  # share of the sustained (measured maximum) matmul FLOP/s a serving step reaches
     eta_wq: float = 1.0  # weight-only kernels' efficiency relative to native ones (dequant in the loop)
     eta_moe: float = 0.718  # expert (grouped-GEMM) streaming efficiency relative to dense GEMV + routing
     layer_s: float = 9.3e-6  # per layer per step on HBM devices beyond the stack's own gaps (launch, sync)

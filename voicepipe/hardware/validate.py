@@ -10,6 +10,7 @@ is then a closed-form function of those parts and the constants θ = (η_mem, MF
     tpot_ms, itl_ms, itl_median_ms = t_d          tok_s_user = 1/t_d        ttft_ms = t_p
     tok_s_total = B·O / (t_p + O·t_d)          e2e_latency_s, e2el_ms = t_p + (O − 1)·t_d
     tok_s_total of a closed-loop run (``closed_loop``: B kept in flight over many requests) = B / t_d
+    (plus, under attention DP, the run's prefill waits spread over its steps)
 
 (B is the batch that runs: the published one, or fewer when their KV does not fit at the mean context,
 :func:`voicepipe.hardware.model.running_sequences`.) A per-token metric at concurrency B > 1 is
@@ -43,7 +44,7 @@ from typing import Literal
 
 import numpy as np
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from voicepipe.hardware import catalog
 from voicepipe.hardware.model import (
@@ -81,7 +82,7 @@ STEADY_STATE = ("tpot_ms", "itl_ms", "tok_s_user")
 DEFAULT_PROMPT, DEFAULT_OUTPUT = 1024, 256  # where a source publishes no lengths (as `hardware predict`)
 SATURATED = 512  # cap on "as many as fit" for a saturated server (trtllm-bench/vLLM throughput runs)
 PRIOR_WEIGHT = 0.002  # weak pull to published mid-range values: decides only what the data leave free
-LOSS_CAP = 1.5  # a point's loss stops growing at a factor 1.5 off (±50 %: 2.5x the ±20 % users are told)
+LOSS_CAP = 1.5  # a point's loss stops growing at a factor 1.5 off (+50 % / −33 %)
 PRIOR = {"eta_mem": 0.80, "mfu": 0.60, "eta_wq": 0.70, "eta_moe": 0.70, "layer_s": 10e-6}
 
 
@@ -101,9 +102,11 @@ class Point(BaseModel):
     output_tokens: int | None = Field(default=None, ge=1)
     stack: str
     attention_dp: bool = False  # the source runs attention data-parallel (each chip its own sequences)
-    # True: an online benchmark that keeps `batch` requests in flight over many more requests in all (a
-    # max-concurrency client): its throughput is the loaded server's mean step, newcomers' prefills
-    # included, not a static batch's one prefill and O decodes
+    # True: the benchmark CLIENT holds `batch` requests in flight over many more requests in all (a
+    # max-concurrency client: vLLM/SGLang bench --max-concurrency, genai-perf or trtllm-bench
+    # --concurrency): its throughput is the loaded server's mean step, newcomers' prefills included, not a
+    # static batch's one prefill and O decodes. A burst sent all at once (MLPerf Offline, benchmark_throughput,
+    # trtllm-bench at infinite rate) is not: the server takes a static batch of what fits
     closed_loop: bool = False
     metric: Metric
     value: float = Field(gt=0)
@@ -114,6 +117,12 @@ class Point(BaseModel):
     group: str | None = None
     tier: Literal[1, 2]
     notes: str = ""
+
+    @model_validator(mode="after")
+    def _closed_loop_is_a_throughput(self) -> Point:
+        if self.closed_loop and self.metric != "tok_s_total":
+            raise ValueError("closed_loop applies to tok_s_total only")
+        return self
 
     @property
     def held_out_with(self) -> str:
@@ -339,6 +348,7 @@ def predicted(b: Batch, theta: FArray) -> FArray:
     shrunk = runs["shrink"][1]
     e2e = t_p + (b.out - 1.0 - shrunk) * t_d + moved
     total = t_p + (b.out - first_n - shrunk) * t_d + moved
+    adp_per_step = runs["adp"][0] * runs["adp"][1] / b.out
     m = b.metric
     return np.select(
         [
@@ -350,7 +360,16 @@ def predicted(b: Batch, theta: FArray) -> FArray:
             m == "e2e_latency_s",
             m == "e2el_ms",
         ],
-        [t_d * 1e3, t_p * 1e3, 1.0 / t_d, b.batch * b.out / total, b.batch / t_d, e2e, e2e * 1e3],
+        # a closed loop's mean step also carries its share of the attention-DP prefill waits (adp)
+        [
+            t_d * 1e3,
+            t_p * 1e3,
+            1.0 / t_d,
+            b.batch * b.out / total,
+            b.batch / (t_d + adp_per_step),
+            e2e,
+            e2e * 1e3,
+        ],
     )
 
 
@@ -499,9 +518,10 @@ def shipped_accuracy() -> dict[str, float | int]:
 def accuracy_line(acc: dict[str, float | int] | None = None) -> str:
     a = shipped_accuracy() if acc is None else acc
     return (
-        f"cross-validated on {a['points']} published measurements (each source held out): median error "
-        f"{a['median_error_pct']} % (tier 1: {a['tier1_median_error_pct']} %), {a['within_30_pct']} % "
-        "within ±30 % — `voicepipe hardware validate`, docs/hardware-model.md §3"
+        f"cross-validated on {a['points']} published measurements, nearly all GPUs (the fitted GPU constants "
+        f"refit without each source): median error {a['median_error_pct']} % (tier 1: "
+        f"{a['tier1_median_error_pct']} %), {a['within_30_pct']} % within ±30 % — `voicepipe hardware "
+        "validate`, docs/hardware-model.md §3"
     )
 
 
