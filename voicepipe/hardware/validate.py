@@ -225,7 +225,7 @@ def prepare(p: Point) -> Prepared:
     ctx = prompt + out / 2.0
     # a static batch started at once, unless the client keeps the batch in flight over many requests
     static = p.metric in ("tok_s_total", "e2e_latency_s", "e2el_ms") and not p.closed_loop
-    steady = p.metric in STEADY_STATE or (p.closed_loop and p.metric == "tok_s_total")
+    steady = p.metric in STEADY_STATE or p.closed_loop  # closed_loop: tok_s_total only (validator)
     grows = None
     # (the lockstep model counts every token of the cache: not for a stack that keeps only local windows)
     keeps_all = mdl.window is None or not system.serving.window_kv
@@ -308,7 +308,7 @@ class Batch:
 
 def _metric_form(x: Prepared) -> str:
     """The closed form a point's metric takes: a closed-loop run's throughput is its own form."""
-    closed = x.point.closed_loop and x.point.metric == "tok_s_total" and x.batch > 1
+    closed = x.point.closed_loop and x.batch > 1
     return "tok_s_closed" if closed else x.point.metric
 
 
