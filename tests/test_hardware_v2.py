@@ -342,12 +342,60 @@ def test_modelled_numbers_carry_the_shipped_cross_validated_error():
     )
     r = runner.invoke(app, ["predict", "-H", "h100-sxm", "-m", "llama-3.1-8b", "--format", "json"])
     assert r.exit_code == 0, r.output
-    assert json.loads(r.output)["validation"] == val.shipped_accuracy()
+    assert json.loads(r.output)["validation"] == val.shipped_accuracy().overall()
     r = runner.invoke(app, ["sweep", "-H", "h100-sxm", "-m", "llama-3.1-8b", "--format", "json"])
-    assert r.exit_code == 0 and json.loads(r.output)["validation"] == val.shipped_accuracy()
+    assert r.exit_code == 0 and json.loads(r.output)["validation"] == val.shipped_accuracy().overall()
     r = runner.invoke(app, ["predict", "-H", "h100-sxm", "-m", "llama-3.1-8b"])
     acc = val.shipped_accuracy()
-    assert r.exit_code == 0 and "cross-validated" in r.output and f"{acc['median_error_pct']} %" in r.output
+    assert r.exit_code == 0 and "cross-validated" in r.output and f"{acc.median_error_pct} %" in r.output
+
+
+def test_speed_ratio_reads_optimism_the_same_way_for_times_and_rates():
+    tpot = next(p for p in val.points() if p.metric == "tpot_ms")
+    thr = next(p for p in val.points() if p.metric == "tok_s_total")
+    # a predicted time half the published one and a predicted rate twice it are both 2x optimistic
+    assert val.speed_ratio(val.Row(tpot, tpot.value / 2)) == pytest.approx(2.0)
+    assert val.speed_ratio(val.Row(thr, thr.value * 2)) == pytest.approx(2.0)
+    assert val.speed_ratio(val.Row(thr, None)) is None
+
+
+def test_evidence_groups_are_the_held_out_rows_of_that_model_device_and_stack():
+    rep = val.run()
+    acc = val.accuracy(rep)
+    rows = [r for r in rep.rows if r.error is not None and r.point.model == "llama-3.1-8b"]
+    e = acc.by_model["llama-3.1-8b"]
+    assert e.points == len(rows) and e.sources == len({r.point.held_out_with for r in rows})
+    errs = np.array([abs(r.error) for r in rows])
+    assert e.median_error_pct == pytest.approx(np.median(errs) * 100, abs=0.05)
+    # every answered row is in exactly one group of each kind
+    for groups in (acc.by_model, acc.by_architecture, acc.by_device, acc.by_stack):
+        assert sum(g.points for g in groups.values()) == acc.points
+    assert set(acc.by_architecture) <= {"dense", "moe", "mla"}
+
+
+def test_predict_says_how_the_model_fared_on_this_model_device_and_stack():
+    acc = val.shipped_accuracy()
+    r = runner.invoke(app, ["predict", "-H", "h100-sxm", "-m", "llama-3.1-8b", "--format", "json"])
+    near = json.loads(r.output)["validation_near"]
+    assert near["model"] == acc.by_model["llama-3.1-8b"].model_dump()
+    assert near["device"] == acc.by_device["h100-sxm"].model_dump()
+    assert near["stack"] == acc.by_stack["vllm"].model_dump()
+    # a model of the user's own: no point of its own, its architecture's evidence instead
+    cfg = str(HF / "mixtral-8x7b" / "config.json")
+    r = runner.invoke(app, ["predict", "-H", "h100-sxm", "-m", cfg, "--tp", "2", "--format", "json"])
+    assert r.exit_code == 0, r.output
+    near = json.loads(r.output)["validation_near"]
+    assert near["model"] is None and near["architecture"] == acc.by_architecture["moe"].model_dump()
+    r = runner.invoke(app, ["predict", "-H", "h100-sxm", "-m", cfg, "--tp", "2"])
+    assert "no published point; its architecture (moe)" in " ".join(r.output.split())
+
+
+def test_hardware_validate_matches_a_stack():
+    # "gaudi-pytorch" appears in no point's id or source, only as its stack
+    r = runner.invoke(app, ["validate", "--match", "gaudi-pytorch", "--format", "json"])
+    rows = json.loads(r.output)["rows"]
+    assert {row["id"] for row in rows} == {p.id for p in val.points() if p.stack == "gaudi-pytorch"}
+    assert {row["stack"] for row in rows} == {"gaudi-pytorch"}
 
 
 def test_hardware_validate_cli_prints_the_summary():

@@ -45,7 +45,22 @@ def _modelled() -> str:
 def _validation() -> dict[str, float | int]:
     from voicepipe.hardware.validate import shipped_accuracy
 
-    return dict(shipped_accuracy())
+    return shipped_accuracy().overall()
+
+
+def _near(device: str, model: catalog.ModelSpec, stack: str) -> dict[str, dict[str, float | int] | None]:
+    """The held-out error on published points of this model, device and stack (JSON)."""
+    from voicepipe.hardware.validate import shipped_accuracy
+
+    near = shipped_accuracy().near(device, model, stack)
+    return {k: None if e is None else e.model_dump() for k, e in near.items()}
+
+
+def _print_near(con: Console, device: str, model: catalog.ModelSpec, stack: str) -> None:
+    from voicepipe.hardware.validate import evidence_lines
+
+    for line in evidence_lines(device, model, stack):
+        con.print(line, highlight=False)
 
 
 T = TypeVar("T")
@@ -299,6 +314,7 @@ def predict(
     out = p.as_dict()
     out["modelled"] = True
     out["validation"] = _validation()
+    out["validation_near"] = _near(dev.key, mdl, p.stack)
     out["speculative"] = None if spec is None else spec.__dict__
     out["sources"] = {"device": dev.sources, "model": mdl.sources, "method": "docs/hardware-model.md"}
     if _emit_json(out, fmt, json_out):
@@ -329,6 +345,7 @@ def predict(
     con = _console()
     con.print(t)
     con.print(_accuracy())
+    _print_near(con, dev.key, mdl, p.stack)
 
 
 def _batches(text: str) -> list[int]:
@@ -384,7 +401,8 @@ def sweep(
     payload = {
         "hardware": dev.key, "model": mdl.key, "precision": dep.system.precision, "kv_precision": dep.system.kv,
         "stack": dep.system.serving.key, "default_max_batch": dep.max_batch, "fast_max_batch": FAST_MAX_BATCH,
-        "modelled": True, "validation": _validation(), "rows": rows,
+        "modelled": True, "validation": _validation(),
+        "validation_near": _near(dev.key, mdl, dep.system.serving.key), "rows": rows,
     }  # fmt: skip
     if _emit_json(payload, fmt, json_out):
         return
@@ -406,6 +424,7 @@ def sweep(
         f"$/Mtok = chips x ${dev.price_per_chip_hour}/chip-h / aggregate throughput. fast = max_batch "
         f"{FAST_MAX_BATCH}; default = the backend's max_batch {dep.max_batch}."
     )
+    _print_near(con, dev.key, mdl, dep.system.serving.key)
 
 
 @app.command()
@@ -414,7 +433,7 @@ def validate(
     json_out: Path | None = JsonOpt,
     tier: int | None = typer.Option(None, "--tier", min=1, max=2, help="only rows of this tier"),
     match: str | None = typer.Option(
-        None, "--match", help="only rows whose id, device, model, source or group contains this text"
+        None, "--match", help="only rows whose id, device, model, stack, source or group contains this text"
     ),
     worst: int | None = typer.Option(None, "--worst", min=1, help="only the N largest errors, largest first"),
 ) -> None:
@@ -431,7 +450,8 @@ def validate(
     if match:
         m = match.lower()
         rows = [r for r in rows if any(m in str(x).lower() for x in
-                (r.point.id, r.point.device, r.point.model, r.point.source, r.point.group or ""))]  # fmt: skip
+                (r.point.id, r.point.device, r.point.model, r.point.stack, r.point.source,
+                 r.point.group or ""))]  # fmt: skip
     if worst is not None:
         rows = sorted((r for r in rows if r.error is not None), key=lambda r: -abs(r.error or 0.0))[:worst]
     payload = {
@@ -444,6 +464,7 @@ def validate(
                 "tier": r.point.tier,
                 "device": r.point.device,
                 "model": r.point.model,
+                "stack": r.point.stack,
                 "metric": r.point.metric,
                 "published": r.point.value,
                 "predicted_held_out": r.predicted,

@@ -34,8 +34,8 @@ leave-one-source-out (refit without every point of one source, predict that sour
 
 from __future__ import annotations
 
-import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from functools import cache
 from importlib import resources
@@ -492,37 +492,152 @@ def markdown(rep: Report) -> str:
 BEGIN, END = "<!-- validation:begin -->", "<!-- validation:end -->"
 
 
-def accuracy(rep: Report) -> dict[str, float | int]:
-    """What the CLI prints beside every modelled number: the cross-validated error in a few figures."""
-    every, tier1 = rep.errors(), rep.errors(1)
-    return {
-        "points": len(every),
-        "sources": rep.sources,
-        "median_error_pct": round(float(np.median(every)) * 100, 1),
-        "tier1_median_error_pct": round(float(np.median(tier1)) * 100, 1),
-        "within_30_pct": round(float((every <= 0.30).mean()) * 100),
-    }
+SPEED_METRICS = ("tok_s_user", "tok_s_total")  # higher is faster; every other metric is a time
+
+
+def speed_ratio(row: Row) -> float | None:
+    """How many times faster the model reads than the measurement (> 1: optimistic), whatever the metric."""
+    if row.predicted is None:
+        return None
+    ratio = row.predicted / row.point.value
+    return ratio if row.point.metric in SPEED_METRICS else 1.0 / ratio
+
+
+class Evidence(BaseModel):
+    """Held-out error over the published points of one model, device or stack (or all of them)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    points: int
+    sources: int
+    median_error_pct: float
+    within_30_pct: int  # share of the points within ±30 %, in %
+    # median of (modelled speed / published speed − 1): > 0 the model reads faster than measured
+    speed_bias_pct: float
+
+
+class Accuracy(Evidence):
+    """What the CLI prints beside every modelled number: the cross-validated error in a few figures, and
+    the same figures per model, device and stack, so a prediction can say how its neighbours fared."""
+
+    tier1_median_error_pct: float
+    by_model: dict[str, Evidence]
+    by_architecture: dict[str, Evidence]  # keys: architecture()
+    by_device: dict[str, Evidence]
+    by_stack: dict[str, Evidence]
+
+    def overall(self) -> dict[str, float | int]:
+        return self.model_dump(exclude={"by_model", "by_architecture", "by_device", "by_stack"})
+
+    def near(self, device: str, model: catalog.ModelSpec, stack: str) -> dict[str, Evidence | None]:
+        """The evidence for one configuration's model (and its architecture), device and stack (None: no
+        published point)."""
+        return {
+            "model": self.by_model.get(model.key),
+            "architecture": self.by_architecture.get(architecture(model)),
+            "device": self.by_device.get(device),
+            "stack": self.by_stack.get(stack),
+        }
+
+
+def architecture(model: catalog.ModelSpec) -> str:
+    """The model's class as far as the physics distinguishes it: MLA attention, mixture of experts, dense."""
+    if model.kv_dim is not None:
+        return "mla"
+    return "moe" if model.is_moe else "dense"
+
+
+def evidence(rows: list[Row]) -> Evidence:
+    """Held-out error figures over ``rows`` (answered rows only; at least one)."""
+    errs = np.array([abs(r.error) for r in rows if r.error is not None])
+    speed = np.array([v for r in rows if (v := speed_ratio(r)) is not None])
+    return Evidence(
+        points=len(errs),
+        sources=len({r.point.held_out_with for r in rows}),
+        median_error_pct=round(float(np.median(errs)) * 100, 1),
+        within_30_pct=round(float((errs <= 0.30).mean()) * 100),
+        speed_bias_pct=round(float(np.median(speed) - 1.0) * 100, 1),
+    )
+
+
+def _grouped(rows: list[Row], key: Callable[[Point], str]) -> dict[str, Evidence]:
+    groups: dict[str, list[Row]] = {}
+    for r in rows:
+        groups.setdefault(key(r.point), []).append(r)
+    return {k: evidence(v) for k, v in sorted(groups.items())}
+
+
+def accuracy(rep: Report) -> Accuracy:
+    """:class:`Accuracy` of a validation run."""
+    answered = [r for r in rep.rows if r.error is not None]
+    overall = evidence(answered).model_dump()
+    overall["sources"] = rep.sources
+    return Accuracy(
+        **overall,
+        tier1_median_error_pct=round(float(np.median(rep.errors(1))) * 100, 1),
+        by_model=_grouped(answered, lambda p: p.model),
+        by_architecture=_grouped(answered, lambda p: architecture(catalog.model(p.model))),
+        by_device=_grouped(answered, lambda p: p.device),
+        by_stack=_grouped(answered, lambda p: _stack_key(p.stack)),
+    )
 
 
 ACCURACY_FILE = "validation-accuracy.json"  # in voicepipe/hardware/data, written by update_doc
 
 
 @cache
-def shipped_accuracy() -> dict[str, float | int]:
+def shipped_accuracy() -> Accuracy:
     """The :func:`accuracy` of the shipped set, read from the file :func:`update_doc` writes (a test keeps
     it equal to a fresh run), so printing it costs no fit."""
     text = resources.files("voicepipe.hardware").joinpath("data", ACCURACY_FILE).read_text()
-    return json.loads(text)
+    return Accuracy.model_validate_json(text)
 
 
-def accuracy_line(acc: dict[str, float | int] | None = None) -> str:
+def accuracy_line(acc: Accuracy | None = None) -> str:
     a = shipped_accuracy() if acc is None else acc
     return (
-        f"cross-validated on {a['points']} published measurements, nearly all GPUs (the fitted GPU constants "
-        f"refit without each source): median error {a['median_error_pct']} % (tier 1: "
-        f"{a['tier1_median_error_pct']} %), {a['within_30_pct']} % within ±30 % — `voicepipe hardware "
+        f"cross-validated on {a.points} published measurements, nearly all GPUs (the fitted GPU constants "
+        f"refit without each source): median error {a.median_error_pct} % (tier 1: "
+        f"{a.tier1_median_error_pct} %), {a.within_30_pct} % within ±30 % — `voicepipe hardware "
         "validate`, docs/hardware-model.md §3"
     )
+
+
+def _bias(e: Evidence) -> str:
+    if abs(e.speed_bias_pct) < 0.5:
+        return "no median bias"
+    return f"in the median it reads {abs(e.speed_bias_pct):.0f} % {'faster' if e.speed_bias_pct > 0 else 'slower'} than measured"
+
+
+def evidence_lines(
+    device: str, model: catalog.ModelSpec, stack: str, acc: Accuracy | None = None
+) -> list[str]:
+    """How the model fared, held out, on published points of this model (else of its architecture),
+    device and stack."""
+    a = shipped_accuracy() if acc is None else acc
+    near = a.near(device, model, stack)
+
+    def line(what: str, e: Evidence) -> str:
+        src = f"{e.sources} source{'s' if e.sources != 1 else ''}"
+        return (
+            f"  {what}: median error {e.median_error_pct:g} % over {e.points} points from {src}; {_bias(e)}"
+        )
+
+    lines = ["held out on published measurements of the same (`voicepipe hardware validate --match NAME`):"]
+    if (m := near["model"]) is not None:
+        lines.append(line(f"model {model.key}", m))
+    elif (arch := near["architecture"]) is not None:
+        lines.append(
+            line(f"model {model.key}: no published point; its architecture ({architecture(model)})", arch)
+        )
+    else:
+        lines.append(f"  model {model.key}: no published point, its error is unknown")
+    for what, key in (("device", device), ("stack", stack)):
+        e = near[what]
+        lines.append(
+            line(f"{what} {key}", e) if e else f"  {what} {key}: no published point, its error is unknown"
+        )
+    return lines
 
 
 def update_doc(path: str = "docs/hardware-model.md") -> None:
@@ -532,7 +647,7 @@ def update_doc(path: str = "docs/hardware-model.md") -> None:
     rep = run()
     write_between(path, BEGIN, END, markdown(rep))
     target = Path(__file__).parent / "data" / ACCURACY_FILE
-    target.write_text(json.dumps(accuracy(rep), indent=2) + "\n")
+    target.write_text(accuracy(rep).model_dump_json(indent=2) + "\n")
 
 
 def largest_misses(rep: Report, n: int = 5) -> list[Row]:
