@@ -45,22 +45,27 @@ def _modelled() -> str:
 def _validation() -> dict[str, float | int]:
     from voicepipe.hardware.validate import shipped_accuracy
 
-    return shipped_accuracy().overall()
+    return shipped_accuracy().summary.model_dump()
 
 
-def _near(device: str, model: catalog.ModelSpec, stack: str) -> dict[str, dict[str, float | int] | None]:
-    """The held-out error on published points of this model, device and stack (JSON)."""
+def _evidence_stack(dev: catalog.Device, stk: catalog.Stack | None) -> str | None:
+    """The stack whose published points speak for this configuration: the chosen (or default) profile on
+    an HBM device; None on an SRAM machine, which runs its vendor's own software."""
+    return None if dev.kind == "sram" else (stk or catalog.stack()).key
+
+
+def _near(dev: catalog.Device, mdl: catalog.ModelSpec, stk: catalog.Stack | None) -> dict[str, object]:
+    """The held-out error on published points sharing a part of this configuration (JSON)."""
     from voicepipe.hardware.validate import shipped_accuracy
 
-    near = shipped_accuracy().near(device, model, stack)
-    return {k: None if e is None else e.model_dump() for k, e in near.items()}
+    return shipped_accuracy().near(dev.key, mdl, _evidence_stack(dev, stk)).model_dump()
 
 
-def _print_near(con: Console, device: str, model: catalog.ModelSpec, stack: str) -> None:
+def _print_near(con: Console, dev: catalog.Device, mdl: catalog.ModelSpec, stk: catalog.Stack | None) -> None:
     from voicepipe.hardware.validate import evidence_lines
 
-    for line in evidence_lines(device, model, stack):
-        con.print(line, highlight=False)
+    for line in evidence_lines(dev.key, mdl, _evidence_stack(dev, stk)):
+        con.print(line, highlight=False, markup=False)
 
 
 T = TypeVar("T")
@@ -314,7 +319,7 @@ def predict(
     out = p.as_dict()
     out["modelled"] = True
     out["validation"] = _validation()
-    out["validation_near"] = _near(dev.key, mdl, p.stack)
+    out["validation_near"] = _near(dev, mdl, stk)
     out["speculative"] = None if spec is None else spec.__dict__
     out["sources"] = {"device": dev.sources, "model": mdl.sources, "method": "docs/hardware-model.md"}
     if _emit_json(out, fmt, json_out):
@@ -345,7 +350,7 @@ def predict(
     con = _console()
     con.print(t)
     con.print(_accuracy())
-    _print_near(con, dev.key, mdl, p.stack)
+    _print_near(con, dev, mdl, stk)
 
 
 def _batches(text: str) -> list[int]:
@@ -402,7 +407,7 @@ def sweep(
         "hardware": dev.key, "model": mdl.key, "precision": dep.system.precision, "kv_precision": dep.system.kv,
         "stack": dep.system.serving.key, "default_max_batch": dep.max_batch, "fast_max_batch": FAST_MAX_BATCH,
         "modelled": True, "validation": _validation(),
-        "validation_near": _near(dev.key, mdl, dep.system.serving.key), "rows": rows,
+        "validation_near": _near(dev, mdl, stk), "rows": rows,
     }  # fmt: skip
     if _emit_json(payload, fmt, json_out):
         return
@@ -424,7 +429,7 @@ def sweep(
         f"$/Mtok = chips x ${dev.price_per_chip_hour}/chip-h / aggregate throughput. fast = max_batch "
         f"{FAST_MAX_BATCH}; default = the backend's max_batch {dep.max_batch}."
     )
-    _print_near(con, dev.key, mdl, dep.system.serving.key)
+    _print_near(con, dev, mdl, stk)
 
 
 @app.command()
@@ -436,6 +441,9 @@ def validate(
         None, "--match", help="only rows whose id, device, model, stack, source or group contains this text"
     ),
     worst: int | None = typer.Option(None, "--worst", min=1, help="only the N largest errors, largest first"),
+    device: str | None = typer.Option(None, "--device", help="only rows of this device (exact key)"),
+    model: str | None = typer.Option(None, "--model", help="only rows of this model (exact key)"),
+    stack: str | None = typer.Option(None, "--stack", help="only rows of this stack profile (exact key)"),
 ) -> None:
     """Published measurements vs the model: leave-one-source-out residuals, median / worst error.
 
@@ -452,6 +460,13 @@ def validate(
         rows = [r for r in rows if any(m in str(x).lower() for x in
                 (r.point.id, r.point.device, r.point.model, r.point.stack, r.point.source,
                  r.point.group or ""))]  # fmt: skip
+    rows = [
+        r
+        for r in rows
+        if (device is None or r.point.device == device)
+        and (model is None or r.point.model == model)
+        and (stack is None or val.stack_key(r.point.stack) == stack)
+    ]
     if worst is not None:
         rows = sorted((r for r in rows if r.error is not None), key=lambda r: -abs(r.error or 0.0))[:worst]
     payload = {

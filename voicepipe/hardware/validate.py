@@ -174,7 +174,8 @@ class Prepared:
     adp: tuple[StepParts, float] | None = None  # attention DP: a rank's context holding up the others
 
 
-def _stack_key(name: str) -> str:
+def stack_key(name: str) -> str:
+    """The catalog profile a point's stack name stands for."""
     return {"tensorrt-llm": "trtllm", "turbomind": "lmdeploy", "mlc-llm": "mlc", "llamacpp": "llama.cpp"}.get(
         name.lower(), name.lower()
     )
@@ -191,7 +192,7 @@ def prepare(p: Point) -> Prepared:
     except ValueError:
         return Prepared(p, reason=f"model {p.model!r} is not in the catalog")
     try:
-        stk = catalog.stack(_stack_key(p.stack))
+        stk = catalog.stack(stack_key(p.stack))
     except ValueError:
         return Prepared(p, reason=f"stack {p.stack!r} has no profile in data/stacks.yaml")
     prompt = DEFAULT_PROMPT if p.prompt_tokens is None else p.prompt_tokens
@@ -492,11 +493,13 @@ def markdown(rep: Report) -> str:
 BEGIN, END = "<!-- validation:begin -->", "<!-- validation:end -->"
 
 
-SPEED_METRICS = ("tok_s_user", "tok_s_total")  # higher is faster; every other metric is a time
+# rates (higher is faster); every other metric is a time
+SPEED_METRICS: frozenset[Metric] = frozenset({"tok_s_user", "tok_s_total"})
 
 
 def speed_ratio(row: Row) -> float | None:
-    """How many times faster the model reads than the measurement (> 1: optimistic), whatever the metric."""
+    """Modelled speed over published speed (> 1: the model is optimistic), whatever the metric: a rate's
+    ratio, a time's inverse ratio."""
     if row.predicted is None:
         return None
     ratio = row.predicted / row.point.value
@@ -504,7 +507,7 @@ def speed_ratio(row: Row) -> float | None:
 
 
 class Evidence(BaseModel):
-    """Held-out error over the published points of one model, device or stack (or all of them)."""
+    """Held-out error over a set of published points (all of them, or those sharing one model, device...)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -512,32 +515,49 @@ class Evidence(BaseModel):
     sources: int
     median_error_pct: float
     within_30_pct: int  # share of the points within ±30 %, in %
-    # median of (modelled speed / published speed − 1): > 0 the model reads faster than measured
-    speed_bias_pct: float
+    speed_ratio: float  # median modelled / published speed (a time inverted): > 1 reads faster than measured
 
 
-class Accuracy(Evidence):
-    """What the CLI prints beside every modelled number: the cross-validated error in a few figures, and
-    the same figures per model, device and stack, so a prediction can say how its neighbours fared."""
-
+class Summary(Evidence):
     tier1_median_error_pct: float
+
+
+class Near(BaseModel):
+    """The evidence for one configuration: points sharing its model and stack, its model, its model's
+    architecture, its device, its stack (each None where no published point shares it)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model_on_stack: Evidence | None
+    model: Evidence | None
+    architecture: Evidence | None
+    device: Evidence | None
+    stack: Evidence | None
+
+
+class Accuracy(BaseModel):
+    """What the CLI prints beside every modelled number: the cross-validated error in a few figures, and
+    the same figures per model, model on a stack, architecture, device and stack."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    summary: Summary
     by_model: dict[str, Evidence]
+    by_model_on_stack: dict[str, Evidence]  # keys: "MODEL on STACK"
     by_architecture: dict[str, Evidence]  # keys: architecture()
     by_device: dict[str, Evidence]
     by_stack: dict[str, Evidence]
 
-    def overall(self) -> dict[str, float | int]:
-        return self.model_dump(exclude={"by_model", "by_architecture", "by_device", "by_stack"})
-
-    def near(self, device: str, model: catalog.ModelSpec, stack: str) -> dict[str, Evidence | None]:
-        """The evidence for one configuration's model (and its architecture), device and stack (None: no
-        published point)."""
-        return {
-            "model": self.by_model.get(model.key),
-            "architecture": self.by_architecture.get(architecture(model)),
-            "device": self.by_device.get(device),
-            "stack": self.by_stack.get(stack),
-        }
+    def near(self, device: str, model: catalog.ModelSpec, stack: str | None) -> Near:
+        """The evidence for a configuration (``stack`` None: an SRAM machine's own software, which only
+        its device's points measure)."""
+        return Near(
+            model_on_stack=None if stack is None else self.by_model_on_stack.get(f"{model.key} on {stack}"),
+            model=self.by_model.get(model.key),
+            architecture=self.by_architecture.get(architecture(model)),
+            device=self.by_device.get(device),
+            stack=None if stack is None else self.by_stack.get(stack),
+        )
 
 
 def architecture(model: catalog.ModelSpec) -> str:
@@ -548,15 +568,16 @@ def architecture(model: catalog.ModelSpec) -> str:
 
 
 def evidence(rows: list[Row]) -> Evidence:
-    """Held-out error figures over ``rows`` (answered rows only; at least one)."""
-    errs = np.array([abs(r.error) for r in rows if r.error is not None])
-    speed = np.array([v for r in rows if (v := speed_ratio(r)) is not None])
+    """Held-out error figures over the answered ones of ``rows`` (at least one)."""
+    answered = [r for r in rows if r.error is not None]
+    errs = np.array([abs(r.error) for r in answered if r.error is not None])
+    speed = np.array([v for r in answered if (v := speed_ratio(r)) is not None])
     return Evidence(
-        points=len(errs),
-        sources=len({r.point.held_out_with for r in rows}),
+        points=len(answered),
+        sources=len({r.point.held_out_with for r in answered}),
         median_error_pct=round(float(np.median(errs)) * 100, 1),
         within_30_pct=round(float((errs <= 0.30).mean()) * 100),
-        speed_bias_pct=round(float(np.median(speed) - 1.0) * 100, 1),
+        speed_ratio=round(float(np.median(speed)), 2),
     )
 
 
@@ -570,15 +591,16 @@ def _grouped(rows: list[Row], key: Callable[[Point], str]) -> dict[str, Evidence
 def accuracy(rep: Report) -> Accuracy:
     """:class:`Accuracy` of a validation run."""
     answered = [r for r in rep.rows if r.error is not None]
-    overall = evidence(answered).model_dump()
-    overall["sources"] = rep.sources
     return Accuracy(
-        **overall,
-        tier1_median_error_pct=round(float(np.median(rep.errors(1))) * 100, 1),
+        summary=Summary(
+            **evidence(answered).model_dump(),
+            tier1_median_error_pct=round(float(np.median(rep.errors(1))) * 100, 1),
+        ),
         by_model=_grouped(answered, lambda p: p.model),
+        by_model_on_stack=_grouped(answered, lambda p: f"{p.model} on {stack_key(p.stack)}"),
         by_architecture=_grouped(answered, lambda p: architecture(catalog.model(p.model))),
         by_device=_grouped(answered, lambda p: p.device),
-        by_stack=_grouped(answered, lambda p: _stack_key(p.stack)),
+        by_stack=_grouped(answered, lambda p: stack_key(p.stack)),
     )
 
 
@@ -594,7 +616,7 @@ def shipped_accuracy() -> Accuracy:
 
 
 def accuracy_line(acc: Accuracy | None = None) -> str:
-    a = shipped_accuracy() if acc is None else acc
+    a = (shipped_accuracy() if acc is None else acc).summary
     return (
         f"cross-validated on {a.points} published measurements, nearly all GPUs (the fitted GPU constants "
         f"refit without each source): median error {a.median_error_pct} % (tier 1: "
@@ -603,40 +625,43 @@ def accuracy_line(acc: Accuracy | None = None) -> str:
     )
 
 
-def _bias(e: Evidence) -> str:
-    if abs(e.speed_bias_pct) < 0.5:
-        return "no median bias"
-    return f"in the median it reads {abs(e.speed_bias_pct):.0f} % {'faster' if e.speed_bias_pct > 0 else 'slower'} than measured"
+FEW = 5  # a model with fewer published points also shows its architecture's
+
+
+def _figures(e: Evidence) -> str:
+    pts = (
+        f"{e.points} point{'s' if e.points != 1 else ''} / {e.sources} source{'s' if e.sources != 1 else ''}"
+    )
+    return f"median error {e.median_error_pct:g} %, speed {e.speed_ratio:.2f}×, {pts}"
 
 
 def evidence_lines(
-    device: str, model: catalog.ModelSpec, stack: str, acc: Accuracy | None = None
+    device: str, model: catalog.ModelSpec, stack: str | None, acc: Accuracy | None = None
 ) -> list[str]:
-    """How the model fared, held out, on published points of this model (else of its architecture),
-    device and stack."""
+    """How the model fared, held out, on the published points that share a part of this configuration."""
     a = shipped_accuracy() if acc is None else acc
     near = a.near(device, model, stack)
-
-    def line(what: str, e: Evidence) -> str:
-        src = f"{e.sources} source{'s' if e.sources != 1 else ''}"
-        return (
-            f"  {what}: median error {e.median_error_pct:g} % over {e.points} points from {src}; {_bias(e)}"
-        )
-
-    lines = ["held out on published measurements of the same (`voicepipe hardware validate --match NAME`):"]
-    if (m := near["model"]) is not None:
-        lines.append(line(f"model {model.key}", m))
-    elif (arch := near["architecture"]) is not None:
-        lines.append(
-            line(f"model {model.key}: no published point; its architecture ({architecture(model)})", arch)
-        )
+    unknown = "no published point, so its error is unknown"
+    catalogued = model.key in catalog.models()
+    lines = ["held out, on published points sharing one part of this configuration (each taken alone):"]
+    if near.model_on_stack is not None:
+        lines.append(f"  {model.key} on {stack}: {_figures(near.model_on_stack)}")
+    if near.model is not None:
+        lines.append(f"  {model.key}, any stack: {_figures(near.model)}")
+    elif not catalogued:
+        lines.append(f"  {model.key}: not a catalogued model, so no published point of its own")
     else:
-        lines.append(f"  model {model.key}: no published point, its error is unknown")
-    for what, key in (("device", device), ("stack", stack)):
-        e = near[what]
-        lines.append(
-            line(f"{what} {key}", e) if e else f"  {what} {key}: no published point, its error is unknown"
-        )
+        lines.append(f"  {model.key}: {unknown}")
+    if near.architecture is not None and (near.model is None or near.model.points < FEW):
+        lines.append(f"  its architecture ({architecture(model)}), any model: {_figures(near.architecture)}")
+    lines.append(f"  {device}, any model: {_figures(near.device) if near.device else unknown}")
+    if stack is None:
+        lines.append("  stack: the machine's own software, measured only by its device's points")
+    else:
+        lines.append(f"  {stack}, any model: {_figures(near.stack) if near.stack else unknown}")
+    lines.append(
+        "  (speed: modelled / measured, > 1× reads fast; rows: `hardware validate --model/--device/--stack`)"
+    )
     return lines
 
 
