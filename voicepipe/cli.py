@@ -41,7 +41,11 @@ err = Console(stderr=True)
 try:
     from voicepipe.cli_hardware import app as hardware_app
 
-    app.add_typer(hardware_app, name="hardware", help="LLM hardware models: list, show, predict, sweep.")
+    app.add_typer(
+        hardware_app,
+        name="hardware",
+        help="LLM hardware models: list, show, predict, sweep, validate against published measurements.",
+    )
 except ImportError:  # pragma: no cover - ships with the package
     pass
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
@@ -24,6 +24,7 @@ from voicepipe.hardware import catalog
 from voicepipe.hardware.backend import FAST_MAX_BATCH, deploy, make_hardware_backend
 from voicepipe.hardware.model import DoesNotFit, Prediction, Speculative
 from voicepipe.hardware.model import predict as model_predict
+from voicepipe.report.term import Col, print_fitted
 
 app = typer.Typer(
     help="Hardware models: which device/model answers inside the turn budget.", no_args_is_help=True
@@ -56,9 +57,11 @@ def _evidence_stack(dev: catalog.Device, stk: catalog.Stack | None) -> str | Non
 
 def _near(dev: catalog.Device, mdl: catalog.ModelSpec, stk: catalog.Stack | None) -> dict[str, object]:
     """The held-out error on published points sharing a part of this configuration (JSON)."""
-    from voicepipe.hardware.validate import shipped_accuracy
+    from voicepipe.hardware.validate import architecture, catalogued_twin, shipped_accuracy
 
-    return shipped_accuracy().near(dev.key, mdl, _evidence_stack(dev, stk)).model_dump()
+    key = mdl.key if mdl.key in catalog.models() else catalogued_twin(mdl)
+    near = shipped_accuracy().near(dev.key, key, architecture(mdl), _evidence_stack(dev, stk))
+    return near.model_dump()
 
 
 def _print_near(con: Console, dev: catalog.Device, mdl: catalog.ModelSpec, stk: catalog.Stack | None) -> None:
@@ -88,27 +91,12 @@ def _console() -> Console:
     return Console(file=sys.stdout)
 
 
-Column = tuple[str, int, str]  # header, priority (0 = always shown), justify
+WideOpt = typer.Option(False, "--wide/--fit", help="Show every column, wider than the terminal if need be.")
 
 
-def _fit_table(title: str, columns: Sequence[Column], rows: Sequence[Sequence[str]], width: int) -> Table:
-    """A table of the columns that fit ``width``, dropping the highest priority number first."""
-    keep = list(range(len(columns)))
-
-    def need(idx: list[int]) -> int:
-        return sum(max([len(columns[i][0])] + [len(r[i]) for r in rows]) + 3 for i in idx) + 1
-
-    for prio in sorted({c[1] for c in columns if c[1] > 0}, reverse=True):
-        if need(keep) <= width:
-            break
-        keep = [i for i in keep if columns[i][1] != prio]
-    t = Table(title=title, title_justify="left")
-    for i in keep:
-        name, prio, justify = columns[i]
-        t.add_column(name, justify=justify, overflow="fold")  # type: ignore[arg-type]
-    for r in rows:
-        t.add_row(*(r[i] for i in keep))
-    return t
+def _num(x: float) -> str:
+    """A measured or modelled value for a table: thousands separated, four significant digits below."""
+    return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.4g}"
 
 
 def _emit_json(payload: object, fmt: str, json_out: Path | None) -> bool:
@@ -140,46 +128,39 @@ def _speculative(text: str | None) -> Speculative | None:
 
 
 @app.command("list")
-def list_() -> None:
+def list_(wide: bool = WideOpt) -> None:
     """Devices, models, serving stacks and empirical profiles in the catalog."""
     con = _console()
+    name, desc = Col("device", justify="left"), Col("description", 3, "left", text=True, min_width=16)
     rows = []
     for key, d in catalog.devices().items():
         mem = f"{d.memory_gb:g} GB" if d.kind == "hbm" else f"{d.sram_gb:g} GB SRAM"
         bw = f"{d.mem_bw_tbs:g}" if d.kind == "hbm" else f"{d.sram_bw_tbs:g}"
         rows.append([key, mem, bw, f"{d.peak_tflops['bf16']:g}", f"{d.price_per_chip_hour:g}", d.name])
-    cols = [("device", 0, "left"), ("memory", 0, "right"), ("TB/s", 0, "right"), ("bf16 TF", 1, "right"),
-            ("$/chip-h", 2, "right"), ("description", 3, "left")]  # fmt: skip
-    con.print(
-        _fit_table("Devices (datasheet figures; `hardware show NAME` for sources)", cols, rows, con.width)
-    )
+    cols = [name, Col("memory"), Col("TB/s"), Col("bf16 TF", 1), Col("$/chip-h", 2), desc]
+    title = "Devices (datasheet figures; `hardware show NAME` for sources)"
+    print_fitted(con, cols, rows, wide=wide, title=title)
     rows = []
     for key, m in catalog.models().items():
         q = f"{m.quality.score:g}" if m.quality else "-"
         active = f"{m.params_active_b:g}" if m.params_active_b else "="
         rows.append([key, f"{m.params_total_b:g}", active, str(m.layers), f"{m.heads}/{m.kv_heads}",
                      m.default_precision, q])  # fmt: skip
-    cols = [("model", 0, "left"), ("params B", 0, "right"), ("active B", 0, "right"), ("layers", 2, "right"),
-            ("heads/kv", 2, "right"), ("precision", 1, "left"), ("quality", 1, "right")]  # fmt: skip
-    con.print(_fit_table("Models (published configs)", cols, rows, con.width))
+    cols = [Col("model", justify="left"), Col("params B"), Col("active B"), Col("layers", 2), Col("heads/kv", 2),
+            Col("precision", 1, "left"), Col("quality", 1)]  # fmt: skip
+    print_fitted(con, cols, rows, wide=wide, title="Models (published configs)")
     rows = [
         [k, f"{st.step_overhead_us:g}", f"{st.request_overhead_ms:g}", st.name]
         for k, st in catalog.stacks().items()
     ]
-    cols = [
-        ("stack", 0, "left"),
-        ("step µs", 0, "right"),
-        ("request ms", 0, "right"),
-        ("description", 1, "left"),
-    ]
-    con.print(_fit_table(f"Serving stacks (default {catalog.default_stack_name()})", cols, rows, con.width))
+    cols = [Col("stack", justify="left"), Col("step µs"), Col("request ms"), desc]
+    print_fitted(con, cols, rows, wide=wide, title=f"Serving stacks (default {catalog.default_stack_name()})")
     rows = []
     for key, p in profiles().items():
         rows.append([key, f"{p['ttft_ms']['median']:g}", f"{p['tokens_per_s']:g}",
                      f"{p['price_in_per_mtok']:g}/{p['price_out_per_mtok']:g}", p.get("description", "")])  # fmt: skip
-    cols = [("profile", 0, "left"), ("TTFT ms", 0, "right"), ("tok/s", 0, "right"), ("$/Mtok in/out", 1, "right"),
-            ("description", 2, "left")]  # fmt: skip
-    con.print(_fit_table("Empirical profiles (measured services)", cols, rows, con.width))
+    cols = [Col("profile", justify="left"), Col("TTFT ms"), Col("tok/s"), Col("$/Mtok in/out", 1), desc]
+    print_fitted(con, cols, rows, wide=wide, title="Empirical profiles (measured services)")
     con.print("Use DEVICE/MODEL (e.g. cerebras-wse3/llama-3.1-8b) as an agent backend.")
 
 
@@ -376,6 +357,7 @@ def sweep(
     stack: str | None = StackOpt,
     fmt: str = FormatOpt,
     json_out: Path | None = JsonOpt,
+    wide: bool = WideOpt,
 ) -> None:
     """Batching trade-off: step time, per-user and aggregate tok/s, $/Mtok; marks fast mode vs default.
 
@@ -411,8 +393,8 @@ def sweep(
     }  # fmt: skip
     if _emit_json(payload, fmt, json_out):
         return
-    cols = [("batch", 0, "right"), ("chips", 0, "right"), ("step ms", 0, "right"), ("tok/s user", 0, "right"),
-            ("tok/s total", 0, "right"), ("$/Mtok out", 1, "right"), ("TTFT ms", 2, "right"), ("mode", 1, "left")]  # fmt: skip
+    cols = [Col("batch"), Col("chips"), Col("step ms"), Col("tok/s user"), Col("tok/s total"), Col("$/Mtok out", 1),
+            Col("TTFT ms", 2), Col("mode", 1, "left")]  # fmt: skip
     cells = [
         [
             str(r["batch"]) if r["fits"] else f"{r['batch']}→{r['effective_batch']}", str(r["chips"]),
@@ -423,7 +405,7 @@ def sweep(
     ]  # fmt: skip
     con = _console()
     title = f"{dev.key}/{mdl.key} @ {dep.system.precision}, {prompt_tokens} in / {output_tokens} out"
-    con.print(_fit_table(title, cols, cells, con.width))
+    print_fitted(con, cols, cells, wide=wide, title=title)
     con.print(
         f"{_modelled()}. B→N: the KV of B sequences does not fit, the server runs N at a time. "
         f"$/Mtok = chips x ${dev.price_per_chip_hour}/chip-h / aggregate throughput. fast = max_batch "
@@ -444,6 +426,10 @@ def validate(
     device: str | None = typer.Option(None, "--device", help="only rows of this device (exact key)"),
     model: str | None = typer.Option(None, "--model", help="only rows of this model (exact key)"),
     stack: str | None = typer.Option(None, "--stack", help="only rows of this stack profile (exact key)"),
+    architecture: str | None = typer.Option(
+        None, "--architecture", help="only rows of models of this architecture: dense, moe or mla"
+    ),
+    wide: bool = WideOpt,
 ) -> None:
     """Published measurements vs the model: leave-one-source-out residuals, median / worst error.
 
@@ -460,12 +446,21 @@ def validate(
         rows = [r for r in rows if any(m in str(x).lower() for x in
                 (r.point.id, r.point.device, r.point.model, r.point.stack, r.point.source,
                  r.point.group or ""))]  # fmt: skip
+    for flag, want, known in (
+        ("--device", device, {p.device for p in val.points()}),
+        ("--model", model, {p.model for p in val.points()}),
+        ("--stack", stack, {val.stack_key(p.stack) for p in val.points()}),
+        ("--architecture", architecture, {val.architecture(catalog.model(p.model)) for p in val.points()}),
+    ):
+        if want is not None and want not in known:
+            _fail(f"{flag}: no published point has {want!r}; those that do: {', '.join(sorted(known))}")
     rows = [
         r
         for r in rows
         if (device is None or r.point.device == device)
         and (model is None or r.point.model == model)
         and (stack is None or val.stack_key(r.point.stack) == stack)
+        and (architecture is None or val.architecture(catalog.model(r.point.model)) == architecture)
     ]
     if worst is not None:
         rows = sorted((r for r in rows if r.error is not None), key=lambda r: -abs(r.error or 0.0))[:worst]
@@ -493,23 +488,17 @@ def validate(
     }
     if _emit_json(payload, fmt, json_out):
         return
-    cols = [("id", 0, "left"), ("tier", 1, "right"), ("metric", 2, "left"), ("published", 0, "right"),
-            ("held out", 0, "right"), ("error", 0, "right")]  # fmt: skip
+    cols = [Col("id", justify="left", text=True, min_width=24), Col("tier", 3), Col("metric", 2, "left"),
+            Col("published"), Col("held out"), Col("error", text=True, min_width=6)]  # fmt: skip
     cells = [
-        [r.point.id, str(r.point.tier), r.point.metric, f"{r.point.value:g}",
-         f"{r.predicted:.4g}" if r.predicted is not None else "—",
+        [r.point.id, str(r.point.tier), r.point.metric, _num(r.point.value),
+         _num(r.predicted) if r.predicted is not None else "—",
          f"{r.error * 100:+.0f} %" if r.error is not None else f"n/a: {r.reason}"]
         for r in rows
     ]  # fmt: skip
     con = _console()
     shown = "" if len(rows) == len(rep.rows) else f" — {len(rows)} of {len(rep.rows)} rows"
-    con.print(
-        _fit_table(
-            f"Published vs modelled (predicted with the point's source held out){shown}",
-            cols,
-            cells,
-            con.width,
-        )
-    )
+    title = f"Published vs modelled (predicted with the point's source held out){shown}"
+    print_fitted(con, cols, cells, wide=wide, title=title)
     for line in val.summary_lines(rep):
         con.print(line)

@@ -523,12 +523,15 @@ class Summary(Evidence):
 
 
 class Near(BaseModel):
-    """The evidence for one configuration: points sharing its model and stack, its model, its model's
-    architecture, its device, its stack (each None where no published point shares it)."""
+    """The evidence for one configuration, most specific first: points of its model on its device with its
+    stack, on its device (any stack), with its stack (any device), of its model (anywhere), of its model's
+    architecture, of its device, of its stack (each None where no published point shares it)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    model_on_stack: Evidence | None
+    model_device_stack: Evidence | None
+    model_device: Evidence | None
+    model_stack: Evidence | None
     model: Evidence | None
     architecture: Evidence | None
     device: Evidence | None
@@ -537,26 +540,41 @@ class Near(BaseModel):
 
 class Accuracy(BaseModel):
     """What the CLI prints beside every modelled number: the cross-validated error in a few figures, and
-    the same figures per model, model on a stack, architecture, device and stack."""
+    the same figures per group of points that share a model, device, stack or a combination of them."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     summary: Summary
+    by_model_device_stack: dict[str, Evidence]  # keys: "MODEL on DEVICE with STACK"
+    by_model_device: dict[str, Evidence]  # keys: "MODEL on DEVICE"
+    by_model_stack: dict[str, Evidence]  # keys: "MODEL with STACK"
     by_model: dict[str, Evidence]
-    by_model_on_stack: dict[str, Evidence]  # keys: "MODEL on STACK"
     by_architecture: dict[str, Evidence]  # keys: architecture()
     by_device: dict[str, Evidence]
     by_stack: dict[str, Evidence]
 
-    def near(self, device: str, model: catalog.ModelSpec, stack: str | None) -> Near:
-        """The evidence for a configuration (``stack`` None: an SRAM machine's own software, which only
-        its device's points measure)."""
+    def near(self, device: str, model: str | None, arch: str, stack: str | None) -> Near:
+        """The evidence for a configuration (``model`` None: not a catalogued model; ``stack`` None: an
+        SRAM machine's own software, which only its device's points measure)."""
+        m, st = model or "\0", stack or "\0"  # "\0" is no key: the lookups find nothing
+        if stack is None:  # an SRAM machine: GPU points of the same model say nothing about it
+            return Near(
+                model_device_stack=None,
+                model_device=self.by_model_device.get(f"{m} on {device}"),
+                model_stack=None,
+                model=None,
+                architecture=None,
+                device=self.by_device.get(device),
+                stack=None,
+            )
         return Near(
-            model_on_stack=None if stack is None else self.by_model_on_stack.get(f"{model.key} on {stack}"),
-            model=self.by_model.get(model.key),
-            architecture=self.by_architecture.get(architecture(model)),
+            model_device_stack=self.by_model_device_stack.get(f"{m} on {device} with {st}"),
+            model_device=self.by_model_device.get(f"{m} on {device}"),
+            model_stack=self.by_model_stack.get(f"{m} with {st}"),
+            model=self.by_model.get(m),
+            architecture=self.by_architecture.get(arch),
             device=self.by_device.get(device),
-            stack=None if stack is None else self.by_stack.get(stack),
+            stack=self.by_stack.get(st),
         )
 
 
@@ -596,8 +614,12 @@ def accuracy(rep: Report) -> Accuracy:
             **evidence(answered).model_dump(),
             tier1_median_error_pct=round(float(np.median(rep.errors(1))) * 100, 1),
         ),
+        by_model_device_stack=_grouped(
+            answered, lambda p: f"{p.model} on {p.device} with {stack_key(p.stack)}"
+        ),
+        by_model_device=_grouped(answered, lambda p: f"{p.model} on {p.device}"),
+        by_model_stack=_grouped(answered, lambda p: f"{p.model} with {stack_key(p.stack)}"),
         by_model=_grouped(answered, lambda p: p.model),
-        by_model_on_stack=_grouped(answered, lambda p: f"{p.model} on {stack_key(p.stack)}"),
         by_architecture=_grouped(answered, lambda p: architecture(catalog.model(p.model))),
         by_device=_grouped(answered, lambda p: p.device),
         by_stack=_grouped(answered, lambda p: stack_key(p.stack)),
@@ -625,7 +647,30 @@ def accuracy_line(acc: Accuracy | None = None) -> str:
     )
 
 
-FEW = 5  # a model with fewer published points also shows its architecture's
+FEW = 5  # the nearest evidence is the most specific group with at least this many points
+ODD = 1.15  # a median speed ratio beyond ×/÷ this reads as a direction to take the prediction in
+
+
+def catalogued_twin(model: catalog.ModelSpec) -> str | None:
+    """The catalog model with this model's architecture (a user's config.json of a catalogued model), by
+    the fields the physics reads, parameter counts within 2 %; None when none matches."""
+    same = (
+        "layers",
+        "hidden",
+        "heads",
+        "kv_heads",
+        "head_dim",
+        "experts",
+        "experts_active",
+        "kv_dim",
+        "window",
+    )
+    for key, m in catalog.models().items():
+        if all(getattr(m, f) == getattr(model, f) for f in same) and math.isclose(
+            m.params_total_b, model.params_total_b, rel_tol=0.02
+        ):
+            return key
+    return None
 
 
 def _figures(e: Evidence) -> str:
@@ -638,30 +683,62 @@ def _figures(e: Evidence) -> str:
 def evidence_lines(
     device: str, model: catalog.ModelSpec, stack: str | None, acc: Accuracy | None = None
 ) -> list[str]:
-    """How the model fared, held out, on the published points that share a part of this configuration."""
+    """How the model fared, held out, on the published points that share parts of this configuration,
+    the most specific first, and what the nearest of them says about reading this prediction."""
     a = shipped_accuracy() if acc is None else acc
-    near = a.near(device, model, stack)
-    unknown = "no published point, so its error is unknown"
-    catalogued = model.key in catalog.models()
-    lines = ["held out, on published points sharing one part of this configuration (each taken alone):"]
-    if near.model_on_stack is not None:
-        lines.append(f"  {model.key} on {stack}: {_figures(near.model_on_stack)}")
-    if near.model is not None:
-        lines.append(f"  {model.key}, any stack: {_figures(near.model)}")
-    elif not catalogued:
+    key = model.key if model.key in catalog.models() else catalogued_twin(model)
+    arch = architecture(model)
+    near = a.near(device, key, arch, stack)
+    with_stack = f" with {stack}" if stack else ""
+    m = key or model.key
+    groups: list[tuple[str, Evidence | None, list[str]]] = [
+        (f"{m} on {device}{with_stack}", near.model_device_stack, ["--model", m, "--device", device]
+         + (["--stack", stack] if stack else [])),
+        (f"{m} on {device}{', any stack' if stack else ''}", near.model_device, ["--model", m, "--device", device]),
+        (f"{m}{with_stack}, any device", near.model_stack, ["--model", m] + (["--stack", stack] if stack else [])),
+        (f"{m}, any device or stack", near.model, ["--model", m]),
+        (f"{arch.upper() if arch != 'dense' else arch} architecture, any model", near.architecture,
+         ["--architecture", arch]),
+        (f"{device}, any model{' or stack' if stack else ''}", near.device, ["--device", device]),
+        (f"{stack}, any model or device", near.stack, ["--stack", stack or ""]),
+    ]  # fmt: skip
+    head = "published points sharing parts of this configuration, most specific first"
+    lines = [f"held-out error on {head}:" if stack else f"{head}:"]
+    if key is None:
         lines.append(f"  {model.key}: not a catalogued model, so no published point of its own")
+    elif key != model.key:
+        lines.append(f"  {model.key}: the architecture of catalogued {key}, whose points follow")
+    kept: list[tuple[str, Evidence, list[str]]] = []
+    for label, e, flags in groups:
+        if e is None or any(e == k[1] for k in kept):  # none, or the figures of a more specific group
+            continue
+        if flags[0] == "--architecture" and near.model is not None and near.model.points >= FEW:
+            continue  # the model's own points say more than its architecture's
+        kept.append((label, e, flags))
+    for label, e, _ in kept:
+        lines.append(f"  {label}: {_figures(e)}")
+    for what, e in ((device, near.device), (stack, near.stack)):
+        if what and e is None:
+            lines.append(f"  {what}: no published point, so its error is unknown")
+    if not stack:  # SRAM: its per-layer time is fitted to its vendor's speeds, some of these very points
+        lines.append(
+            "  not held out: an SRAM machine's per-layer time is fitted to its vendor's published speeds "
+            "(`voicepipe hardware show DEVICE`), so these points show consistency, not accuracy"
+        )
+        return lines
+    nearest = next(((lb, e, f) for lb, e, f in kept if e.points >= FEW), None)
+    if nearest is None:
+        lines.append("  no group of this configuration has enough published points to say more")
+        return lines
+    label, e, flags = nearest
+    if e.speed_ratio > ODD:
+        verdict = f"it read {e.speed_ratio:.2f}× as fast as measured: take this prediction as a best case"
+    elif e.speed_ratio < 1 / ODD:
+        verdict = f"it read {e.speed_ratio:.2f}× the measured speed: take this prediction as a worst case"
     else:
-        lines.append(f"  {model.key}: {unknown}")
-    if near.architecture is not None and (near.model is None or near.model.points < FEW):
-        lines.append(f"  its architecture ({architecture(model)}), any model: {_figures(near.architecture)}")
-    lines.append(f"  {device}, any model: {_figures(near.device) if near.device else unknown}")
-    if stack is None:
-        lines.append("  stack: the machine's own software, measured only by its device's points")
-    else:
-        lines.append(f"  {stack}, any model: {_figures(near.stack) if near.stack else unknown}")
-    lines.append(
-        "  (speed: modelled / measured, > 1× reads fast; rows: `hardware validate --model/--device/--stack`)"
-    )
+        verdict = f"no direction beyond ±{(ODD - 1) * 100:.0f} %; expect errors of ~{e.median_error_pct:g} %"
+    lines.append(f"  nearest ({label}): {verdict}")
+    lines.append(f"  rows: voicepipe hardware validate {' '.join(flags)}")
     return lines
 
 
