@@ -24,6 +24,11 @@ def vp(*args: str, cwd=None) -> subprocess.CompletedProcess[str]:
             ["predict", "barge-in", "--set", "asr.silence_ms=60000"],
             "config (with --set): turn 0 of barge-in-0 got no reply within client.turn_timeout_s (20 s",
         ),
+        # the command line itself: an unknown command or option, a bad or missing option value
+        (["predict", "cafe-order", "--format", "yaml"], "'--format'"),
+        (["no-such-command"], "No such command 'no-such-command'"),
+        (["hardware", "validate", "--tier", "3"], "'--tier'"),
+        (["hardware", "predict", "-H", "h100-sxm"], "Missing option '--model'"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(args, needle):

@@ -953,12 +953,31 @@ def schema_messages() -> None:
     _print_schema(Envelope)
 
 
+# click's base error, under whichever click typer uses (its own copy since typer 0.22, click before)
+_ClickError: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+
+
 def main() -> None:
+    """The console entry point. Click's own errors (an unknown command or option, a bad option value)
+    print as one line naming the option, with where to look, and exit 2, like every other bad input."""
     try:
-        app()
+        rc = app(standalone_mode=False)
+    except _ClickError as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError":  # a group run bare: its help, as click prints it
+            exc.show()  # type: ignore[attr-defined]
+            sys.exit(getattr(exc, "exit_code", 2))
+        ctx = getattr(exc, "ctx", None)
+        where = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+        message = exc.format_message()  # type: ignore[attr-defined]
+        err.print(f"error: {message}{where}", highlight=False, markup=False, soft_wrap=True)
+        sys.exit(getattr(exc, "exit_code", 2))
+    except typer.Abort:
+        err.print("aborted")
+        sys.exit(130)
     except UserError as exc:  # pragma: no cover - commands catch their own
         err.print(f"error: {exc}")
         sys.exit(2)
+    sys.exit(rc if isinstance(rc, int) else 0)
 
 
 from voicepipe.cli_capacity import register as _register_capacity  # noqa: E402 - needs the helpers above
