@@ -509,13 +509,11 @@ def run(
     if not as_json:
         if not quiet:
             print_turns(out, sink.records, cfg.budget_ms, wide=wide)
-        print_summary(out, {"": sink.records}, wide=wide)
+        print_summary(out, {"": sink.records}, wide=wide, caption=quiet)
         print_paths(out, sink.records, wide=wide)
         if result:
             out.print(
-                f"[dim]run {result.run} on {result.broker}; broker probe "
-                f"{result.probe_ms:.1f} ms round trip; measured on the client's clock, predicted = modelled "
-                "spans[/]"
+                f"[dim]run {result.run} on {result.broker}; broker probe {result.probe_ms:.1f} ms round trip[/]"
                 if result.probe_ms is not None
                 else f"[dim]run {result.run} on {result.broker}[/]"
             )

@@ -98,9 +98,13 @@ def _one_session(
 
 
 def print_summary(
-    console: Console, records_by_label: Mapping[str, Sequence[TurnRecord]], wide: bool = False
+    console: Console,
+    records_by_label: Mapping[str, Sequence[TurnRecord]],
+    wide: bool = False,
+    caption: bool = True,
 ) -> None:
-    """Percentiles and budget shares per configuration, then mean ms per stage (stages as rows)."""
+    """Percentiles and budget shares per configuration, then mean ms per stage (stages as rows); the
+    caption saying how the numbers were taken unless the turns table above already said it."""
     budget = next((recs[0].budget_ms for recs in records_by_label.values() if recs), 800.0)
     sums = {label or "run": summarise(recs) for label, recs in records_by_label.items()}
     cols = [
@@ -133,7 +137,8 @@ def print_summary(
             ]
         )
     print_fitted(console, cols, rows, wide=wide, title="Summary")
-    console.print(Text(CAPTION, style="dim"))
+    if caption:
+        console.print(Text(CAPTION, style="dim"))
     stages = sorted({st for s in sums.values() for st in s.mean_stage_ms}, key=stage_sort_key)
     if not stages:
         return
