@@ -421,51 +421,76 @@ def _text(*args: str) -> str:
 def test_predict_and_sweep_say_how_the_model_fared_near_this_configuration():
     acc = val.shipped_accuracy()
     near = _near("predict", "-H", "h100-sxm", "-m", "llama-3.1-8b")
-    assert near == {
-        "model_device_stack": acc.by_model_device_stack["llama-3.1-8b on h100-sxm with vllm"].model_dump(),
-        "model_device": acc.by_model_device["llama-3.1-8b on h100-sxm"].model_dump(),
-        "model_stack": acc.by_model_stack["llama-3.1-8b with vllm"].model_dump(),
-        "model": acc.by_model["llama-3.1-8b"].model_dump(),
-        "architecture": acc.by_architecture["dense"].model_dump(),
-        "device": acc.by_device["h100-sxm"].model_dump(),
-        "stack": acc.by_stack["vllm"].model_dump(),
-    }
+    groups = {g["kind"]: g for g in near["groups"]}
+    assert groups["model_device"]["evidence"] == acc.by_model_device["llama-3.1-8b on h100-sxm"].model_dump()
+    assert groups["device"]["evidence"] == acc.by_device["h100-sxm"].model_dump()
+    assert groups["stack"]["evidence"] == acc.by_stack["vllm"].model_dump()
+    # most specific first; the nearest is the first with enough points to read
+    order = ["model_device_stack", "model_device", "model_stack", "model", "device", "stack", "architecture"]
+    assert [g["kind"] for g in near["groups"]] == [k for k in order if k in groups]
+    first = next(g for g in near["groups"] if g["evidence"]["points"] >= val.FEW)
+    assert near["nearest"] == first and near["held_out"] is True
     assert _near("sweep", "-H", "h100-sxm", "-m", "llama-3.1-8b", "--batches", "1") == near
-    # an SRAM machine runs its vendor's software: no GPU point speaks for it, predict and sweep agree
+    # the text is the same object: every group's label and the reading are printed
+    out = " ".join(_text("predict", "-H", "h100-sxm", "-m", "llama-3.1-8b").split())
+    assert all(g["label"] in out for g in near["groups"]) and near["reading"] in out
+    # an SRAM machine runs its vendor's software and its per-layer time is fitted to its vendor's speeds:
+    # only its own points are shown, flagged as not held out, with no reading drawn from them
     near = _near("predict", "-H", "cerebras-wse3", "-m", "llama-3.1-8b")
-    assert {k for k, v in near.items() if v is not None} == {"model_device", "device"}
-    assert near["device"] == acc.by_device["cerebras-wse3"].model_dump()
+    assert {g["kind"] for g in near["groups"]} <= {"model_device", "device"}
+    assert near["held_out"] is False and near["nearest"] is None and "not held out" in near["reading"]
     assert _near("sweep", "-H", "cerebras-wse3", "-m", "llama-3.1-8b", "--batches", "1") == near
-    assert "not held out" in _text("predict", "-H", "cerebras-wse3", "-m", "llama-3.1-8b")
 
 
-def test_the_nearest_evidence_says_which_way_to_read_a_prediction():
+def _group(points: int, speed: float, faster: int, sources: int = 2) -> val.Group:
+    e = val.Evidence(points=points, sources=sources, median_error_pct=20.0, within_30_pct=70,
+                     speed_ratio=speed, faster_pct=faster)  # fmt: skip
+    return val.Group(kind="device", label="x", evidence=e, command="voicepipe hardware validate")
+
+
+def test_a_direction_needs_a_large_one_sided_median_from_two_sources():
+    assert "best case" in val._reading(_group(10, 1.5, 90), True)
+    assert "worst case" in val._reading(_group(10, 0.7, 10), True)
+    # a large median with points on both sides, or from one source, gives the spread instead
+    assert "no consistent direction" in val._reading(_group(10, 1.5, 60), True)
+    assert "no consistent direction" in val._reading(_group(10, 1.5, 100, sources=1), True)
+    assert "no consistent direction" in val._reading(_group(10, 1.05, 100), True)
+    assert "unknown" in val._reading(None, True)
+
+
+def test_the_nearest_evidence_reads_deepseek_r1_on_h200_as_a_best_case():
     acc = val.shipped_accuracy()
-    # the published DeepSeek-R1 runs on H200 came out far slower than the model: a best case
     group = acc.by_model_device["deepseek-r1 on h200-sxm"]
-    assert group.points >= val.FEW and group.speed_ratio > val.ODD
+    assert group.points >= val.FEW and group.speed_ratio > val.ODD and group.faster_pct >= val.ONE_SIDED
     out = _text("predict", "-H", "h200-sxm", "-m", "deepseek-r1", "--tp", "8", "--stack", "trtllm")
-    assert "nearest (deepseek-r1 on h200-sxm, any stack)" in out and "best case" in out
+    assert "nearest (deepseek-r1 on h200-sxm, any stack)" in out and "a best case" in out
     assert "rows: voicepipe hardware validate --model deepseek-r1 --device h200-sxm\n" in out
-    # Llama 3.1 8B on H100 shows no direction: the line says how large an error to expect instead
-    out = _text("predict", "-H", "h100-sxm", "-m", "llama-3.1-8b")
-    assert "no direction" in out and "best case" not in out and "worst case" not in out
     # a device no point measures says so
     assert "mi325x: no published point" in _text("predict", "-H", "mi325x", "-m", "llama-3.1-8b")
 
 
-def test_a_model_of_the_users_own_gets_its_twins_or_its_architectures_evidence():
+def test_a_model_of_the_users_own_gets_its_twins_or_its_architectures_evidence(tmp_path):
     acc = val.shipped_accuracy()
     # a config.json of a catalogued model is that model
     near = _near("predict", "-H", "h100-sxm", "-m", str(HF / "mixtral-8x7b" / "config.json"), "--tp", "2")
-    assert near["model"] == acc.by_model["mixtral-8x7b"].model_dump()
-    # one the catalog lacks (its MLA fields are read as DeepSeek-V3 publishes them) gets its architecture's
+    assert near["catalogued_as"] == "mixtral-8x7b"
+    # DeepSeek-V3's config states its projections' head layout; its MLA latent matches the catalog's
+    # DeepSeek models, and the one with published points speaks for it
     cfg = str(HF / "deepseek-v3" / "config.json")
     near = _near("predict", "-H", "h200-sxm", "-m", cfg, "--tp", "8")
-    assert near["model"] is None and near["architecture"] == acc.by_architecture["mla"].model_dump()
-    out = " ".join(_text("predict", "-H", "h200-sxm", "-m", cfg, "--tp", "8").split())
-    assert "not a catalogued model" in out and "MLA architecture, any model" in out
-    assert "rows: voicepipe hardware validate --architecture mla" in out
+    assert near["catalogued_as"] == "deepseek-r1" and set(near["twins"]) == {"deepseek-r1", "deepseek-v3"}
+    model = next(g for g in near["groups"] if g["kind"] == "model")
+    assert model["evidence"] == acc.by_model["deepseek-r1"].model_dump()
+    # a model of an architecture the catalog lacks: no model groups; its architecture's come last
+    data = json.loads((HF / "llama-3.1-8b" / "config.json").read_text())
+    data["num_hidden_layers"] = 20
+    own = tmp_path / "config.json"
+    own.write_text(json.dumps(data))
+    near = _near("predict", "-H", "h100-sxm", "-m", str(own))
+    assert near["catalogued_as"] is None
+    assert [g["kind"] for g in near["groups"]] == ["device", "stack", "architecture"]
+    out = " ".join(_text("predict", "-H", "h100-sxm", "-m", str(own)).split())
+    assert "not the architecture of a catalogued model" in out
 
 
 def test_hardware_validate_filters_by_exact_device_model_and_stack():
@@ -483,6 +508,11 @@ def test_hardware_validate_filters_by_exact_device_model_and_stack():
         p.id for p in val.points() if p.model == "llama-3.1-8b" and p.device == "h100-sxm"
     }
     assert ids("--architecture", "mla") == {p.id for p in val.points() if p.model == "deepseek-r1"}
+    assert ids("--stack", "tensorrt-llm") == ids("--stack", "trtllm")  # the data's own alias
+    # the rows shown get their own figures under the table
+    r = runner.invoke(app, ["validate", "--model", "deepseek-r1"], env={"COLUMNS": "200"})
+    e = val.evidence([row for row in val.run().rows if row.point.model == "deepseek-r1"])
+    assert f"these {e.points} rows: median error {e.median_error_pct:g} %" in r.output
     # a key no point has is a one-line error, not an empty table
     r = runner.invoke(app, ["validate", "--device", "H100-SXM"])
     assert r.exit_code == 2 and "--device: no published point has 'H100-SXM'" in r.output

@@ -1,36 +1,68 @@
-"""The built wheel carries what an installed voicepipe reads at run time: the shipped scenarios, configs
-and templates (setup.py copies scenarios/ into the package) and the hardware data files."""
+"""What is released carries what an installed voicepipe reads at run time: the sdist holds scenarios/
+(MANIFEST.in), the wheel built from it holds them inside the package (setup.py copies them to
+voicepipe/scenarios) with the hardware data files, and the installed package finds them there."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
+import tarfile
 import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_wheel_ships_scenarios_templates_and_data(tmp_path: Path) -> None:
-    # build from a copy: setuptools writes build/ and *.egg-info next to the sources
+def _run(*args: str, cwd: Path) -> None:
+    out = subprocess.run(list(args), cwd=cwd, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-1000:] + out.stderr[-2000:]
+
+
+def test_sdist_then_wheel_ship_scenarios_templates_and_data(tmp_path: Path) -> None:
+    # the files git would release (tracked, or new and not ignored), copied: building writes next to them
+    listed = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split("\n")
     src = tmp_path / "src"
-    skip = (".git", ".venv", "build", "*.egg-info", ".*cache", ".hypothesis", "__pycache__", ".ci-wheels")
-    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(*skip))
-    out = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path), str(src)],
-        capture_output=True,
-        text=True,
-        timeout=300,
+    for name in filter(None, listed):
+        if (ROOT / name).is_file():
+            (src / name).parent.mkdir(parents=True, exist_ok=True)
+            (src / name).write_bytes((ROOT / name).read_bytes())
+    _run(sys.executable, "setup.py", "-q", "sdist", "-d", str(tmp_path / "sdist"), cwd=src)
+    (sdist,) = (tmp_path / "sdist").glob("voicepipe-*.tar.gz")
+    with tarfile.open(sdist) as tar:
+        assert any(n.endswith("/scenarios/cafe-order.yaml") for n in tar.getnames())
+    _run(
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        "-q",
+        "--no-deps",
+        "-w",
+        str(tmp_path / "whl"),
+        str(sdist),
+        cwd=tmp_path,
     )
-    assert out.returncode == 0, out.stderr[-2000:]
-    (wheel,) = tmp_path.glob("voicepipe-*.whl")
+    (wheel,) = (tmp_path / "whl").glob("voicepipe-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    shipped = {
-        f"voicepipe/scenarios/{p.relative_to(ROOT / 'scenarios').as_posix()}"
-        for p in (ROOT / "scenarios").rglob("*.yaml")
-    }
-    assert shipped and shipped <= names, sorted(shipped - names)
-    assert "voicepipe/scenarios/templates/starter.yaml" in names
+    shipped = {f"voicepipe/{p.relative_to(ROOT).as_posix()}" for p in (ROOT / "scenarios").rglob("*.yaml")}
+    assert "voicepipe/scenarios/templates/starter.yaml" in shipped and shipped <= names, sorted(
+        shipped - names
+    )
     data = {f"voicepipe/hardware/data/{p.name}" for p in (ROOT / "voicepipe/hardware/data").iterdir()}
     assert data <= names, sorted(data - names)
+    # installed (the wheel's files first on the path), voicepipe finds its scenarios inside itself
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    probe = (
+        "import sys; sys.path.insert(0, sys.argv[1]); from voicepipe import scenario; "
+        "print(scenario.shipped_dir()); print(len(scenario.shipped()))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe, str(site)], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    where, count = out.stdout.split()
+    assert Path(where) == site / "voicepipe" / "scenarios" and int(count) == len(
+        list((ROOT / "scenarios").glob("*.yaml"))
+    )

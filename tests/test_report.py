@@ -549,3 +549,23 @@ def test_report_layout_structure_holds_without_a_browser() -> None:
         label.endswith("…")
         for _, label in re.findall(r'<text x="([\d.]+)"[^>]*fill="#222">([^<]*)</text>', html)
     )
+
+
+def test_wide_prints_every_column_whole_on_a_terminal_narrower_than_the_table() -> None:
+    from voicepipe.report.term import Col, print_fitted
+
+    cols = [
+        Col("identifier", justify="left"),
+        Col("value"),
+        Col("extra", 2),
+        Col("note", 3, "left", text=True),
+    ]
+    rows = [["a-rather-long-identifier-of-forty-chars", "12,345.6", "789", "some words that would wrap"]]
+    buf = io.StringIO()
+    con = Console(file=buf, width=40, color_system=None)
+    print_fitted(con, cols, rows, wide=True)
+    out = buf.getvalue()
+    assert "…" not in out and "hidden at" not in out
+    assert any("a-rather-long-identifier-of-forty-chars" in ln and "some words that would wrap" in ln
+               for ln in out.splitlines())  # fmt: skip
+    assert con.width == 40  # the console is left as it was

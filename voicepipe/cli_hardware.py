@@ -13,7 +13,7 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
@@ -25,6 +25,9 @@ from voicepipe.hardware.backend import FAST_MAX_BATCH, deploy, make_hardware_bac
 from voicepipe.hardware.model import DoesNotFit, Prediction, Speculative
 from voicepipe.hardware.model import predict as model_predict
 from voicepipe.report.term import Col, print_fitted
+
+if TYPE_CHECKING:
+    from voicepipe.hardware.validate import NearReport
 
 app = typer.Typer(
     help="Hardware models: which device/model answers inside the turn budget.", no_args_is_help=True
@@ -55,19 +58,17 @@ def _evidence_stack(dev: catalog.Device, stk: catalog.Stack | None) -> str | Non
     return None if dev.kind == "sram" else (stk or catalog.stack()).key
 
 
-def _near(dev: catalog.Device, mdl: catalog.ModelSpec, stk: catalog.Stack | None) -> dict[str, object]:
-    """The held-out error on published points sharing a part of this configuration (JSON)."""
-    from voicepipe.hardware.validate import architecture, catalogued_twin, shipped_accuracy
+def _near(dev: catalog.Device, mdl: catalog.ModelSpec, stk: catalog.Stack | None) -> NearReport:
+    """How the model fared on published points sharing parts of this configuration."""
+    from voicepipe.hardware.validate import near_report
 
-    key = mdl.key if mdl.key in catalog.models() else catalogued_twin(mdl)
-    near = shipped_accuracy().near(dev.key, key, architecture(mdl), _evidence_stack(dev, stk))
-    return near.model_dump()
+    return near_report(dev.key, mdl, _evidence_stack(dev, stk))
 
 
-def _print_near(con: Console, dev: catalog.Device, mdl: catalog.ModelSpec, stk: catalog.Stack | None) -> None:
+def _print_near(con: Console, near: NearReport) -> None:
     from voicepipe.hardware.validate import evidence_lines
 
-    for line in evidence_lines(dev.key, mdl, _evidence_stack(dev, stk)):
+    for line in evidence_lines(near):
         con.print(line, highlight=False, markup=False)
 
 
@@ -300,7 +301,8 @@ def predict(
     out = p.as_dict()
     out["modelled"] = True
     out["validation"] = _validation()
-    out["validation_near"] = _near(dev, mdl, stk)
+    near = _near(dev, mdl, stk)
+    out["validation_near"] = near.model_dump()
     out["speculative"] = None if spec is None else spec.__dict__
     out["sources"] = {"device": dev.sources, "model": mdl.sources, "method": "docs/hardware-model.md"}
     if _emit_json(out, fmt, json_out):
@@ -331,7 +333,7 @@ def predict(
     con = _console()
     con.print(t)
     con.print(_accuracy())
-    _print_near(con, dev, mdl, stk)
+    _print_near(con, near)
 
 
 def _batches(text: str) -> list[int]:
@@ -385,11 +387,12 @@ def sweep(
             "step_ms": p.step_ms, "per_user_tps": p.tokens_per_second, "aggregate_tps": p.aggregate_tokens_per_second,
             "usd_per_mtok_out": cost, "ttft_ms": p.ttft_ms, "mode": mode,
         })  # fmt: skip
+    near = _near(dev, mdl, stk)
     payload = {
         "hardware": dev.key, "model": mdl.key, "precision": dep.system.precision, "kv_precision": dep.system.kv,
         "stack": dep.system.serving.key, "default_max_batch": dep.max_batch, "fast_max_batch": FAST_MAX_BATCH,
         "modelled": True, "validation": _validation(),
-        "validation_near": _near(dev, mdl, stk), "rows": rows,
+        "validation_near": near.model_dump(), "rows": rows,
     }  # fmt: skip
     if _emit_json(payload, fmt, json_out):
         return
@@ -411,7 +414,7 @@ def sweep(
         f"$/Mtok = chips x ${dev.price_per_chip_hour}/chip-h / aggregate throughput. fast = max_batch "
         f"{FAST_MAX_BATCH}; default = the backend's max_batch {dep.max_batch}."
     )
-    _print_near(con, dev, mdl, stk)
+    _print_near(con, near)
 
 
 @app.command()
@@ -446,6 +449,7 @@ def validate(
         rows = [r for r in rows if any(m in str(x).lower() for x in
                 (r.point.id, r.point.device, r.point.model, r.point.stack, r.point.source,
                  r.point.group or ""))]  # fmt: skip
+    stack = None if stack is None else val.stack_key(stack)  # tensorrt-llm is trtllm, as in the data
     for flag, want, known in (
         ("--device", device, {p.device for p in val.points()}),
         ("--model", model, {p.model for p in val.points()}),
@@ -488,10 +492,10 @@ def validate(
     }
     if _emit_json(payload, fmt, json_out):
         return
-    cols = [Col("id", justify="left", text=True, min_width=24), Col("tier", 3), Col("metric", 2, "left"),
+    cols = [Col("id", justify="left"), Col("tier", 3), Col("metric", 2, "left"),
             Col("published"), Col("held out"), Col("error", text=True, min_width=6)]  # fmt: skip
     cells = [
-        [r.point.id, str(r.point.tier), r.point.metric, _num(r.point.value),
+        [r.point.id, str(r.point.tier), r.point.metric, f"{r.point.value:,.6g}",
          _num(r.predicted) if r.predicted is not None else "—",
          f"{r.error * 100:+.0f} %" if r.error is not None else f"n/a: {r.reason}"]
         for r in rows
@@ -500,5 +504,11 @@ def validate(
     shown = "" if len(rows) == len(rep.rows) else f" — {len(rows)} of {len(rep.rows)} rows"
     title = f"Published vs modelled (predicted with the point's source held out){shown}"
     print_fitted(con, cols, cells, wide=wide, title=title)
+    if shown and any(r.error is not None for r in rows):
+        e = val.evidence(rows)
+        con.print(
+            f"these {e.points} rows: median error {e.median_error_pct:g} %, {e.within_30_pct} % within ±30 %, "
+            f"median speed {e.speed_ratio:.2f}× the measured (> 1× reads fast; {e.faster_pct} % of them do)"
+        )
     for line in val.summary_lines(rep):
         con.print(line)

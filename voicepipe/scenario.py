@@ -144,11 +144,12 @@ def check_speech(cfg: PipelineConfig, scenarios: list[Scenario]) -> None:
 
 
 def shipped_dir() -> Path:
-    """The scenarios/ folder next to the package (repo checkout) or installed with it."""
-    here = Path(__file__).resolve().parent.parent / "scenarios"
-    if here.is_dir():
-        return here
-    return Path(str(resources.files("voicepipe"))) / "scenarios"  # pragma: no cover
+    """The scenarios installed inside the package (a wheel: setup.py copies them there), else the
+    checkout's scenarios/ folder beside the package (an editable install or a source tree)."""
+    inside = Path(str(resources.files("voicepipe"))) / "scenarios"
+    if inside.is_dir():
+        return inside
+    return Path(__file__).resolve().parent.parent / "scenarios"
 
 
 def shipped() -> list[Path]:

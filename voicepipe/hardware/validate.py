@@ -516,26 +516,11 @@ class Evidence(BaseModel):
     median_error_pct: float
     within_30_pct: int  # share of the points within ±30 %, in %
     speed_ratio: float  # median modelled / published speed (a time inverted): > 1 reads faster than measured
+    faster_pct: int  # share of the points the model reads faster than measured, in %
 
 
 class Summary(Evidence):
     tier1_median_error_pct: float
-
-
-class Near(BaseModel):
-    """The evidence for one configuration, most specific first: points of its model on its device with its
-    stack, on its device (any stack), with its stack (any device), of its model (anywhere), of its model's
-    architecture, of its device, of its stack (each None where no published point shares it)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    model_device_stack: Evidence | None
-    model_device: Evidence | None
-    model_stack: Evidence | None
-    model: Evidence | None
-    architecture: Evidence | None
-    device: Evidence | None
-    stack: Evidence | None
 
 
 class Accuracy(BaseModel):
@@ -552,30 +537,6 @@ class Accuracy(BaseModel):
     by_architecture: dict[str, Evidence]  # keys: architecture()
     by_device: dict[str, Evidence]
     by_stack: dict[str, Evidence]
-
-    def near(self, device: str, model: str | None, arch: str, stack: str | None) -> Near:
-        """The evidence for a configuration (``model`` None: not a catalogued model; ``stack`` None: an
-        SRAM machine's own software, which only its device's points measure)."""
-        m, st = model or "\0", stack or "\0"  # "\0" is no key: the lookups find nothing
-        if stack is None:  # an SRAM machine: GPU points of the same model say nothing about it
-            return Near(
-                model_device_stack=None,
-                model_device=self.by_model_device.get(f"{m} on {device}"),
-                model_stack=None,
-                model=None,
-                architecture=None,
-                device=self.by_device.get(device),
-                stack=None,
-            )
-        return Near(
-            model_device_stack=self.by_model_device_stack.get(f"{m} on {device} with {st}"),
-            model_device=self.by_model_device.get(f"{m} on {device}"),
-            model_stack=self.by_model_stack.get(f"{m} with {st}"),
-            model=self.by_model.get(m),
-            architecture=self.by_architecture.get(arch),
-            device=self.by_device.get(device),
-            stack=self.by_stack.get(st),
-        )
 
 
 def architecture(model: catalog.ModelSpec) -> str:
@@ -596,6 +557,7 @@ def evidence(rows: list[Row]) -> Evidence:
         median_error_pct=round(float(np.median(errs)) * 100, 1),
         within_30_pct=round(float((errs <= 0.30).mean()) * 100),
         speed_ratio=round(float(np.median(speed)), 2),
+        faster_pct=round(float((speed > 1.0).mean()) * 100),
     )
 
 
@@ -648,29 +610,131 @@ def accuracy_line(acc: Accuracy | None = None) -> str:
 
 
 FEW = 5  # the nearest evidence is the most specific group with at least this many points
-ODD = 1.15  # a median speed ratio beyond ×/÷ this reads as a direction to take the prediction in
+ODD = 1.15  # a median speed ratio beyond ×/÷ this ...
+ONE_SIDED = 80  # ... with this share of the points on that side, from two sources or more, is a direction
+Kind = Literal[
+    "model_device_stack", "model_device", "model_stack", "model", "device", "stack", "architecture"
+]
 
 
-def catalogued_twin(model: catalog.ModelSpec) -> str | None:
-    """The catalog model with this model's architecture (a user's config.json of a catalogued model), by
-    the fields the physics reads, parameter counts within 2 %; None when none matches."""
-    same = (
-        "layers",
-        "hidden",
-        "heads",
-        "kv_heads",
-        "head_dim",
-        "experts",
-        "experts_active",
-        "kv_dim",
-        "window",
-    )
-    for key, m in catalog.models().items():
-        if all(getattr(m, f) == getattr(model, f) for f in same) and math.isclose(
-            m.params_total_b, model.params_total_b, rel_tol=0.02
-        ):
-            return key
-    return None
+def twins(model: catalog.ModelSpec) -> list[str]:
+    """Catalog models with this model's architecture (a user's config.json of a catalogued model), by the
+    fields the physics reads (for MLA the latent width, not the head layout a config states for its
+    projections), parameter counts within 2 %; those with the most published points first."""
+    same = ["layers", "hidden", "heads", "experts", "experts_active", "kv_dim", "window"]
+    if model.kv_dim is None:
+        same += ["kv_heads", "head_dim"]
+    found = [
+        key
+        for key, m in catalog.models().items()
+        if all(getattr(m, f) == getattr(model, f) for f in same)
+        and math.isclose(m.params_total_b, model.params_total_b, rel_tol=0.02)
+    ]
+    counts = shipped_accuracy().by_model
+    return sorted(found, key=lambda k: -(counts[k].points if k in counts else 0))
+
+
+class Group(BaseModel):
+    """Published points that share a part of a configuration, with their held-out error."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Kind
+    label: str
+    evidence: Evidence
+    command: str  # the `voicepipe hardware validate` call that lists them
+
+
+class NearReport(BaseModel):
+    """How the model fared on the published points that share parts of one configuration, most specific
+    first, and how to read the prediction from the nearest of them (text and JSON are this one object)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model: str  # as given: a catalog key or a config.json path
+    catalogued_as: str | None  # the catalog model whose points speak for it (itself, or a twin)
+    twins: list[str]  # every catalog model with its architecture (a config.json)
+    held_out: bool  # False on an SRAM machine: its per-layer time is fitted to its vendor's speeds
+    groups: list[Group]
+    unmeasured: list[str]  # parts of the configuration no published point has
+    nearest: Group | None  # the most specific group with at least FEW points
+    reading: str  # how to read the prediction, from the nearest group
+
+
+def _reading(g: Group | None, held_out: bool) -> str:
+    if not held_out:
+        return (
+            "not held out: an SRAM machine's per-layer time is fitted to its vendor's published speeds "
+            "(`voicepipe hardware show DEVICE`), so its points show consistency, not accuracy"
+        )
+    if g is None:
+        return f"no group of this configuration has {FEW} published points or more: its error is unknown"
+    e = g.evidence
+    spread = f"median error {e.median_error_pct:g} %, {e.within_30_pct} % of points within ±30 %"
+    if e.sources >= 2 and e.speed_ratio > ODD and e.faster_pct >= ONE_SIDED:
+        return f"it read faster than measured on {e.faster_pct} % of them ({spread}): a best case"
+    if e.sources >= 2 and e.speed_ratio < 1 / ODD and e.faster_pct <= 100 - ONE_SIDED:
+        return f"it read slower than measured on {100 - e.faster_pct} % of them ({spread}): a worst case"
+    return f"no consistent direction ({e.faster_pct} % read faster); {spread}"
+
+
+def near_report(
+    device: str, model: catalog.ModelSpec, stack: str | None, acc: Accuracy | None = None
+) -> NearReport:
+    """The evidence for a configuration (``stack`` None: an SRAM machine, which runs its vendor's software
+    and which GPU points of the same model say nothing about)."""
+    a = shipped_accuracy() if acc is None else acc
+    own = model.key in catalog.models()
+    tw = [] if own else twins(model)
+    key = model.key if own else (tw[0] if tw else None)
+    arch = architecture(model)
+    candidates: list[tuple[Kind, str, Evidence | None, list[str]]] = []
+    if key is not None:
+        m = key
+        on, with_ = f" on {device}", f" with {stack}"
+        if stack is None:
+            candidates.append(("model_device", f"{m}{on}", a.by_model_device.get(f"{m}{on}"),
+                               ["--model", m, "--device", device]))  # fmt: skip
+        else:
+            candidates += [
+                ("model_device_stack", f"{m}{on}{with_}",
+                 a.by_model_device_stack.get(f"{m}{on}{with_}"), ["--model", m, "--device", device, "--stack", stack]),
+                ("model_device", f"{m}{on}, any stack", a.by_model_device.get(f"{m}{on}"),
+                 ["--model", m, "--device", device]),
+                ("model_stack", f"{m}{with_}, any device", a.by_model_stack.get(f"{m}{with_}"),
+                 ["--model", m, "--stack", stack]),
+                ("model", f"{m}, any device or stack", a.by_model.get(m), ["--model", m]),
+            ]  # fmt: skip
+    dev_label = f"{device}, any model" + ("" if stack is None else " or stack")
+    candidates.append(("device", dev_label, a.by_device.get(device), ["--device", device]))
+    if stack is not None:
+        candidates.append(
+            ("stack", f"{stack}, any model or device", a.by_stack.get(stack), ["--stack", stack])
+        )
+        candidates.append(("architecture", f"{arch.upper() if arch != 'dense' else arch} models, any device or stack",
+                           a.by_architecture.get(arch), ["--architecture", arch]))  # fmt: skip
+    groups: list[Group] = []
+    for kind, label, e, flags in candidates:
+        # none, or the very figures of a more specific group (the same points)
+        if e is None or any(e == g.evidence for g in groups):
+            continue
+        if kind == "architecture" and key is not None and (ev := a.by_model.get(key)) and ev.points >= FEW:
+            continue  # the model's own points say more than its architecture's
+        groups.append(
+            Group(
+                kind=kind, label=label, evidence=e, command="voicepipe hardware validate " + " ".join(flags)
+            )
+        )
+    unmeasured = [
+        what for what, present in ((device, device in a.by_device), (stack or "", stack is None or stack in a.by_stack))
+        if not present
+    ]  # fmt: skip
+    nearest = next((g for g in groups if g.evidence.points >= FEW), None)
+    held_out = stack is not None
+    return NearReport(
+        model=model.key, catalogued_as=key, twins=tw, held_out=held_out, groups=groups,
+        unmeasured=unmeasured, nearest=nearest if held_out else None, reading=_reading(nearest, held_out),
+    )  # fmt: skip
 
 
 def _figures(e: Evidence) -> str:
@@ -680,65 +744,26 @@ def _figures(e: Evidence) -> str:
     return f"median error {e.median_error_pct:g} %, speed {e.speed_ratio:.2f}×, {pts}"
 
 
-def evidence_lines(
-    device: str, model: catalog.ModelSpec, stack: str | None, acc: Accuracy | None = None
-) -> list[str]:
-    """How the model fared, held out, on the published points that share parts of this configuration,
-    the most specific first, and what the nearest of them says about reading this prediction."""
-    a = shipped_accuracy() if acc is None else acc
-    key = model.key if model.key in catalog.models() else catalogued_twin(model)
-    arch = architecture(model)
-    near = a.near(device, key, arch, stack)
-    with_stack = f" with {stack}" if stack else ""
-    m = key or model.key
-    groups: list[tuple[str, Evidence | None, list[str]]] = [
-        (f"{m} on {device}{with_stack}", near.model_device_stack, ["--model", m, "--device", device]
-         + (["--stack", stack] if stack else [])),
-        (f"{m} on {device}{', any stack' if stack else ''}", near.model_device, ["--model", m, "--device", device]),
-        (f"{m}{with_stack}, any device", near.model_stack, ["--model", m] + (["--stack", stack] if stack else [])),
-        (f"{m}, any device or stack", near.model, ["--model", m]),
-        (f"{arch.upper() if arch != 'dense' else arch} architecture, any model", near.architecture,
-         ["--architecture", arch]),
-        (f"{device}, any model{' or stack' if stack else ''}", near.device, ["--device", device]),
-        (f"{stack}, any model or device", near.stack, ["--stack", stack or ""]),
-    ]  # fmt: skip
+def evidence_lines(r: NearReport) -> list[str]:
+    """The report as the lines `hardware predict` and `sweep` print under the prediction."""
     head = "published points sharing parts of this configuration, most specific first"
-    lines = [f"held-out error on {head}:" if stack else f"{head}:"]
-    if key is None:
-        lines.append(f"  {model.key}: not a catalogued model, so no published point of its own")
-    elif key != model.key:
-        lines.append(f"  {model.key}: the architecture of catalogued {key}, whose points follow")
-    kept: list[tuple[str, Evidence, list[str]]] = []
-    for label, e, flags in groups:
-        if e is None or any(e == k[1] for k in kept):  # none, or the figures of a more specific group
-            continue
-        if flags[0] == "--architecture" and near.model is not None and near.model.points >= FEW:
-            continue  # the model's own points say more than its architecture's
-        kept.append((label, e, flags))
-    for label, e, _ in kept:
-        lines.append(f"  {label}: {_figures(e)}")
-    for what, e in ((device, near.device), (stack, near.stack)):
-        if what and e is None:
-            lines.append(f"  {what}: no published point, so its error is unknown")
-    if not stack:  # SRAM: its per-layer time is fitted to its vendor's speeds, some of these very points
+    lines = [f"held-out error on {head}:" if r.held_out else f"{head}:"]
+    if r.catalogued_as is None and r.model not in catalog.models():
         lines.append(
-            "  not held out: an SRAM machine's per-layer time is fitted to its vendor's published speeds "
-            "(`voicepipe hardware show DEVICE`), so these points show consistency, not accuracy"
+            f"  {r.model}: not the architecture of a catalogued model, so no published point of its own"
         )
-        return lines
-    nearest = next(((lb, e, f) for lb, e, f in kept if e.points >= FEW), None)
-    if nearest is None:
-        lines.append("  no group of this configuration has enough published points to say more")
-        return lines
-    label, e, flags = nearest
-    if e.speed_ratio > ODD:
-        verdict = f"it read {e.speed_ratio:.2f}× as fast as measured: take this prediction as a best case"
-    elif e.speed_ratio < 1 / ODD:
-        verdict = f"it read {e.speed_ratio:.2f}× the measured speed: take this prediction as a worst case"
-    else:
-        verdict = f"no direction beyond ±{(ODD - 1) * 100:.0f} %; expect errors of ~{e.median_error_pct:g} %"
-    lines.append(f"  nearest ({label}): {verdict}")
-    lines.append(f"  rows: voicepipe hardware validate {' '.join(flags)}")
+    elif r.catalogued_as != r.model:
+        also = f" (as is {', '.join(r.twins[1:])})" if len(r.twins) > 1 else ""
+        lines.append(
+            f"  {r.model}: the architecture of catalogued {r.catalogued_as}{also}, whose points follow"
+        )
+    lines += [f"  {g.label}: {_figures(g.evidence)}" for g in r.groups]
+    lines += [f"  {what}: no published point, so its error is unknown" for what in r.unmeasured]
+    lines.append("  (speed: modelled / measured, median; > 1× reads faster than measured)")
+    where = f"nearest ({r.nearest.label}): " if r.nearest else ""
+    lines.append(f"  {where}{r.reading}")
+    if r.nearest is not None:
+        lines.append(f"  rows: {r.nearest.command}")
     return lines
 
 

@@ -203,4 +203,10 @@ def print_wide(console: Console, renderable: RenderableType, wide: bool) -> None
     from rich.measure import Measurement
 
     need = Measurement.get(console, console.options.update_width(10_000), renderable).maximum
-    console.print(renderable, width=max(console.width, need), crop=False)
+    # print(width=...) cannot exceed the console's own width, so widen the console for this one print
+    saved = console.width
+    console.width = max(saved, need)
+    try:
+        console.print(renderable, crop=False)
+    finally:
+        console.width = saved
