@@ -22,17 +22,22 @@ from voicepipe.parallel import ItemFailed, default_workers
 from voicepipe.report.svg import HALO, MUTED, budget_ref, esc, fmt_num, nice_ticks, series_colour
 from voicepipe.report.term import Cell, Col, print_fitted
 
+COST_NOTE = (
+    "token $ per hour: the turns' tokens at each backend's per-token price (a hardware backend's: its "
+    "chip-hours over its modelled throughput at max batch), not what renting the devices costs"
+)
+
 
 def modelled_caption(hop_ms: float) -> str:
-    """What the table's numbers are: modelled, and how the bus was charged."""
+    """What the table's numbers are: modelled, how the bus was charged, and what the cost column counts."""
     if not hop_ms:
         return (
             "MODELLED on virtual time: the live stages on an in-memory bus with zero hops; a real bus adds "
-            "its pipeline tax (see `voicepipe run`; --hop-ms charges a hop per message)"
+            f"its pipeline tax (see `voicepipe run`; --hop-ms charges a hop per message). {COST_NOTE}"
         )
     return (
         f"MODELLED on virtual time: the live stages on an in-memory bus, {hop_ms:g} ms per message (--hop-ms); "
-        "a real bus's hops vary and its stages' own CPU time adds to them (see `voicepipe run`)"
+        f"a real bus's hops vary and its stages' own CPU time adds to them (see `voicepipe run`). {COST_NOTE}"
     )
 
 
@@ -67,7 +72,7 @@ def capacity_rows(levels: Sequence[Level], budget_ms: float) -> tuple[list[Col],
         Col("queue\nms", priority=1),
         Col("tok/s\nper user", priority=4),
         Col("busy", priority=1),
-        Col("$ per\nhour", priority=2),
+        Col("token $\nper hour", priority=2),
     ]
     rows: list[list[Cell]] = []
     for lv in levels:
@@ -75,7 +80,7 @@ def capacity_rows(levels: Sequence[Level], budget_ms: float) -> tuple[list[Col],
         rows.append([
             *([short[lv.label]] if several else []), lv.load.label, f"{lv.turns:,}", _ms(lv.p50_ms),
             Text(_ms(lv.p90_ms), style="bold red" if over else "green"), _ms(lv.p99_ms),
-            f"{lv.within_budget * 100:.0f}%", _devices_cell(lv, "queue_mean_ms", ".1f"),
+            f"{lv.within_budget * 100:.0f}%", _devices_cell(lv, "queue_mean_ms", ",.1f"),
             _devices_cell(lv, "user_tok_s", ".0f"), _devices_cell(lv, "busy_share", ".0%"),
             f"{lv.cost_per_hour_usd:.3g}",
         ])  # fmt: skip
@@ -163,13 +168,13 @@ def report_html(levels: Sequence[Level], limits: Sequence[Limit], budget_ms: flo
     rows = "".join(
         "<tr>" + "".join(f"<td>{esc(c)}</td>" for c in (
             lv.label, lv.load.label, lv.turns, _ms(lv.p50_ms), _ms(lv.p90_ms), _ms(lv.p99_ms),
-            f"{lv.within_budget * 100:.0f}%", _devices_cell(lv, "queue_mean_ms", ".1f"),
+            f"{lv.within_budget * 100:.0f}%", _devices_cell(lv, "queue_mean_ms", ",.1f"),
             _devices_cell(lv, "user_tok_s", ".0f"), _devices_cell(lv, "busy_share", ".0%"),
             f"{lv.cost_per_hour_usd:.3g}")) + "</tr>"
         for lv in levels
     )  # fmt: skip
     head = "".join(f"<th>{h}</th>" for h in ("config", "load", "turns", "p50 ms", "p90 ms", "p99 ms",
-                   f"within {budget_ms:g} ms", "queue ms", "tok/s per user", "busy", "$/hour"))  # fmt: skip
+                   f"within {budget_ms:g} ms", "queue ms", "tok/s per user", "busy", "token $/hour"))  # fmt: skip
     answers = "".join(f"<li>{esc(lim.sentence())}</li>" for lim in limits)
     return (
         f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{esc(title)}</title><style>"
