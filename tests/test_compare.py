@@ -191,6 +191,19 @@ def test_verdict_names_fitting_configs_and_the_trade_off():
     assert "2.5× faster" in lines[1] and "6.0× the cost" in lines[1]
     none = verdict(compare_rows({"a": [rec("a", 1200)], "b": [rec("b", 900)]}))
     assert "closest: b (900 ms)" in none[0]
+    assert not any("best case" in line for line in lines + none)
+
+
+def test_verdict_says_a_hardware_backend_has_no_network_when_ranked_beside_a_service():
+    def on(label: str, ms: float, backend: str) -> TurnRecord:
+        return rec(label, ms, 0.001).model_copy(update={"backend": backend})
+
+    mixed = verdict(compare_rows({"hw": [on("hw", 700, "h100-sxm/llama-3.1-8b")],
+                                  "api": [on("api", 750, "cerebras-llama-3.1-8b")]}))  # fmt: skip
+    assert "no API network" in mixed[-1] and "best case" in mixed[-1]
+    same = verdict(compare_rows({"a": [on("a", 700, "h100-sxm/llama-3.1-8b")],
+                                 "b": [on("b", 750, "cerebras-wse3/llama-3.1-8b")]}))  # fmt: skip
+    assert not any("no API network" in line for line in same)
 
 
 def test_money_and_parts_formatting():

@@ -270,4 +270,15 @@ def verdict(rows: Sequence[Row], names: Sequence[str] | None = None) -> list[str
                 f"fastest {fast_n}: p50 {fast.p50_ms:,.0f} ms vs {cheap.p50_ms:,.0f} ms for cheapest "
                 f"{cheap_n}{speed}, at {price}"
             )
+    kinds = {_is_hardware(b) for _, r in measured for b in r.backends}
+    if kinds == {True, False}:
+        lines.append(
+            "note: hardware backends (DEVICE/MODEL) model the chip next to the pipeline, with no API network "
+            "or provider queue, which the measured service profiles include: read them as a best case"
+        )
     return lines
+
+
+def _is_hardware(backend: str) -> bool:
+    """A hardware backend's label is DEVICE/MODEL; a service profile's is a name, an endpoint's a URL."""
+    return "/" in backend and "://" not in backend
