@@ -884,3 +884,16 @@ def test_kv_rereads_follow_the_heads_one_read_serves():
     assert float(hm.step_parts(a, 64, 64 * 1152).kv_s) == pytest.approx(
         2 * float(hm.step_parts(b, 64, 64 * 1152).kv_s), rel=0.01
     )
+
+
+def test_predict_says_when_a_precision_has_no_math_of_its_own_on_the_device():
+    def run(dev: str) -> tuple[bool, str]:
+        j = json.loads(
+            _text("predict", "-H", dev, "-m", "llama-3.1-8b", "--precision", "fp4", "--format", "json")
+        )
+        return j["weight_only"], _text("predict", "-H", dev, "-m", "llama-3.1-8b", "--precision", "fp4")
+
+    only, text = run("h100-sxm")  # Hopper has no fp4 tensor cores
+    assert only and "no fp4 math here" in text
+    only, text = run("b200")  # Blackwell has
+    assert not only and "no fp4 math" not in text

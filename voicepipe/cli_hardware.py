@@ -300,6 +300,7 @@ def predict(
         _fail(f"--tp: {exc}" if "tp" in str(exc) else str(exc))
     out = p.as_dict()
     out["modelled"] = True
+    out["weight_only"] = dev.kind == "hbm" and dev.weight_only(p.precision)  # no math at that precision
     out["validation"] = _validation()
     near = _near(dev, mdl, stk)
     out["validation_near"] = near.model_dump()
@@ -311,6 +312,7 @@ def predict(
     rows = [
         ("chips", f"{p.chips}"),
         ("precision (weights / KV)", f"{p.precision} / {p.kv_precision}"),
+        *([("weight-only", f"no {p.precision} math here: bf16 matmuls")] if out["weight_only"] else []),
         ("stack", p.stack),
         ("batch", f"{p.batch}"),
         ("fits", fits),
