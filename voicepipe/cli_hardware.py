@@ -178,7 +178,7 @@ def _print_entry(con: Console, title: str, rows: dict[str, Any], sources: dict[s
     con.print(t)
     con.print("Sources:")
     for k, src in sources.items():
-        con.print(f"  - {k}: {src}", soft_wrap=False)
+        con.print(f"  - {k}: {src}", soft_wrap=True, highlight=False, markup=False)
 
 
 @app.command()
