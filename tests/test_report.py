@@ -569,3 +569,17 @@ def test_wide_prints_every_column_whole_on_a_terminal_narrower_than_the_table() 
     assert any("a-rather-long-identifier-of-forty-chars" in ln and "some words that would wrap" in ln
                for ln in out.splitlines())  # fmt: skip
     assert con.width == 40  # the console is left as it was
+
+
+def test_a_text_column_wraps_between_words_and_drops_others_before_splitting_one() -> None:
+    from voicepipe.report.term import Col, print_fitted
+
+    cols = [Col("config", justify="left", text=True, min_width=8), Col("load", justify="left", text=True),
+            Col("p50"), Col("extra", 1)]  # fmt: skip
+    rows = [["cerebras-wse3/llama-3.1-8b", "100 sessions", "701", "12345678901234"]]
+    buf = io.StringIO()
+    print_fitted(Console(file=buf, width=46, color_system=None), cols, rows)
+    out = buf.getvalue()
+    assert "cerebras-wse3/llama-3.1-8b" in out  # whole, though the column's minimum is 8
+    assert "hidden at 46 columns: extra" in out  # a column dropped to make room
+    assert max(len(line.rstrip()) for line in out.splitlines()) <= 46

@@ -5,8 +5,8 @@ as :class:`Col` + cells and calling :func:`print_fitted`):
 
 * The width is the console's (rich reads the real terminal, ``COLUMNS`` when piped, 80 by default).
 * Numeric columns (``text=False``) are never wrapped or cut: a number is shown in full or not at all.
-* Text columns (``text=True``) wrap at word boundaries (``overflow="fold"`` for long tokens) and give up
-  their width first; each keeps at least ``min_width`` characters.
+* Text columns (``text=True``) wrap at word boundaries and give up their width first; each keeps at least
+  ``min_width`` characters and its longest word (up to ``WORD_CAP``: a longer token, a URL, folds).
 * When even that does not fit, whole columns are dropped, the highest ``priority`` number first (0 = never
   dropped), and a dim note under the table names what was hidden and that ``--wide`` shows it.
 * ``wide=True`` keeps every column on one line each and renders at the table's natural width, wider than
@@ -77,6 +77,23 @@ def _header_min(col: Col) -> int:
     return max(len(w) for line in col.header.split("\n") for w in line.split() or [""])
 
 
+WORD_CAP = 32  # a longer word (a URL, a path) may fold rather than take the whole table
+
+
+def _word_min(cells: Sequence[Cell]) -> int:
+    """The longest word of a text column's cells (up to WORD_CAP): wrapping happens between words, so the
+    column keeps at least this width while the table can still fit by dropping others."""
+    words = [
+        w for c in cells if not isinstance(c, Parts) for w in (c.plain if isinstance(c, Text) else c).split()
+    ]
+    return min(WORD_CAP, max([0, *(len(w) for w in words)]))
+
+
+def _text_min(col: Col, cells: Sequence[Cell]) -> int:
+    """A text column's narrowest width: its own minimum, its header's longest word, its cells' longest."""
+    return max(col.min_width, _header_min(col), _word_min(cells))
+
+
 def choose_columns(cols: Sequence[Col], rows: Sequence[Sequence[Cell]], width: int) -> list[int]:
     """Indices of the columns to show in ``width`` characters: drop by descending priority until the
     numeric columns at full width plus the text columns at their minimum fit."""
@@ -87,7 +104,7 @@ def choose_columns(cols: Sequence[Col], rows: Sequence[Sequence[Cell]], width: i
         total = 0
         for i in idx:
             c = cols[i]
-            w = min(nat[i], max(c.min_width, _header_min(c))) if c.text else nat[i]
+            w = min(nat[i], _text_min(c, [r[i] for r in rows])) if c.text else nat[i]
             total += w + SEP
         return total - SEP
 
@@ -110,7 +127,7 @@ def text_widths(
     left = width - sum(nat[i] + SEP for i in keep if not cols[i].text) - SEP * max(0, len(text) - 1)
     # a Parts column needs its longest item, so that no part is split when the room exists
     item = {i: max([0, *(len(x) for r in rows if isinstance(r[i], Parts) for x in r[i].items)]) for i in text}
-    lo = {i: max(item[i], min(nat[i], max(cols[i].min_width, _header_min(cols[i])))) for i in text}
+    lo = {i: max(item[i], min(nat[i], _text_min(cols[i], [r[i] for r in rows]))) for i in text}
     hi = {i: max(lo[i], min(nat[i], cols[i].max_width or nat[i])) for i in text}
     out: dict[int, int] = {}
     order = sorted(
@@ -159,7 +176,7 @@ def fitted_table(
             t.add_column(
                 c.header,
                 justify=c.justify,
-                min_width=min(natural_width(c, [r[i] for r in rows]), max(c.min_width, _header_min(c))),
+                min_width=min(natural_width(c, [r[i] for r in rows]), _text_min(c, [r[i] for r in rows])),
                 max_width=text_w[i],
                 overflow="fold",
                 ratio=None,
