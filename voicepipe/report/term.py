@@ -1,7 +1,7 @@
 """Terminal tables that fit the real terminal: numbers whole, text wrapped, columns dropped by priority.
 
-The contract every table printed by the CLI follows (``cli_hardware`` can adopt it by building its rows
-as :class:`Col` + cells and calling :func:`print_fitted`):
+The contract every table printed by the CLI follows (each builds its rows as :class:`Col` + cells and
+calls :func:`print_fitted`; ``voicepipe hardware`` too):
 
 * The width is the console's (rich reads the real terminal, ``COLUMNS`` when piped, 80 by default).
 * Numeric columns (``text=False``) are never wrapped or cut: a number is shown in full or not at all.
