@@ -204,6 +204,13 @@ def test_verdict_says_a_hardware_backend_has_no_network_when_ranked_beside_a_ser
     same = verdict(compare_rows({"a": [on("a", 700, "h100-sxm/llama-3.1-8b")],
                                  "b": [on("b", 750, "cerebras-wse3/llama-3.1-8b")]}))  # fmt: skip
     assert not any("no API network" in line for line in same)
+    # an endpoint is a service, though its label holds a slash; the cache and the council are neither
+    served = verdict(compare_rows({"ep": [on("ep", 700, "endpoint:127.0.0.1:8080/my-model")],
+                                   "hw": [on("hw", 750, "h100-sxm/llama-3.1-8b")]}))  # fmt: skip
+    assert "no API network" in served[-1]
+    cached = verdict(compare_rows({"a": [on("a", 300, "cache"), on("a", 700, "h100-sxm/llama-3.1-8b")],
+                                   "b": [on("b", 650, "council:2")]}))  # fmt: skip
+    assert not any("no API network" in line for line in cached)
 
 
 def test_money_and_parts_formatting():

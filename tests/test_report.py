@@ -571,6 +571,16 @@ def test_wide_prints_every_column_whole_on_a_terminal_narrower_than_the_table() 
     assert con.width == 40  # the console is left as it was
 
 
+def _uncropped(cols, rows, width: int) -> str:
+    """The fitted table as it really lays out (a console wide enough that nothing is cropped)."""
+    from voicepipe.report.term import fitted_table
+
+    table, _ = fitted_table(cols, rows, width)
+    buf = io.StringIO()
+    Console(file=buf, width=500, color_system=None).print(table)
+    return buf.getvalue()
+
+
 def test_a_text_column_wraps_between_words_and_drops_others_before_splitting_one() -> None:
     from voicepipe.report.term import Col, print_fitted
 
@@ -582,4 +592,18 @@ def test_a_text_column_wraps_between_words_and_drops_others_before_splitting_one
     out = buf.getvalue()
     assert "cerebras-wse3/llama-3.1-8b" in out  # whole, though the column's minimum is 8
     assert "hidden at 46 columns: extra" in out  # a column dropped to make room
-    assert max(len(line.rstrip()) for line in out.splitlines()) <= 46
+    assert max(len(line.rstrip()) for line in _uncropped(cols, rows, 46).splitlines()) <= 46
+
+
+def test_when_the_kept_columns_cannot_hold_whole_words_a_word_folds_and_no_number_is_cut() -> None:
+    from voicepipe.report.term import Col
+
+    cols = [Col("config", justify="left", text=True, min_width=8), Col("load", justify="left", text=True),
+            Col("p50"), Col("p90"), Col("within"), Col("extra", 1)]  # fmt: skip
+    rows = [["cerebras-wse3/llama-3.1-8b", "10 sessions", "700", "773", "96%", "x"],
+            ["h100-sxm/llama-3.1-8b", "10 sessions", "759", "838", "81%", "y"]]  # fmt: skip
+    for width in range(36, 90):
+        out = _uncropped(cols, rows, width)
+        assert max(len(line.rstrip()) for line in out.splitlines()) <= width, width
+        for number in ("700", "773", "96%", "838", "81%", "within"):
+            assert number in out, (width, number)

@@ -23,8 +23,9 @@ from voicepipe.report.svg import HALO, MUTED, budget_ref, esc, fmt_num, nice_tic
 from voicepipe.report.term import Cell, Col, print_fitted
 
 COST_NOTE = (
-    "token $ per hour: the turns' tokens at each backend's per-token price (a hardware backend's: its "
-    "chip-hours over its modelled throughput at max batch), not what renting the devices costs"
+    "token $ per hour: the turns' tokens at each backend's per-token price (a hardware backend's: the "
+    "provider's public price where one is listed, else its chip-hours over its modelled throughput), not "
+    "what renting the devices costs"
 )
 
 

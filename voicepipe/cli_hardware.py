@@ -494,7 +494,7 @@ def validate(
     }
     if _emit_json(payload, fmt, json_out):
         return
-    cols = [Col("id", justify="left"), Col("tier", 3), Col("metric", 2, "left"),
+    cols = [Col("id", justify="left", text=True, min_width=12), Col("tier", 3), Col("metric", 2, "left"),
             Col("published"), Col("held out"), Col("error", text=True, min_width=6)]  # fmt: skip
     cells = [
         [r.point.id, str(r.point.tier), r.point.metric, f"{r.point.value:,.6g}",

@@ -270,8 +270,8 @@ def verdict(rows: Sequence[Row], names: Sequence[str] | None = None) -> list[str
                 f"fastest {fast_n}: p50 {fast.p50_ms:,.0f} ms vs {cheap.p50_ms:,.0f} ms for cheapest "
                 f"{cheap_n}{speed}, at {price}"
             )
-    kinds = {_is_hardware(b) for _, r in measured for b in r.backends}
-    if kinds == {True, False}:
+    kinds = {k for _, r in measured for b in r.backends if (k := _backend_kind(b)) is not None}
+    if kinds == {"hardware", "service"}:
         lines.append(
             "note: hardware backends (DEVICE/MODEL) model the chip next to the pipeline, with no API network "
             "or provider queue, which the measured service profiles include: read them as a best case"
@@ -279,6 +279,14 @@ def verdict(rows: Sequence[Row], names: Sequence[str] | None = None) -> list[str
     return lines
 
 
-def _is_hardware(backend: str) -> bool:
-    """A hardware backend's label is DEVICE/MODEL; a service profile's is a name, an endpoint's a URL."""
-    return "/" in backend and "://" not in backend
+def _backend_kind(label: str) -> str | None:
+    """'hardware' for a modelled device (DEVICE/MODEL, DEVICE a catalog name or a device .yaml), None for
+    the cache and the council (not backends of their own), else 'service': a measured profile or an
+    endpoint, whose latency includes a network and a provider's queue."""
+    from voicepipe.hardware import catalog
+
+    if label == "cache" or label.startswith("council:"):
+        return None
+    if "/" in label and (label.split("/")[0] in catalog.devices() or ".yaml/" in label or ".yml/" in label):
+        return "hardware"
+    return "service"

@@ -1,12 +1,15 @@
 """Terminal tables that fit the real terminal: numbers whole, text wrapped, columns dropped by priority.
 
-The contract every table printed by the CLI follows (each builds its rows as :class:`Col` + cells and
-calls :func:`print_fitted`; ``voicepipe hardware`` too):
+The contract every row table printed by the CLI follows (each builds its rows as :class:`Col` + cells and
+calls :func:`print_fitted`; ``hardware list``, ``sweep`` and ``validate`` too — the two-column
+quantity/value tables of ``hardware show`` and ``predict`` are plain rich tables):
 
 * The width is the console's (rich reads the real terminal, ``COLUMNS`` when piped, 80 by default).
 * Numeric columns (``text=False``) are never wrapped or cut: a number is shown in full or not at all.
 * Text columns (``text=True``) wrap at word boundaries and give up their width first; each keeps at least
-  ``min_width`` characters and its longest word (up to ``WORD_CAP``: a longer token, a URL, folds).
+  ``min_width`` characters and its longest word (up to ``WORD_CAP``: a longer token, a URL, folds). When
+  the columns that are never dropped cannot keep their words whole, the words fold instead: a number is
+  never cut to keep a word.
 * When even that does not fit, whole columns are dropped, the highest ``priority`` number first (0 = never
   dropped), and a dim note under the table names what was hidden and that ``--wide`` shows it.
 * ``wide=True`` keeps every column on one line each and renders at the table's natural width, wider than
@@ -89,45 +92,52 @@ def _word_min(cells: Sequence[Cell]) -> int:
     return min(WORD_CAP, max([0, *(len(w) for w in words)]))
 
 
-def _text_min(col: Col, cells: Sequence[Cell]) -> int:
-    """A text column's narrowest width: its own minimum, its header's longest word, its cells' longest."""
-    return max(col.min_width, _header_min(col), _word_min(cells))
+def _text_min(col: Col, cells: Sequence[Cell], words: bool = True) -> int:
+    """A text column's narrowest width: its own minimum, its header's longest word, the longest item of a
+    Parts cell, and (``words``) its cells' longest word — capped at the column's natural width."""
+    items = max([0, *(len(x) for c in cells if isinstance(c, Parts) for x in c.items)])
+    base = max(col.min_width, _header_min(col), _word_min(cells) if words else 0)
+    return max(items, min(natural_width(col, cells), base))
 
 
-def choose_columns(cols: Sequence[Col], rows: Sequence[Sequence[Cell]], width: int) -> list[int]:
-    """Indices of the columns to show in ``width`` characters: drop by descending priority until the
-    numeric columns at full width plus the text columns at their minimum fit."""
-    keep = list(range(len(cols)))
+def choose_columns(cols: Sequence[Col], rows: Sequence[Sequence[Cell]], width: int) -> tuple[list[int], bool]:
+    """The columns to show in ``width`` characters, and whether text columns keep their longest words.
+
+    Drop by descending priority until the numeric columns at full width plus the text columns at their
+    minimum fit, the minimum keeping each column's longest word; if even the columns that are never dropped
+    do not fit that way, start again with minima that let a long word fold."""
     nat = [natural_width(c, [r[i] for r in rows]) for i, c in enumerate(cols)]
 
-    def need(idx: list[int]) -> int:
-        total = 0
-        for i in idx:
-            c = cols[i]
-            w = min(nat[i], _text_min(c, [r[i] for r in rows])) if c.text else nat[i]
-            total += w + SEP
-        return total - SEP
+    def need(idx: list[int], words: bool) -> int:
+        widths = [_text_min(cols[i], [r[i] for r in rows], words) if cols[i].text else nat[i] for i in idx]
+        return sum(widths) + SEP * (len(idx) - 1)
 
-    while need(keep) > width:
-        droppable = [i for i in keep if cols[i].priority > 0]
-        if not droppable:
-            break
-        keep.remove(max(droppable, key=lambda i: (cols[i].priority, i)))
-    return keep
+    for words in (True, False):
+        keep = list(range(len(cols)))
+        while need(keep, words) > width:
+            droppable = [i for i in keep if cols[i].priority > 0]
+            if not droppable:
+                break
+            keep.remove(max(droppable, key=lambda i: (cols[i].priority, i)))
+        if need(keep, words) <= width:
+            return keep, words
+    return keep, False
 
 
 def text_widths(
-    cols: Sequence[Col], rows: Sequence[Sequence[Cell]], keep: Sequence[int], width: int
+    cols: Sequence[Col],
+    rows: Sequence[Sequence[Cell]],
+    keep: Sequence[int],
+    width: int,
+    words: bool = True,
 ) -> dict[int, int]:
     """The width each kept text column gets from what the numbers leave: the narrowest columns whole
     first (up to their natural or maximum width) as long as the others keep their minimum; never below a
-    column's minimum (a Parts column's minimum is its longest item)."""
+    column's minimum (:func:`_text_min`; ``words`` as :func:`choose_columns` decided)."""
     nat = {i: natural_width(cols[i], [r[i] for r in rows]) for i in keep}
     text = [i for i in keep if cols[i].text]
     left = width - sum(nat[i] + SEP for i in keep if not cols[i].text) - SEP * max(0, len(text) - 1)
-    # a Parts column needs its longest item, so that no part is split when the room exists
-    item = {i: max([0, *(len(x) for r in rows if isinstance(r[i], Parts) for x in r[i].items)]) for i in text}
-    lo = {i: max(item[i], min(nat[i], _text_min(cols[i], [r[i] for r in rows]))) for i in text}
+    lo = {i: _text_min(cols[i], [r[i] for r in rows], words) for i in text}
     hi = {i: max(lo[i], min(nat[i], cols[i].max_width or nat[i])) for i in text}
     out: dict[int, int] = {}
     order = sorted(
@@ -156,8 +166,8 @@ def fitted_table(
     caption: str | None = None,
 ) -> tuple[Table, list[str]]:
     """The table for ``width`` columns and the headers of the columns it had to hide."""
-    keep = list(range(len(cols))) if wide else choose_columns(cols, rows, width)
-    text_w = {} if wide else text_widths(cols, rows, keep, width)
+    keep, words = (list(range(len(cols))), True) if wide else choose_columns(cols, rows, width)
+    text_w = {} if wide else text_widths(cols, rows, keep, width, words)
     t = Table(
         title=title,
         title_justify="left",
@@ -176,7 +186,7 @@ def fitted_table(
             t.add_column(
                 c.header,
                 justify=c.justify,
-                min_width=min(natural_width(c, [r[i] for r in rows]), _text_min(c, [r[i] for r in rows])),
+                min_width=text_w[i],  # the planned width: rich must not shrink it below the plan
                 max_width=text_w[i],
                 overflow="fold",
                 ratio=None,
