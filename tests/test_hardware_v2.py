@@ -897,3 +897,10 @@ def test_predict_says_when_a_precision_has_no_math_of_its_own_on_the_device():
     assert only and "no fp4 math here" in text
     only, text = run("b200")  # Blackwell has
     assert not only and "no fp4 math" not in text
+
+
+def test_show_of_a_backend_prints_its_evidence_as_predict_does():
+    out = " ".join(_text("show", "h100-sxm/llama-3.1-70b").split())
+    near = _near("predict", "-H", "h100-sxm", "-m", "llama-3.1-70b")
+    assert near["reading"] in out and all(g["label"] in out for g in near["groups"])
+    assert "not held out" in _text("show", "cerebras-wse3/llama-3.1-8b")

@@ -220,6 +220,8 @@ def show(name: str = typer.Argument(..., help="device, model, empirical profile,
         backend = _guard(lambda: make_hardware_backend(name))
         con.print_json(json.dumps(backend.describe(), default=str))
         con.print(_modelled())
+        sys_ = backend.system
+        _print_near(con, _near(sys_.device, sys_.model, sys_.serving))
         return
     _fail(
         f"unknown NAME {name!r}: not a device ({', '.join(catalog.devices())}), a model, "
