@@ -451,10 +451,6 @@ def run() -> Report:
     return Report(rows, dict(zip(FITTED, (float(f"{v:.3g}") for v in theta_all), strict=True)), len(sources))
 
 
-def _short(url: str) -> str:
-    return url.removeprefix("https://").removeprefix("http://").removeprefix("www.")
-
-
 def summary_lines(rep: Report) -> list[str]:
     def stat(errs: FArray) -> str:
         if len(errs) == 0:
@@ -775,8 +771,3 @@ def update_doc(path: str = "docs/hardware-model.md") -> None:
     write_between(path, BEGIN, END, markdown(rep))
     target = Path(__file__).parent / "data" / ACCURACY_FILE
     target.write_text(accuracy(rep).model_dump_json(indent=2) + "\n")
-
-
-def largest_misses(rep: Report, n: int = 5) -> list[Row]:
-    scored = [r for r in rep.rows if r.error is not None]
-    return sorted(scored, key=lambda r: -abs(math.log1p(r.error or 0.0)))[:n]
