@@ -7,7 +7,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from voicepipe.cli_hardware import app
+from voicepipe.cli.hardware import app
 from voicepipe.hardware import catalog as cat
 
 runner = CliRunner()

@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from voicepipe.backends import build_backend
-from voicepipe.cli_hardware import app
+from voicepipe.cli.hardware import app
 from voicepipe.hardware import catalog as cat
 from voicepipe.hardware import model as hm
 from voicepipe.hardware import validate as val

@@ -1,7 +1,7 @@
 """``voicepipe compare``: plan the configurations to run, and fold their turn records into one row each.
 
-Pure functions only — the command in :mod:`voicepipe.cli` runs the variants. A variant is a whole config file
-(``--config``), one value of a varied field (``--vary path=v1,v2``), or one cell of a two-axis grid (two
+Pure functions only — the command in :mod:`voicepipe.cli.compare` runs the variants. A variant is a whole
+config file (``--config``), one value of a varied field (``--vary path=v1,v2``), or one cell of a two-axis grid (two
 ``--vary``), crossed with several ``--config`` files when both are given. Every variant keeps the base
 ``--set`` overrides and the same seed, so the modelled ASR/TTS draws are paired across configurations and
 the rows differ by what was varied.
@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from voicepipe.config import PipelineConfig, load_config
+from voicepipe.config import BrokerOverrides, PipelineConfig, load_config
 from voicepipe.errors import UserError
 from voicepipe.records import TurnRecord, summarise
 
@@ -67,7 +67,7 @@ def plan_variants(
     configs: Sequence[Path] | None,
     vary: Sequence[str] | None,
     sets: Sequence[str] | None = (),
-    broker: str | None = None,
+    broker: str | BrokerOverrides | None = None,
 ) -> list[tuple[str, PipelineConfig]]:
     """The configurations ``compare`` runs, as ``(label, config)`` in run order.
 
@@ -75,7 +75,8 @@ def plan_variants(
     - ``--vary`` once: one variant per value, labelled ``path=value``; twice: the grid (cartesian product),
       labelled ``a=x, b=y``. A single ``--config`` is then the base all variants start from; several are
       crossed with the grid (``stem, a=x``).
-    - base ``--set`` and ``--broker`` apply to every variant.
+    - base ``--set`` and the broker options (a URL, or every broker/TLS option as one
+      :class:`BrokerOverrides`) apply to every variant.
 
     Bad input raises :class:`UserError` naming the variant's label and the field.
     """

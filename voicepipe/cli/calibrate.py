@@ -13,7 +13,6 @@ from typing import Annotated
 from urllib.parse import urlsplit
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -28,10 +27,9 @@ from voicepipe.calibrate import (
     hardware_model,
     source_of,
 )
+from voicepipe.cli.common import err, out
 from voicepipe.errors import UserError
 
-out = Console()
-err = Console(stderr=True)
 profile_app = typer.Typer(help="User profiles: import a `vllm bench serve` result.", no_args_is_help=True)
 
 
@@ -213,8 +211,3 @@ def import_cmd(
     except UserError as exc:
         raise _fail(exc) from None
 
-
-def register(app: typer.Typer) -> None:
-    """Add ``calibrate`` and ``profile`` to the main CLI."""
-    app.command("calibrate")(calibrate_cmd)
-    app.add_typer(profile_app, name="profile", help="User profiles: import a `vllm bench serve` result.")

@@ -9,6 +9,7 @@ dropped lowest priority first. ``--format json`` prints JSON to stdout; ``--json
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from collections.abc import Callable
@@ -37,7 +38,7 @@ MODELLED = "MODELLED by voicepipe.hardware (analytic physics model; not measured
 
 def _accuracy() -> str:
     """How far such modelled numbers have been from published measurements (printed beside them)."""
-    from voicepipe.hardware.validate import accuracy_line
+    from voicepipe.hardware.validate import accuracy_line  # lazy: start-up time
 
     return accuracy_line()
 
@@ -47,7 +48,7 @@ def _modelled() -> str:
 
 
 def _validation() -> dict[str, float | int]:
-    from voicepipe.hardware.validate import shipped_accuracy
+    from voicepipe.hardware.validate import shipped_accuracy  # lazy: start-up time
 
     return shipped_accuracy().summary.model_dump()
 
@@ -60,13 +61,13 @@ def _evidence_stack(dev: catalog.Device, stk: catalog.Stack | None) -> str | Non
 
 def _near(dev: catalog.Device, mdl: catalog.ModelSpec, stk: catalog.Stack | None) -> NearReport:
     """How the model fared on published points sharing parts of this configuration."""
-    from voicepipe.hardware.validate import near_report
+    from voicepipe.hardware.validate import near_report  # lazy: start-up time
 
     return near_report(dev.key, mdl, _evidence_stack(dev, stk))
 
 
 def _print_near(con: Console, near: NearReport) -> None:
-    from voicepipe.hardware.validate import evidence_lines
+    from voicepipe.hardware.validate import evidence_lines  # lazy: start-up time
 
     for line in evidence_lines(near):
         con.print(line, highlight=False, markup=False)
@@ -208,11 +209,11 @@ def show(name: str = typer.Argument(..., help="device, model, empirical profile,
         con.print(f"{name}: quality {q.quality.score:g} ({q.quality.benchmark}) — {q.sources['quality']}")
         return
     if name in profiles():
-        p = profiles()[name]
+        prof = profiles()[name]
         t = Table(title=f"Empirical profile {name} (measured, not modelled)", title_justify="left")
         t.add_column("field")
         t.add_column("value", overflow="fold")
-        for k, v in p.items():
+        for k, v in prof.items():
             t.add_row(k, str(v))
         con.print(t)
         return
@@ -378,8 +379,8 @@ def sweep(
     rows: list[dict[str, Any]] = []
     for b in bs:
         p = _guard(
-            lambda b=b: _predict(
-                dev, mdl, b, prompt_tokens, output_tokens, tp, precision, kv_precision, stk, None
+            functools.partial(
+                _predict, dev, mdl, b, prompt_tokens, output_tokens, tp, precision, kv_precision, stk, None
             )
         )
         cost = p.chips * dev.price_per_chip_hour / (p.aggregate_tokens_per_second * 3600) * 1e6
@@ -441,7 +442,7 @@ def validate(
     """Published measurements vs the model: leave-one-source-out residuals, median / worst error.
 
     The filters choose the rows shown; the summary lines are always over every point."""
-    from voicepipe.hardware import validate as val
+    from voicepipe.hardware import validate as val  # lazy: start-up time
 
     rep = _guard(val.run)
     if fmt == "markdown":

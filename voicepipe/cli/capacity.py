@@ -11,13 +11,16 @@ import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from types import ModuleType
 from typing import Annotated
 
 import typer
 from rich.text import Text
 
 from voicepipe.capacity import Level, LevelJob, Limit, conversation_s, level_pool, limit, parse_loads
+from voicepipe.cli.common import check_variants_speech, fail, load_scenarios, out, progress_bar, user_errors
+from voicepipe.cli.options import ConfigsOpt, ScenariosArg, SetOpt, VaryOpt, WideOpt
+from voicepipe.compare import display_names, plan_variants
+from voicepipe.config import load_config
 from voicepipe.parallel import ItemFailed, default_workers
 from voicepipe.report.svg import HALO, MUTED, budget_ref, esc, fmt_num, nice_ticks, series_colour
 from voicepipe.report.term import Cell, Col, print_fitted
@@ -56,8 +59,6 @@ def _devices_cell(lv: Level, attr: str, fmt: str) -> str:
 
 def capacity_rows(levels: Sequence[Level], budget_ms: float) -> tuple[list[Col], list[list[Cell]]]:
     """The capacity table as fitted-table columns (voicepipe.report.term): numbers whole, names wrap."""
-    from voicepipe.compare import display_names
-
     labels = list(dict.fromkeys(lv.label for lv in levels))
     several = len(labels) > 1
     heading, names = display_names(labels)
@@ -98,12 +99,10 @@ def write_csv(path: Path, levels: Sequence[Level]) -> None:
         )
         for lv in levels:
             row = lv.to_json()
-            for d in lv.devices or [None]:
-                dev = (
-                    [d.backend, d.queue_mean_ms, d.queue_p90_ms, d.user_tok_s, d.busy_share, d.in_flight]
-                    if d
-                    else []
-                )
+            if not lv.devices:  # no shared device: the level's row alone
+                w.writerow([row[c] for c in cols])
+            for d in lv.devices:
+                dev = [d.backend, d.queue_mean_ms, d.queue_p90_ms, d.user_tok_s, d.busy_share, d.in_flight]
                 w.writerow([row[c] for c in cols] + dev)
 
 
@@ -188,121 +187,110 @@ def report_html(levels: Sequence[Level], limits: Sequence[Limit], budget_ms: flo
     )
 
 
-def register(cli: ModuleType) -> None:
-    """Add ``capacity`` to the CLI module's app, with its shared options and helpers (``cli.py`` calls this
-    once it has defined them, so this module never imports ``voicepipe.cli`` itself)."""
-    app, out, fail, user_errors = cli.app, cli.out, cli.fail, cli.user_errors
-    ConfigsOpt, ScenariosArg, SetOpt, VaryOpt = cli.ConfigsOpt, cli.ScenariosArg, cli.SetOpt, cli.VaryOpt
-    WideOpt = cli.WideOpt
+def capacity(
+    scenario: ScenariosArg,
+    config: ConfigsOpt = None,
+    vary: VaryOpt = None,
+    set_: SetOpt = None,
+    sessions: Annotated[
+        str | None, typer.Option("--sessions", help="Concurrent conversations to try, e.g. 10,100,1000.")
+    ] = None,
+    arrivals: Annotated[
+        str | None,
+        typer.Option("--arrivals", help="Poisson call arrival rates to try, e.g. 30/min,60/min."),
+    ] = None,
+    minutes: Annotated[
+        float, typer.Option("--minutes", min=0.1, help="Arrival horizon (with --arrivals).")
+    ] = 10.0,
+    hop_ms: Annotated[
+        float,
+        typer.Option(
+            "--hop-ms",
+            min=0.0,
+            max=1000.0,
+            help="Charge every bus message this one-way hop (e.g. a broker's measured median: "
+            "half the round trip `voicepipe run` probes; ~0.4 ms for mosquitto on loopback). Default 0: "
+            "the modelled spans alone, as predict.",
+        ),
+    ] = 0.0,
+    json_out: Annotated[
+        Path | None,
+        typer.Option("--json", metavar="FILE", help="JSON lines: one per load level, then limits."),
+    ] = None,
+    csv: Annotated[
+        Path | None, typer.Option("--csv", metavar="FILE", help="One row per load level (and device).")
+    ] = None,
+    report: Annotated[
+        Path | None, typer.Option("--report", metavar="FILE", help="HTML: table and p90-vs-load chart.")
+    ] = None,
+    wide: WideOpt = False,
+    jobs: Annotated[
+        int | None,
+        typer.Option(
+            "--jobs",
+            min=1,
+            help="Worker processes for the independent runs (load levels x configurations); default: "
+            "this machine's CPUs. Results are the same for any value.",
+        ),
+    ] = None,
+) -> None:
+    """How many concurrent conversations (or calls per minute) keep p90 inside the budget, per configuration.
 
-    @app.command()
-    def capacity(
-        scenario: ScenariosArg,
-        config: ConfigsOpt = None,
-        vary: VaryOpt = None,
-        set_: SetOpt = None,
-        sessions: Annotated[
-            str | None, typer.Option("--sessions", help="Concurrent conversations to try, e.g. 10,100,1000.")
-        ] = None,
-        arrivals: Annotated[
-            str | None,
-            typer.Option("--arrivals", help="Poisson call arrival rates to try, e.g. 30/min,60/min."),
-        ] = None,
-        minutes: Annotated[
-            float, typer.Option("--minutes", min=0.1, help="Arrival horizon (with --arrivals).")
-        ] = 10.0,
-        hop_ms: Annotated[
-            float,
-            typer.Option(
-                "--hop-ms",
-                min=0.0,
-                max=1000.0,
-                help="Charge every bus message this one-way hop (e.g. a broker's measured median: "
-                "half the round trip `voicepipe run` probes; ~0.4 ms for mosquitto on loopback). Default 0: "
-                "the modelled spans alone, as predict.",
-            ),
-        ] = 0.0,
-        json_out: Annotated[
-            Path | None,
-            typer.Option("--json", metavar="FILE", help="JSON lines: one per load level, then limits."),
-        ] = None,
-        csv: Annotated[
-            Path | None, typer.Option("--csv", metavar="FILE", help="One row per load level (and device).")
-        ] = None,
-        report: Annotated[
-            Path | None, typer.Option("--report", metavar="FILE", help="HTML: table and p90-vs-load chart.")
-        ] = None,
-        wide: WideOpt = False,
-        jobs: Annotated[
-            int | None,
-            typer.Option(
-                "--jobs",
-                min=1,
-                help="Worker processes for the independent runs (load levels x configurations); default: "
-                "this machine's CPUs. Results are the same for any value.",
-            ),
-        ] = None,
-    ) -> None:
-        """How many concurrent conversations (or calls per minute) keep p90 inside the budget, per configuration.
-
-        Runs the pipeline's own stages on virtual time at each load level: p50/p90/p99, share within budget, queue wait and busy share of each shared device, decode rate per user, cost per hour; then the answer line per configuration. Modelled: no bus tax unless --hop-ms charges one.
-        """
-        from voicepipe.compare import plan_variants
-        from voicepipe.config import load_config
-
-        with user_errors():
-            loads = parse_loads(sessions, arrivals)
-            if vary or len(config or []) > 1:
-                variants = plan_variants(config or [], vary or [], set_ or [], None)
-            else:  # one configuration is enough here
-                one = load_config(config[0] if config else None, set_ or [])
-                variants = [(config[0].stem if config else one.backend_label(), one)]
-            scs = cli.load_scenarios(scenario)
-            cli.check_variants_speech(variants, scs)
-        levels: list[Level] = []
-        limits: list[Limit] = []
-        budget = variants[0][1].budget_ms
-        lengths = {}
-        for label, cfg in variants:
-            try:
-                lengths[label] = conversation_s(cfg, scs)
-            except ValueError as exc:
-                raise fail(f"configuration {label!r}: {exc}") from None
-        level_jobs = [
-            LevelJob(label, cfg, tuple(scs), ld, lengths[label], minutes, hop_ms)
-            for label, cfg in variants
-            for ld in loads
-        ]
-        total = round(sum(j.turns() for j in level_jobs))
-        # the pool forks its workers before the progress bar starts its refresh thread
-        with (
-            level_pool(level_jobs, jobs or default_workers()) as pool,
-            cli.progress_bar(total, "capacity") as prog,
-        ):
-            task = prog.task_ids[0]
-            try:
-                levels = pool.results(lambda n: prog.advance(task, n))
-            except ItemFailed as failed:
-                if not isinstance(failed.error, ValueError):
-                    raise failed.error from None
-                raise fail(f"configuration {level_jobs[failed.index].label!r}: {failed.error}") from None
-        for label, cfg in variants:
-            limits.append(limit(label, [lv for lv in levels if lv.label == label], cfg.budget_ms))
-        title = f"capacity: {', '.join(s.name for s in scs)} · budget {budget:g} ms"
-        if len(variants) == 1:
-            title += f" · {variants[0][0]}"
-        cols, rows = capacity_rows(levels, budget)
-        print_fitted(out, cols, rows, wide=wide, title=title, caption=modelled_caption(hop_ms))
-        for lim in limits:
-            out.print(lim.sentence(), highlight=False, markup=False)
-        if json_out:
-            lines = [json.dumps({"kind": "level", **lv.to_json()}) for lv in levels]
-            lines += [json.dumps({"kind": "limit", "label": lim.label, "budget_ms": lim.budget_ms,
-                                  "largest_ok": lim.largest_ok.load.value if lim.largest_ok else None,
-                                  "first_over": lim.first_over.load.value if lim.first_over else None,
-                                  "crossing": lim.crossing, "answer": lim.sentence()}) for lim in limits]  # fmt: skip
-            json_out.write_text("\n".join(lines) + "\n")
-        if csv:
-            write_csv(csv, levels)
-        if report:
-            report.write_text(report_html(levels, limits, budget, title))
+    Runs the pipeline's own stages on virtual time at each load level: p50/p90/p99, share within budget, queue wait and busy share of each shared device, decode rate per user, cost per hour; then the answer line per configuration. Modelled: no bus tax unless --hop-ms charges one.
+    """
+    with user_errors():
+        loads = parse_loads(sessions, arrivals)
+        if vary or len(config or []) > 1:
+            variants = plan_variants(config or [], vary or [], set_ or [], None)
+        else:  # one configuration is enough here
+            one = load_config(config[0] if config else None, set_ or [])
+            variants = [(config[0].stem if config else one.backend_label(), one)]
+        scs = load_scenarios(scenario)
+        check_variants_speech(variants, scs)
+    levels: list[Level] = []
+    limits: list[Limit] = []
+    budget = variants[0][1].budget_ms
+    lengths = {}
+    for label, cfg in variants:
+        try:
+            lengths[label] = conversation_s(cfg, scs)
+        except ValueError as exc:
+            raise fail(f"configuration {label!r}: {exc}") from None
+    level_jobs = [
+        LevelJob(label, cfg, tuple(scs), ld, lengths[label], minutes, hop_ms)
+        for label, cfg in variants
+        for ld in loads
+    ]
+    total = round(sum(j.turns() for j in level_jobs))
+    # the pool forks its workers before the progress bar starts its refresh thread
+    with (
+        level_pool(level_jobs, jobs or default_workers()) as pool,
+        progress_bar(total, "capacity") as prog,
+    ):
+        task = prog.task_ids[0]
+        try:
+            levels = pool.results(lambda n: prog.advance(task, n))
+        except ItemFailed as failed:
+            if not isinstance(failed.error, ValueError):
+                raise failed.error from None
+            raise fail(f"configuration {level_jobs[failed.index].label!r}: {failed.error}") from None
+    for label, cfg in variants:
+        limits.append(limit(label, [lv for lv in levels if lv.label == label], cfg.budget_ms))
+    title = f"capacity: {', '.join(s.name for s in scs)} · budget {budget:g} ms"
+    if len(variants) == 1:
+        title += f" · {variants[0][0]}"
+    cols, rows = capacity_rows(levels, budget)
+    print_fitted(out, cols, rows, wide=wide, title=title, caption=modelled_caption(hop_ms))
+    for lim in limits:
+        out.print(lim.sentence(), highlight=False, markup=False)
+    if json_out:
+        lines = [json.dumps({"kind": "level", **lv.to_json()}) for lv in levels]
+        lines += [json.dumps({"kind": "limit", "label": lim.label, "budget_ms": lim.budget_ms,
+                              "largest_ok": lim.largest_ok.load.value if lim.largest_ok else None,
+                              "first_over": lim.first_over.load.value if lim.first_over else None,
+                              "crossing": lim.crossing, "answer": lim.sentence()}) for lim in limits]  # fmt: skip
+        json_out.write_text("\n".join(lines) + "\n")
+    if csv:
+        write_csv(csv, levels)
+    if report:
+        report.write_text(report_html(levels, limits, budget, title))

@@ -1,0 +1,129 @@
+"""Command line: ``voicepipe run``, ``compare``, ``predict``, ``stage``, ``capacity``, ``scenarios``,
+``schema``, ``hardware``, ``calibrate``, ``profile``.
+
+This package builds the typer :data:`app` from one module per command and holds :func:`main`, the console
+entry point (``voicepipe = "voicepipe.cli:main"``; ``python -m voicepipe`` and ``python -m voicepipe.cli``
+run it too). Shared options are in :mod:`voicepipe.cli.options`, shared helpers in
+:mod:`voicepipe.cli.common`.
+
+Bad input prints one line naming the file and field and exits 2 — never a traceback. Turn records are
+written as they are measured, so an interrupted run keeps what it had.
+
+Streams: results (tables, ``--format json`` lines) go to stdout only; progress, per-turn lines when stderr
+is not a terminal, warnings and logs (:mod:`voicepipe.logs`) go to stderr. Option names are the same in
+every command: ``--json FILE`` writes JSON lines to a file, ``--format json`` writes them to stdout,
+``--wide`` shows every column, ``--otel FILE`` / ``--otlp-endpoint URL`` export traces.
+"""
+
+from __future__ import annotations
+
+import sys
+from enum import StrEnum
+from typing import Annotated
+
+import typer
+
+from voicepipe import __version__
+from voicepipe.cli import calibrate, capacity, compare, hardware, predict, run, scenarios, schema, stage
+from voicepipe.cli.common import err, out
+from voicepipe.errors import UserError
+
+app = typer.Typer(
+    add_completion=True,
+    no_args_is_help=True,
+    help="Does a voice pipeline answer inside the human turn budget (~800 ms), and what would change it?",
+    pretty_exceptions_enable=False,
+)
+
+
+class LogFormatChoice(StrEnum):
+    console = "console"
+    json = "json"
+
+
+class LogLevelChoice(StrEnum):
+    debug = "debug"
+    info = "info"
+    warning = "warning"
+    error = "error"
+
+
+def _version(value: bool) -> None:
+    if value:
+        out.print(f"voicepipe {__version__}", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, metavar="", help="Print the version and exit."
+        ),
+    ] = False,
+    verbose: Annotated[
+        int,
+        typer.Option("--verbose", "-v", count=True, help="More log lines on stderr (-v info, -vv debug)."),
+    ] = 0,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", metavar="", help="Only errors in the log on stderr.")
+    ] = False,
+    log_format: Annotated[
+        LogFormatChoice,
+        typer.Option(
+            "--log-format", envvar="VOICEPIPE_LOG_FORMAT", help="Log lines on stderr: console or json."
+        ),
+    ] = LogFormatChoice.console,
+    log_level: Annotated[
+        LogLevelChoice | None,
+        typer.Option("--log-level", envvar="VOICEPIPE_LOG_LEVEL", help="Log level (overrides -v/-q)."),
+    ] = None,
+) -> None:
+    """Does a voice pipeline answer inside the human turn budget (~800 ms), and what would change it?"""
+    from voicepipe.logs import configure, level_from_flags  # lazy: start-up time
+
+    configure(level_from_flags(verbose, quiet, log_level.value if log_level else None), log_format.value)
+
+
+# registration order is the order `voicepipe --help` lists them (commands first, then groups)
+app.add_typer(
+    hardware.app,
+    name="hardware",
+    help="LLM hardware models: list, show, predict, sweep, validate against published measurements.",
+)
+app.command("calibrate")(calibrate.calibrate_cmd)
+app.add_typer(calibrate.profile_app, name="profile", help="User profiles: import a `vllm bench serve` result.")
+app.command("run")(run.run)
+app.command("compare")(compare.compare)
+app.command("predict")(predict.predict)
+app.command("stage")(stage.stage)
+app.add_typer(scenarios.app, name="scenarios")
+app.add_typer(schema.app, name="schema")
+app.command("capacity")(capacity.capacity)
+
+# click's base error, under whichever click typer uses (its own copy since typer 0.22, click before)
+_ClickError: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+
+
+def main() -> None:
+    """The console entry point. Click's own errors (an unknown command or option, a bad option value)
+    print as one line naming the option, with where to look, and exit 2, like every other bad input."""
+    try:
+        rc = app(standalone_mode=False)
+    except _ClickError as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError":  # a group run bare: its help, as click prints it
+            exc.show()  # type: ignore[attr-defined]
+            sys.exit(getattr(exc, "exit_code", 2))
+        ctx = getattr(exc, "ctx", None)
+        where = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+        message = exc.format_message()  # type: ignore[attr-defined]
+        err.print(f"error: {message}{where}", highlight=False, markup=False, soft_wrap=True)
+        sys.exit(getattr(exc, "exit_code", 2))
+    except typer.Abort:
+        err.print("aborted")
+        sys.exit(130)
+    except UserError as exc:  # pragma: no cover - commands catch their own
+        err.print(f"error: {exc}")
+        sys.exit(2)
+    sys.exit(rc if isinstance(rc, int) else 0)

@@ -1,0 +1,226 @@
+"""What every command shares: the two consoles, the one-line failure, loading scenarios, turn-record
+sinks and progress, the exports, the ``--require`` exit and the broker failure lines.
+
+Streams: results go to :data:`out` (stdout) only; progress, per-turn lines when stderr is not a terminal,
+warnings and errors go to :data:`err` (stderr). A bad input is one ``error:`` line and exit 2 (:func:`fail`,
+:func:`user_errors`), never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import typer
+from aiomqtt import MqttError
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from voicepipe import gate
+from voicepipe.bus import BrokerOutage, RunTopicsUnreachable
+from voicepipe.config import PipelineConfig
+from voicepipe.errors import UserError, redact_url
+from voicepipe.records import TurnRecord
+from voicepipe.report.export import push_otlp, write_csv, write_otel
+from voicepipe.report.html import render_html
+from voicepipe.runner import STAGES, StagesMissing
+from voicepipe.scenario import Scenario, check_speech, load_scenario
+
+out = Console()
+err = Console(stderr=True)
+
+
+def fail(msg: str) -> typer.Exit:
+    """Print ``error: msg`` on stderr; the caller raises the returned exit (status 2)."""
+    err.print(f"[bold red]error:[/] {escape(msg)}", highlight=False, soft_wrap=True)
+    return typer.Exit(2)
+
+
+@contextmanager
+def user_errors() -> Iterator[None]:
+    """A :class:`UserError` inside becomes :func:`fail`'s line and exit 2."""
+    try:
+        yield
+    except UserError as exc:
+        raise fail(str(exc)) from None
+
+
+def check_variants_speech(variants: list[tuple[str, PipelineConfig]], scs: list[Scenario]) -> None:
+    """:func:`check_speech` for every configuration; with several, the error names the one that fails."""
+    for label, vcfg in variants:
+        try:
+            check_speech(vcfg, scs)
+        except UserError as exc:
+            if len(variants) == 1:
+                raise
+            raise UserError(f"configuration {label!r}", str(exc)) from None
+
+
+def load_scenarios(names: list[str]) -> list[Scenario]:
+    """The scenarios named on the command line; two with the same name are an error."""
+    scs = [load_scenario(n) for n in names]
+    seen: dict[str, str] = {}
+    for sc in scs:
+        if sc.name in seen:
+            raise UserError(
+                sc.source, f"name: {sc.name!r} is also the name of {seen[sc.name]} (names must differ)"
+            )
+        seen[sc.name] = sc.source
+    return scs
+
+
+def stage_names(raw: str | list[str] | None, where: str) -> list[str]:
+    """Stage names given as ``a,b`` or as separate arguments, checked against the pipeline's stages."""
+    names = [n.strip() for n in (raw.split(",") if isinstance(raw, str) else raw or []) if n.strip()]
+    for n in names:
+        if n not in STAGES or n == "client":
+            allowed = ", ".join(k for k in STAGES if k != "client")
+            raise UserError(where, f"unknown stage {n!r} (stages: {allowed})")
+    return names
+
+
+class RecordSink:
+    """Writes turn records as they arrive (JSON lines to ``--json FILE`` and/or stdout), so nothing measured
+    is lost; derives the per-turn metric columns (ttft_ms...) the records carry."""
+
+    def __init__(self, path: Path | None, label: str = "", stdout: bool = False) -> None:
+        self.path = path
+        self.label = label
+        self.fh = path.open("w") if path else None
+        self.stdout = stdout
+        self.records: list[TurnRecord] = []
+
+    def __call__(self, rec: TurnRecord) -> None:
+        if self.label:
+            rec.label = self.label
+        self.records.append(rec)
+        line = json.dumps(rec.model_dump(mode="json")) + "\n"
+        if self.fh:
+            self.fh.write(line)
+            self.fh.flush()
+        if self.stdout:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+
+    def write_raw(self, data: dict[str, Any]) -> None:
+        """One JSON line that is not a turn record (a prediction)."""
+        line = json.dumps(data) + "\n"
+        if self.fh:
+            self.fh.write(line)
+        if self.stdout:
+            sys.stdout.write(line)
+
+    def close(self) -> None:
+        if self.fh:
+            self.fh.close()
+            self.fh = None
+        if self.stdout:
+            sys.stdout.flush()
+
+
+def progress_bar(total: int, label: str) -> Progress:
+    """A transient bar on stderr, only when stderr is a terminal and there are more than two turns."""
+    p = Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("turns"),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+        disable=not err.is_terminal or total <= 2,
+    )
+    p.add_task(label, total=total)
+    return p
+
+
+def turn_line(r: TurnRecord, done: int, total: int) -> str:
+    """The one stderr line per finished turn printed when stderr is not a terminal (no progress bar)."""
+    from voicepipe.report.table import top_parts  # lazy: start-up time
+
+    lat = "timeout" if r.measured_ms is None else f"{r.measured_ms:,.0f} ms"
+    ok = "ok" if r.within_budget else "miss"
+    who = f"{r.label}: " if r.label else ""
+    return f"[{done}/{total}] {who}{r.session} #{r.turn} {lat} {ok} ({top_parts(r, 1)})"
+
+
+def progress_sink(
+    prog: Progress, total: int, sink: Callable[[TurnRecord], None], done: list[int] | None = None
+) -> Callable[[TurnRecord], None]:
+    """``sink`` plus progress: the bar on a terminal, else one line per finished turn on stderr
+    (``done`` is a shared counter when several runs make one progress)."""
+    task = prog.task_ids[0]
+    done = done if done is not None else [0]
+
+    def on_record(r: TurnRecord) -> None:
+        sink(r)
+        done[0] += 1
+        prog.advance(task)
+        if not err.is_terminal:
+            err.print(turn_line(r, done[0], total), highlight=False, markup=False, soft_wrap=True)
+
+    return on_record
+
+
+def write_outputs(
+    runs: dict[str, list[TurnRecord]],
+    configs: dict[str, dict[str, Any]],
+    report: Path | None,
+    csv: Path | None,
+    otel: Path | None,
+    budget_ms: float,
+    otlp_endpoint: str | None = None,
+    fixes: Callable[[], dict[str, Any]] | None = None,
+) -> None:
+    """Write the requested exports; ``fixes`` (only called for a report) gives label → advice."""
+    records = [r for rs in runs.values() for r in rs]
+    if report:
+        html = render_html(runs, configs, budget_ms=budget_ms, fixes=fixes() if fixes else None)
+        report.write_text(html, encoding="utf-8")
+        err.print(f"report: {report}")
+    if csv:
+        write_csv(records, csv)
+        err.print(f"csv: {csv}")
+    if otel:
+        write_otel(records, otel)
+        err.print(f"otel: {otel}")
+    if otlp_endpoint:
+        with user_errors():
+            n = push_otlp(records, otlp_endpoint)
+        err.print(f"otlp: {n} spans pushed to {otlp_endpoint}", highlight=False)
+
+
+def gate_exit(reqs: list[gate.Requirement], records: list[TurnRecord]) -> None:
+    """After everything is printed and written: name each ``--require`` the turns missed, then exit 1."""
+    lines = gate.missed(reqs, records)
+    for line in lines:
+        err.print(f"[bold red]error:[/] {line}", highlight=False, soft_wrap=True)
+    if lines:
+        raise typer.Exit(1)
+
+
+def run_error(cfg: PipelineConfig, exc: BaseException) -> typer.Exit | None:
+    """The one-line failure for a broker that cannot be reached; None for anything else."""
+    where = f"broker {safe_url(cfg.broker.url) if cfg.broker.url else 'embedded'}"
+    if isinstance(exc, OSError):
+        return fail(f"{where}: cannot connect ({exc})")
+    if isinstance(exc, MqttError):  # refused (bad credentials), lost connection, ...
+        return fail(f"{where}: {exc}")
+    if isinstance(exc, StagesMissing):
+        return fail(str(exc))
+    if isinstance(exc, RunTopicsUnreachable):
+        return fail(str(exc))
+    if isinstance(exc, BrokerOutage):  # the broker stayed away past broker.outage_window_s
+        fail(str(exc))
+        return typer.Exit(3)
+    return None
+
+
+def safe_url(url: str) -> str:
+    """The broker URL without its password."""
+    return redact_url(url)

@@ -1,0 +1,222 @@
+"""``voicepipe run``: play scenarios through the pipeline over MQTT and measure every turn against the budget.
+
+Turn records are written as they are measured (``--json FILE``, ``--format json``), so an interrupted run
+keeps what it had. Exit 0, 1 when a ``--require`` is missed, 2 on bad input or an unreachable broker, 3 when
+the broker stayed away mid-run (what was measured is still written).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape as rich_escape
+
+from voicepipe import gate
+from voicepipe.cli.common import (
+    RecordSink,
+    err,
+    gate_exit,
+    load_scenarios,
+    out,
+    progress_bar,
+    progress_sink,
+    run_error,
+    stage_names,
+    user_errors,
+    write_outputs,
+)
+from voicepipe.cli.options import (
+    ConfigOpt,
+    CsvOpt,
+    FormatOpt,
+    OtelOpt,
+    OtlpOpt,
+    OutputFormat,
+    ReportOpt,
+    RequireOpt,
+    ScenariosArg,
+    SessionsOpt,
+    SetOpt,
+    WideOpt,
+    broker_block,
+)
+from voicepipe.config import BrokerOverrides, PipelineConfig, config_dict, load_config
+from voicepipe.errors import UserError
+from voicepipe.records import TurnRecord
+from voicepipe.report.advice import advice, base_command, print_advice
+from voicepipe.runner import WORKERS_NEED_BROKER, RunAborted, RunResult, run_live_loop, run_pipeline
+from voicepipe.scenario import Scenario, check_speech
+from voicepipe.stages.guard import require_shared_token
+
+
+def run_live(
+    cfg: PipelineConfig,
+    scenarios: list[Scenario],
+    sessions: int,
+    sink: Callable[[TurnRecord], None],
+    label: str,
+    run_id: str | None = None,
+    external: frozenset[str] = frozenset(),
+    workers: int = 0,
+) -> RunResult:
+    """One live run with progress on stderr; every record goes to ``sink`` as it is measured."""
+    total = sum(len(s.turns) for s in scenarios) * sessions
+    with progress_bar(total, label) as prog:
+        on_record = progress_sink(prog, total, sink)
+        return run_live_loop(
+            run_pipeline(
+                cfg,
+                scenarios,
+                sessions,
+                on_record=on_record,
+                run_id=run_id,
+                external=external,
+                workers=workers,
+            )
+        )
+
+
+def print_run_counters(result: RunResult) -> None:
+    """Every expected turn accounted for, what the stages refused, and whether the load let us measure."""
+    acc = result.accounting()
+    style = "" if acc.completed == acc.expected else "yellow"
+    err.print(f"[{style}]{acc.line()}[/]" if style else acc.line(), highlight=False, soft_wrap=True)
+    c = result.counters
+    dead = sum(c.dead.values())
+    why = "; ".join(f"{n} {r}" for r, n in c.dead.most_common())
+    err.print(
+        f"bus: {c.received} received, {dead} dead-lettered{f' ({why})' if why else ''}, {c.late} late, "
+        f"{c.lost} lost in transit, {c.handler_errors} handler errors",
+        style="yellow" if dead or c.lost or c.handler_errors else None, highlight=False, soft_wrap=True,
+    )  # fmt: skip
+    if result.lag is not None:
+        err.print(result.lag.verdict(), style="bold red" if result.lag.overloaded else None, highlight=False,
+                  soft_wrap=True)  # fmt: skip
+
+
+@broker_block
+def run(
+    scenario: ScenariosArg,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    broker: BrokerOverrides = BrokerOverrides(),
+    json_out: Annotated[
+        Path | None, typer.Option("--json", metavar="FILE", help="Write one JSON turn record per line.")
+    ] = None,
+    summary_json: Annotated[
+        Path | None,
+        typer.Option(
+            "--summary-json",
+            metavar="FILE",
+            help="Write the run's counters as JSON: turns expected/completed/failed/lost with reasons, "
+            "messages received/dead-lettered by reason, event-loop lag.",
+        ),
+    ] = None,
+    fmt: FormatOpt = OutputFormat.table,
+    sessions: SessionsOpt = 1,
+    report: ReportOpt = None,
+    csv: CsvOpt = None,
+    otel: OtelOpt = None,
+    otlp_endpoint: OtlpOpt = None,
+    quiet: Annotated[
+        bool,
+        typer.Option(
+            "--quiet/--turns", "-q", metavar="", help="Summary only (no per-turn table), or every turn."
+        ),
+    ] = False,
+    wide: WideOpt = False,
+    run_id: Annotated[str | None, typer.Option("--run-id", help="Run id (topics voicepipe/RUN/...).")] = None,
+    external: Annotated[
+        str | None,
+        typer.Option(
+            "--external", help="Stages served by `voicepipe stage` processes, e.g. asr,router,agent,tts."
+        ),
+    ] = None,
+    workers: Annotated[
+        int,
+        typer.Option(
+            "--workers",
+            min=0,
+            max=64,
+            help="Spread the stages over N worker processes (ASR, router, TTS replicated with session "
+            "affinity); needs --broker.",
+        ),
+    ] = 0,
+    require: RequireOpt = None,
+) -> None:
+    """Play scenarios through the pipeline over MQTT and measure every turn against the budget."""
+    from voicepipe.report.table import print_paths, print_summary, print_turns  # lazy: start-up time
+
+    with user_errors():
+        cfg = load_config(config, set_ or [], broker)
+        scs = load_scenarios(scenario)
+        check_speech(cfg, scs)
+        reqs = gate.parse(require)
+        ext = stage_names(external, "--external")
+        if ext and not cfg.broker.url:
+            raise UserError("--external", "stages in other processes need a broker (--broker URL)")
+        if ext and not run_id:
+            raise UserError("--external", "give the run id the stage processes serve (--run-id)")
+        if workers and not cfg.broker.url:
+            raise UserError("--workers", WORKERS_NEED_BROKER)
+        if workers and ext:
+            raise UserError("--workers", "give --workers or --external, not both")
+        if ext:
+            require_shared_token("--external")
+
+    as_json = fmt == OutputFormat.json
+    sink = RecordSink(json_out, stdout=as_json)
+    result = None
+    aborted = None
+    try:
+        result = run_live(cfg, scs, sessions, sink, "running", run_id, frozenset(ext), workers)
+    except RunAborted as exc:  # the broker stayed away: keep and write what was measured, then exit 3
+        result, aborted = exc.result, exc
+    except KeyboardInterrupt:
+        err.print(f"interrupted: keeping {len(sink.records)} measured turns")
+    except Exception as exc:
+        failure = run_error(cfg, exc)
+        if failure is None:
+            raise
+        raise failure from None
+    finally:
+        sink.close()
+        if result and summary_json:  # the run's counters (the turn records stay one per line in --json)
+            summary_json.write_text(json.dumps(result.summary_json(), indent=2) + "\n", encoding="utf-8")
+    if result:
+        for w in result.warnings:
+            err.print(f"[bold yellow]warning:[/] {w}", soft_wrap=True)
+        print_run_counters(result)
+        for d in result.deaths:
+            err.print(f"[bold yellow]stage process died:[/] {d}", soft_wrap=True, highlight=False)
+    if not as_json:
+        if not quiet:
+            print_turns(out, sink.records, cfg.budget_ms, wide=wide)
+        print_summary(out, {"": sink.records}, wide=wide, caption=quiet)
+        print_paths(out, sink.records, wide=wide)
+        if result:
+            out.print(
+                f"[dim]run {result.run} on {result.broker}; broker probe {result.probe_ms:.1f} ms round trip[/]"
+                if result.probe_ms is not None
+                else f"[dim]run {result.run} on {result.broker}[/]"
+            )
+    fix = advice(sink.records, cfg, scenario, base_command("run", scenario, config, set_ or []))
+    if fix:
+        print_advice(err if as_json else out, fix)
+    name = config.stem if config else "default config"  # the report names a run by its configuration
+    write_outputs(
+        {name: sink.records}, {name: config_dict(cfg)}, report, csv, otel, cfg.budget_ms, otlp_endpoint,
+        lambda: {name: fix},
+    )  # fmt: skip
+    if aborted is not None:
+        err.print(
+            f"[bold red]error:[/] {rich_escape(str(aborted))}: run ended after {len(sink.records)} measured turns",
+            highlight=False,
+            soft_wrap=True,
+        )
+        raise typer.Exit(3)
+    gate_exit(reqs, sink.records)
