@@ -117,6 +117,11 @@ class Point(BaseModel):
     group: str | None = None
     tier: Literal[1, 2]
     notes: str = ""
+    # who published the figure, and whether they make the machine (vendor) or measured it (independent)
+    publisher: str = ""
+    publisher_family: Literal["vendor", "independent"] | None = None
+    # True: one of the two points an SRAM machine's constants were fitted to (devices.yaml); not evidence
+    sram_fit: bool = False
 
     @model_validator(mode="after")
     def _closed_loop_is_a_throughput(self) -> Point:
@@ -427,7 +432,7 @@ class Report:
             [
                 abs(r.error)
                 for r in self.rows
-                if r.error is not None and (tier is None or r.point.tier == tier)
+                if r.error is not None and not r.point.sram_fit and (tier is None or r.point.tier == tier)
             ]
         )
 
@@ -479,7 +484,7 @@ def markdown(rep: Report) -> str:
         pred = f"{r.predicted:.4g}" if r.predicted is not None else f"cannot answer: {r.reason}"
         err = f"{r.error * 100:+.1f} %" if r.error is not None else "—"
         lines.append(
-            f"| {r.point.id} | {r.point.tier} | {r.point.metric} | {r.point.value:g} | {pred} | {err} |"
+            f"| {r.point.id}{' (SRAM fit, not held out)' if r.point.sram_fit else ''} | {r.point.tier} | {r.point.metric} | {r.point.value:g} | {pred} | {err} |"
         )
     lines.append("")
     lines.extend(f"* {s}" for s in summary_lines(rep))
@@ -566,7 +571,7 @@ def _grouped(rows: list[Row], key: Callable[[Point], str]) -> dict[str, Evidence
 
 def accuracy(rep: Report) -> Accuracy:
     """:class:`Accuracy` of a validation run."""
-    answered = [r for r in rep.rows if r.error is not None]
+    answered = [r for r in rep.rows if r.error is not None and not r.point.sram_fit]  # fit points: no evidence
     return Accuracy(
         summary=Summary(
             **evidence(answered).model_dump(),
@@ -660,8 +665,8 @@ class NearReport(BaseModel):
 def _reading(g: Group | None, held_out: bool) -> str:
     if not held_out:
         return (
-            "not held out: an SRAM machine's per-layer time is fitted to its vendor's published speeds "
-            "(`voicepipe hardware show DEVICE`), so its points show consistency, not accuracy"
+            "not held out: an SRAM machine's constants are fitted to two published speeds "
+            "(`voicepipe hardware show DEVICE`); its other published points are held out (docs §4)"
         )
     if g is None:
         return f"no group of this configuration has {FEW} published points or more: its error is unknown"
