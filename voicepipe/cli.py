@@ -25,7 +25,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from voicepipe import gate
 from voicepipe.config import BrokerOverrides, PipelineConfig, config_dict, load_config
-from voicepipe.errors import UserError
+from voicepipe.errors import UserError, check_run_id
 from voicepipe.records import TurnRecord
 from voicepipe.scenario import Scenario, check_speech, load_scenario, shipped
 
@@ -465,6 +465,8 @@ def run(
         ext = stage_names(external, "--external")
         if ext and not cfg.broker.url:
             raise UserError("--external", "stages in other processes need a broker (--broker URL)")
+        if run_id is not None:
+            check_run_id(run_id)
         if ext and not run_id:
             raise UserError("--external", "give the run id the stage processes serve (--run-id)")
         if workers and not cfg.broker.url:
@@ -846,6 +848,7 @@ def stage(
         opts = broker_options(broker, ca_file, cert_file, key_file, password_file, insecure)
         cfg = load_config(config, set_ or [], opts)
         chosen = stage_names(names, "stage")
+        check_run_id(run_id)
         if not cfg.broker.url:
             raise UserError("--broker", "stages in separate processes need a broker URL")
         from voicepipe.stages.guard import require_shared_token

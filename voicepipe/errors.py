@@ -72,8 +72,10 @@ def check_run_id(run_id: str, where: str = "--run-id") -> str:
     one-line :class:`UserError` naming ``where``."""
     if len(run_id) > MAX_RUN_ID:
         raise UserError(where, f"{len(run_id):,} characters: a run id is at most {MAX_RUN_ID}")
-    if not _RUN_ID.fullmatch(run_id):
-        bad = next((c for c in run_id if not _RUN_ID.fullmatch(c)), "")
-        what = f"{bad!r} is not allowed" if bad else "empty"
-        raise UserError(where, f"{run_id!r}: {what} (use letters, digits, '-', '_' and '.')")
+    allowed = "letters, digits, '-', '_' and '.'"
+    if not run_id:
+        raise UserError(where, f"a run id cannot be empty (use {allowed})")
+    bad = next((c for c in run_id if not _RUN_ID.fullmatch(c)), None)
+    if bad is not None:
+        raise UserError(where, f"{run_id!r}: {bad!r} is not allowed (use {allowed})")
     return run_id
