@@ -20,13 +20,14 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from voicepipe import gate
 from voicepipe.config import BrokerOverrides, PipelineConfig, config_dict, load_config
 from voicepipe.errors import UserError, check_run_id
 from voicepipe.records import TurnRecord
+from voicepipe.report.term import SafeConsole
+from voicepipe.safeprint import printable
 from voicepipe.scenario import Scenario, check_speech, load_scenario, shipped
 
 app = typer.Typer(
@@ -35,8 +36,8 @@ app = typer.Typer(
     help="Does a voice pipeline answer inside the human turn budget (~800 ms), and what would change it?",
     pretty_exceptions_enable=False,
 )
-out = Console()
-err = Console(stderr=True)
+out = SafeConsole()  # control characters in printed text are escaped (voicepipe.safeprint)
+err = SafeConsole(stderr=True)
 
 try:
     from voicepipe.cli_hardware import app as hardware_app
@@ -310,7 +311,7 @@ def turn_line(r: TurnRecord, done: int, total: int) -> str:
     lat = "timeout" if r.measured_ms is None else f"{r.measured_ms:,.0f} ms"
     ok = "ok" if r.within_budget else "miss"
     who = f"{r.label}: " if r.label else ""
-    return f"[{done}/{total}] {who}{r.session} #{r.turn} {lat} {ok} ({top_parts(r, 1)})"
+    return printable(f"[{done}/{total}] {who}{r.session} #{r.turn} {lat} {ok} ({top_parts(r, 1)})", False)
 
 
 def progress_sink(

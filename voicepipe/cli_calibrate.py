@@ -13,7 +13,6 @@ from typing import Annotated
 from urllib.parse import urlsplit
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -29,9 +28,10 @@ from voicepipe.calibrate import (
     source_of,
 )
 from voicepipe.errors import UserError
+from voicepipe.report.term import SafeConsole
 
-out = Console()
-err = Console(stderr=True)
+out = SafeConsole()  # control characters in printed text are escaped (voicepipe.safeprint)
+err = SafeConsole(stderr=True)
 profile_app = typer.Typer(help="User profiles: import a `vllm bench serve` result.", no_args_is_help=True)
 
 
