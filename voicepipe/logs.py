@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import MutableMapping
 from typing import Any, Literal, TextIO
 
 import structlog
@@ -50,7 +51,7 @@ def level_from_flags(verbose: int, quiet: bool, level: str | None = None) -> str
     return ("warning", "info", "debug")[min(verbose, 2)]
 
 
-def _printable_values(_logger: object, _name: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+def _printable_values(_logger: Any, _name: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     """Console lines show text, never terminal commands: control characters in every value are escaped
     (a traceback keeps its line breaks, any other value is one line)."""
     for k, v in event_dict.items():

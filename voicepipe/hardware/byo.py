@@ -169,7 +169,7 @@ def load_hf_config(path: str) -> ModelSpec:
         raise ValueError(str(exc)) from None
     if not isinstance(raw, dict):
         raise ValueError(f"{source}: top level must be a JSON object")
-    cfg = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
+    cfg: dict[str, Any] = raw["text_config"] if isinstance(raw.get("text_config"), dict) else raw
     r = _Reader(source, cfg)
     _no_hybrid(r, cfg)
     layers = r.int_("num_hidden_layers", "n_layer", "num_layers")
@@ -229,7 +229,9 @@ def load_hf_config(path: str) -> ModelSpec:
     total, active = total + embed, active + embed
     window, local_layers = _local_attention(r, cfg, layers)
     dtype = str(cfg.get("torch_dtype") or raw.get("torch_dtype") or "bfloat16")
-    quant = raw.get("quantization_config") if isinstance(raw.get("quantization_config"), dict) else {}
+    quant: dict[str, Any] = (
+        raw["quantization_config"] if isinstance(raw.get("quantization_config"), dict) else {}
+    )
     qmethod = str(quant.get("quant_method", ""))
     # MXFP4 (gpt-oss) as int4: 4.25 bits per weight, dequantised in the kernel (the catalog's gpt-oss default)
     precision = "fp8" if qmethod == "fp8" else "int4" if qmethod in ("awq", "gptq", "mxfp4") else None
