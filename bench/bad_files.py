@@ -1,11 +1,13 @@
-"""Hostile files: how long each command takes to reject each of the ~130 files in tests/hostile.py.
+"""Hostile files: how long each command takes to reject each of the ~140 files in tests/hostile.py
+(scenarios and configs; JSON model configs and vLLM results through ``predict`` and ``profile import``).
 
 Two measurements, because the goal ("one line, exit 2, within a second") is what a user sees:
 
 * in process (typer's CliRunner, the click command built once): the checking cost alone, for every file ×
   every command that reads it (run, compare, predict, stage);
 * real processes (``python -m voicepipe.cli``): wall time including interpreter start and imports, for the
-  slowest few files of the in-process pass, with ``predict`` (config) and ``run`` (scenario).
+  slowest few files of the in-process pass, with ``predict`` (config) and ``run`` (scenario), and for
+  ``/dev/zero``, a FIFO and a 200,000-deep JSON as a model's config.json.
 
 It also times ``predict`` on a reply at the text bound (limits.MAX_TEXT characters, no punctuation — the
 quadratic case of TTS clause chunking; at the fastest speaking rate, so it is also inside the bound on
@@ -34,7 +36,7 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.hostile import ALL_CONFIGS, ALL_SCENARIOS, Hostile
+from tests.hostile import ALL_CONFIGS, ALL_SCENARIOS, JSON_FILES, Hostile
 from voicepipe.cli import app
 from voicepipe.config import load_config
 from voicepipe.limits import MAX_TEXT, MAX_WPM
@@ -42,9 +44,17 @@ from voicepipe.predict import predict
 from voicepipe.scenario import Scenario, Turn
 
 NO_BROKER = {"VOICEPIPE_BROKER": "mqtt://127.0.0.1:9"}
+HUNG = ("char-device", "fifo", "deep-200k")  # model files timed in real processes too
 
 
 def commands(kind: str, f: str) -> dict[str, list[str]]:
+    if kind == "json":  # a model's config.json (through a config) and a vLLM result for `profile import`
+        c = Path(f).parent / "model-config.yaml"
+        c.write_text(f"agent:\n  backend: {{hardware: h100-sxm, model: '{f}'}}\n")
+        return {
+            "predict": ["predict", "cafe-order", "--config", str(c)],
+            "profile import": ["profile", "import", f, "--out", str(Path(f).parent / "out.yaml")],
+        }
     if kind == "config":
         return {
             "run": ["run", "cafe-order", "--config", f, "-q"],
@@ -69,7 +79,7 @@ def main() -> None:
     runner = typer.testing.CliRunner()
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
-        for kind, corpus in (("config", ALL_CONFIGS), ("scenario", ALL_SCENARIOS)):
+        for kind, corpus in (("config", ALL_CONFIGS), ("scenario", ALL_SCENARIOS), ("json", JSON_FILES)):
             for h in corpus:
                 d = Path(tmp) / f"{kind}-{h.name}"
                 d.mkdir()
@@ -86,7 +96,7 @@ def main() -> None:
         worst: dict[tuple[str, str], dict] = {}
         for r in sorted(rows, key=lambda r: -r["ms"]):
             worst.setdefault((r["kind"], r["file"]), r)
-        slowest = list(worst.values())[:4]
+        slowest = [r for r in worst.values() if r["kind"] != "json"][:4]
         procs = []
         for r in slowest:
             argv = (
@@ -101,6 +111,17 @@ def main() -> None:
                 {"kind": r["kind"], "file": r["file"], "command": argv[0], "exit": p.returncode,
                  "wall_s": round(time.perf_counter() - t0, 3), "traceback": "Traceback" in p.stderr}
             )  # fmt: skip
+
+        # the model files that used to hang (/dev/zero grew to GBs, a FIFO blocked) or print a traceback
+        for r in rows:
+            if r["kind"] == "json" and r["command"] == "predict" and r["file"] in HUNG:
+                t0 = time.perf_counter()
+                p = subprocess.run([sys.executable, "-m", "voicepipe.cli", *commands("json", r["path"])["predict"]],
+                                   capture_output=True, text=True, timeout=120, env={**NO_BROKER, "PATH": "/usr/bin:/bin"})  # fmt: skip
+                procs.append(
+                    {"kind": "model json", "file": r["file"], "command": "predict", "exit": p.returncode,
+                     "wall_s": round(time.perf_counter() - t0, 3), "traceback": "Traceback" in p.stderr}
+                )  # fmt: skip
 
         floor = []  # the same start-up with no file at all: interpreter + imports
         for argv in (["predict", "--help"], ["run", "--help"]):
@@ -122,8 +143,8 @@ def main() -> None:
     for c in ("kind", "command", "files", "exit 2 + one line", "p50 ms", "max ms", "slowest file"):
         t.add_column(c, justify="right" if c not in ("kind", "command", "slowest file") else "left")
     summary = []
-    for kind in ("config", "scenario"):
-        for cmd in ("run", "compare", "predict", "stage"):
+    for kind in ("config", "scenario", "json"):
+        for cmd in ("run", "compare", "predict", "stage", "profile import"):
             rs = [r for r in rows if r["kind"] == kind and r["command"] == cmd]
             if not rs:
                 continue

@@ -1,6 +1,7 @@
 """~110 hostile scenario and config files (generated, not stored): file-level problems (size, encoding,
-type, YAML tricks) shared by both, config-specific and scenario-specific ones. Each names a ``needle`` the
-one-line error must contain: the field, or what is wrong with the file. Used by tests/test_bad_files.py and
+type, YAML tricks) shared by both, config-specific and scenario-specific ones, and hostile JSON files (a
+model's config.json, a vLLM result). Each names a ``needle`` the one-line error must contain: the field, or
+what is wrong with the file. Used by tests/test_bad_files.py, tests/test_file_guard.py and
 bench/bad_files.py."""
 
 from __future__ import annotations
@@ -27,11 +28,12 @@ class Hostile:
     needle: str  # must appear in the error line (the field, or what is wrong with the file)
     content: str | bytes | None = None  # None: ``make`` builds the path
     make: Callable[[Path], Path] | None = None
+    suffix: str = ".yaml"
 
     def write(self, d: Path) -> Path:
         if self.make is not None:
             return self.make(d / self.name)
-        p = d / f"{self.name}.yaml"
+        p = d / f"{self.name}{self.suffix}"
         if isinstance(self.content, bytes):
             p.write_bytes(self.content)
         else:
@@ -49,6 +51,17 @@ def _fifo(p: Path) -> Path:
     return p
 
 
+def _char_device(p: Path) -> Path:
+    return Path("/dev/zero")  # endless: a reader that does not check the file type never returns
+
+
+def _sparse(p: Path, size: int, suffix: str) -> Path:
+    f = p.with_suffix(suffix)
+    with f.open("wb") as fh:  # a hole: takes no disk, but a reader that reads before checking reads it all
+        fh.truncate(size)
+    return f
+
+
 def _missing(p: Path) -> Path:
     return p.with_suffix(".yaml")
 
@@ -63,6 +76,8 @@ def _huge(p: Path) -> Path:
 FILE_LEVEL = [
     Hostile("directory", "is a directory", make=_dir),
     Hostile("fifo", "not a regular file", make=_fifo),
+    Hostile("char-device", "not a regular file (a character device)", make=_char_device),
+    Hostile("sparse-1gb", "bytes", make=lambda p: _sparse(p, 1 << 30, ".yaml")),
     Hostile("missing", "no such", make=_missing),
     Hostile("huge-10mb", "bytes", make=_huge),
     Hostile("just-over-limit", "bytes", "#" * (MAX_FILE_BYTES + 1)),
@@ -267,6 +282,28 @@ SCENARIOS = [
         + ",".join(["*e"] * 10_000)
         + "]\n",
     ),
+]
+
+
+# JSON files voicepipe reads (a model's config.json, a `vllm bench serve` result): file-level problems and
+# JSON ones. Each is refused by the file guard (voicepipe.files) before the reader looks at a field.
+def _json(name: str, needle: str, text: str | bytes) -> Hostile:
+    return Hostile(name, needle, text, suffix=".json")
+
+
+JSON_FILES = [
+    Hostile("directory", "is a directory", make=_dir),
+    Hostile("fifo", "not a regular file (a FIFO)", make=_fifo),
+    Hostile("char-device", "not a regular file (a character device)", make=_char_device),
+    Hostile("missing", "no such file", make=lambda p: p.with_suffix(".json")),
+    Hostile("sparse-1gb", "bytes", make=lambda p: _sparse(p, 1 << 30, ".json")),
+    _json("deep-200k", "nested deeper than", "[" * 200_000 + "]" * 200_000),
+    _json("deep-objects-150k", "nested deeper than", '{"a":' * 150_000 + "1" + "}" * 150_000),
+    _json("deep-40", "nested deeper than", '{"a":' * 40 + "1" + "}" * 40),
+    _json("huge-int", "too many digits", '{"num_hidden_layers": ' + "9" * 5000 + "}"),
+    _json("syntax", "invalid JSON", '{"num_hidden_layers": 32,'),
+    _json("not-utf8", "not UTF-8", b'{"a": "\xff\xfe"}'),
+    _json("top-list", "top level must be", "[1, 2]"),
 ]
 
 ALL_CONFIGS = [*FILE_LEVEL, *CONFIGS]

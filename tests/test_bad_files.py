@@ -130,14 +130,14 @@ def test_unreadable_file_reported_as_such(tmp_path, monkeypatch):
     """Whoever runs the tests (root reads anything): a read that fails is one line too."""
     f = tmp_path / "c.yaml"
     f.write_text("budget_ms: 700\n")
-    real_open = Path.open
+    real_open = os.open
 
-    def deny(self: Path, *a, **kw):
-        if self == f:
-            raise PermissionError(13, "Permission denied", str(self))
-        return real_open(self, *a, **kw)
+    def deny(path, *a, **kw):
+        if Path(path) == f:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, *a, **kw)
 
-    monkeypatch.setattr(Path, "open", deny)
+    monkeypatch.setattr(os, "open", deny)
     one_line_exit_2(["predict", "cafe-order", "--config", str(f)], f, "cannot read (Permission denied)")
 
 

@@ -145,6 +145,13 @@ class BrokerAddress:
         """The TLS context for ``mqtts://`` (None for plain ``mqtt://``); bad files raise UserError."""
         if not self.tls:
             return None
+        # the file guard: no FIFO or device reaches ssl (it would block)
+        from voicepipe.files import check_file
+        from voicepipe.limits import MAX_PEM_BYTES
+
+        for name in ("ca_file", "cert_file", "key_file"):
+            if getattr(self, name):
+                check_file(getattr(self, name), MAX_PEM_BYTES, field=f"broker.{name}")
         try:
             ctx = ssl.create_default_context(cafile=self.ca_file)
         except (OSError, ssl.SSLError) as exc:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import platform
 import time
 from collections.abc import Callable, Sequence
@@ -31,6 +30,8 @@ from voicepipe.backends.base import LLMRequest
 from voicepipe.backends.openai import EndpointBackend, EndpointConfig, RequestStats
 from voicepipe.backends.profile import Point, Stat
 from voicepipe.errors import UserError
+from voicepipe.files import read_json
+from voicepipe.limits import MAX_BENCH_JSON_BYTES
 
 FILLER = "The quick brown fox jumps over the lazy dog while the barista steams a pitcher of oat milk. "
 FILLER_TOKENS = 20  # ~ tokens in FILLER for Llama/GPT-style BPE vocabularies; the server's count is reported
@@ -179,12 +180,7 @@ def _vllm_stat(d: dict[str, Any], metric: str, raw: list[float] | None, where: s
 def from_vllm_bench(path: Path) -> tuple[list[Point], dict[str, Any], list[str]]:
     """Points, source and notes from a ``vllm bench serve --save-result`` JSON (one run, one level)."""
     where = str(path)
-    try:
-        d = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise UserError(where, f"cannot read ({exc.strerror or exc})") from None
-    except json.JSONDecodeError as exc:
-        raise UserError(where, f"line {exc.lineno}: invalid JSON ({exc.msg})") from None
+    d = read_json(path, MAX_BENCH_JSON_BYTES)  # the file guard: regular file, size and depth bounded
     if not isinstance(d, dict):
         raise UserError(where, "top level must be an object (a vllm bench serve result)")
     notes: list[str] = []

@@ -25,7 +25,8 @@ from pydantic import (
     model_validator,
 )
 
-from voicepipe.errors import UserError, from_validation, read_text, read_yaml_mapping, redact_url
+from voicepipe.errors import UserError, from_validation, redact_url
+from voicepipe.files import read_text, read_yaml_mapping
 from voicepipe.limits import (
     MAX_CACHE_CAPACITY,
     MAX_CACHE_ENTRIES,

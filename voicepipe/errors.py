@@ -1,29 +1,30 @@
 """User-facing errors: one line naming the file and the field; the CLI exits 2 on them.
 
-Every user file is read by :func:`read_text` (size-limited before anything parses it, regular files only,
-strict UTF-8) and YAML files by :func:`read_yaml_mapping` (the restricted loader in
-:mod:`voicepipe.safeyaml`), so every way a file can be bad ends as one :class:`UserError`.
+Every user file is read through :mod:`voicepipe.files` (regular files only, size-limited before anything is
+read, bounded depth for JSON and YAML), so every way a file can be bad ends as one :class:`UserError`; its
+line has control characters escaped (:func:`voicepipe.safeprint.printable`), line breaks included.
 """
 
 from __future__ import annotations
 
-import stat
+import re
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from pydantic import ValidationError
 
-from voicepipe.limits import MAX_FILE_BYTES
-from voicepipe.safeyaml import YamlRejected, load
+from voicepipe.limits import MAX_FILE_BYTES, MAX_RUN_ID
+from voicepipe.safeprint import printable
 
 
 class UserError(Exception):
-    """Bad input. ``str(err)`` is the one line the CLI prints (line breaks in names are escaped)."""
+    """Bad input. ``str(err)`` is the one line the CLI prints (line breaks and other control characters in
+    names and values are escaped)."""
 
     def __init__(self, where: str, msg: str) -> None:
         line = f"{where}: {msg}" if where else msg
-        super().__init__(line.replace("\r", "\\r").replace("\n", "\\n"))
+        super().__init__(printable(line, newlines=False))
 
 
 def from_validation(source: str, exc: ValidationError, prefix: str = "") -> UserError:
@@ -37,46 +38,17 @@ def from_validation(source: str, exc: ValidationError, prefix: str = "") -> User
 
 
 def read_text(path: Path, limit: int = MAX_FILE_BYTES) -> str:
-    """A user file's text: a regular file, at most ``limit`` bytes (checked before reading it all), UTF-8."""
-    source = str(path)
-    try:
-        st = path.stat()
-    except FileNotFoundError:
-        raise UserError(source, "no such file") from None
-    except (OSError, ValueError) as exc:
-        raise UserError(source, f"cannot read ({getattr(exc, 'strerror', None) or exc})") from None
-    if stat.S_ISDIR(st.st_mode):
-        raise UserError(source, "is a directory, not a file")
-    if not stat.S_ISREG(st.st_mode):
-        raise UserError(source, "not a regular file")
-    too_big = f"larger than {limit:,} bytes (the limit for a file voicepipe reads)"
-    if st.st_size > limit:
-        raise UserError(source, f"{st.st_size:,} bytes: {too_big}")
-    try:
-        with path.open("rb") as fh:
-            raw = fh.read(limit + 1)  # it may have grown since stat
-    except OSError as exc:
-        raise UserError(source, f"cannot read ({exc.strerror or exc})") from None
-    if len(raw) > limit:
-        raise UserError(source, too_big)
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise UserError(source, f"not UTF-8 text (byte {exc.start})") from None
+    """A user file's text: see :func:`voicepipe.files.read_text` (the one file guard); kept for old imports."""
+    from voicepipe.files import read_text as guarded
+
+    return guarded(path, limit)
 
 
 def read_yaml_mapping(path: Path, what: str = "a mapping") -> dict[str, Any]:
-    """A YAML file's top-level mapping (empty or comments-only file = {}); errors name the file and line."""
-    source = str(path)
-    try:
-        data = load(read_text(path))
-    except YamlRejected as exc:
-        raise UserError(source, str(exc)) from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise UserError(source, f"top level must be {what}")
-    return data
+    """A YAML file's top-level mapping: see :func:`voicepipe.files.read_yaml_mapping`; kept for old imports."""
+    from voicepipe.files import read_yaml_mapping as guarded
+
+    return guarded(path, what)
 
 
 def redact_url(url: str) -> str:
@@ -90,3 +62,20 @@ def redact_url(url: str) -> str:
         return url
     user = userinfo.partition(":")[0]
     return url.replace(parts.netloc, f"{user}:***@{hostport}", 1)
+
+
+_RUN_ID = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+def check_run_id(run_id: str, where: str = "--run-id") -> str:
+    """``run_id`` if it is safe in an MQTT topic level (see :data:`voicepipe.limits.MAX_RUN_ID`), else a
+    one-line :class:`UserError` naming ``where``."""
+    if len(run_id) > MAX_RUN_ID:
+        raise UserError(where, f"{len(run_id):,} characters: a run id is at most {MAX_RUN_ID}")
+    allowed = "letters, digits, '-', '_' and '.'"
+    if not run_id:
+        raise UserError(where, f"a run id cannot be empty (use {allowed})")
+    bad = next((c for c in run_id if not _RUN_ID.fullmatch(c)), None)
+    if bad is not None:
+        raise UserError(where, f"{run_id!r}: {bad!r} is not allowed (use {allowed})")
+    return run_id

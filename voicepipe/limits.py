@@ -25,6 +25,23 @@ MAX_YAML_VALUES = 100_000
 MAX_YAML_DEPTH = 32
 # A password file holds one line.
 MAX_SECRET_BYTES = 4096
+# A Hugging Face config.json: an LLM's is a few KB (dozens of scalar fields, a rope_scaling block, a
+# text_config for multimodal ones). 1 MiB is hundreds of times that, and json parses it in milliseconds.
+MAX_MODEL_JSON_BYTES = 1024 * 1024
+# A `vllm bench serve --save-result` JSON: the summary is a few KB; with --save-detailed it also holds
+# per-request lists (ttfts, itls per output token, generated texts): by estimate (1,000 prompts x 256 ITL
+# floats of ~20 characters, plus the texts) ~6 MB for the default 1,000 prompts. 64 MiB holds ten times that.
+MAX_BENCH_JSON_BYTES = 64 * 1024 * 1024
+# voicepipe's own CSV/OTLP exports read back (report.export.read_csv/read_otel): ~1-2 KB per turn, so
+# 64 MiB is tens of thousands of turns, far past MAX_TURNS x a few hundred sessions.
+MAX_EXPORT_BYTES = 64 * 1024 * 1024
+# A PEM CA bundle, client certificate or key: Debian's whole system bundle (ca-certificates.crt) is ~220 KB
+# (144 certificates here); 4 MiB is over fifteen times that.
+MAX_PEM_BYTES = 4 * 1024 * 1024
+# Nesting depth of a JSON document: HF configs nest 3 levels (text_config.rope_scaling.x), vLLM results 3
+# (itls: a list of lists). Python's json parser recurses per level, so a 200,000-deep document would
+# exhaust its stack: anything deeper than this is refused as one line.
+MAX_JSON_DEPTH = 32
 
 # --- durations ---------------------------------------------------------------------------------------
 # Any one modelled or scripted duration (a stage, a pause, a gap): the turn budget is 800 ms and the
@@ -65,6 +82,10 @@ MAX_TEXT = 10_000
 # bound on an audio chunk is this one (voicepipe.stages.guard.MAX_AUDIO_MS), so no message of a run that
 # passed the check is ever refused as out of range.
 MAX_SPEECH_MS = 600_000.0
+# A run id is part of every MQTT topic (voicepipe/RUN/...): letters, digits, "-", "_", "." only (no "/",
+# "+", "#" or "$", which MQTT reads as levels, wildcards and system topics), and at most 64 characters: the
+# default is 8 hex digits, and the id is also printed in table titles and log lines.
+MAX_RUN_ID = 64
 MAX_NAME = 200  # scenario, agent and intent names; they end up in MQTT topics and table columns
 MAX_URL = 2_048
 MAX_SEED = 2**63 - 1

@@ -12,15 +12,20 @@ Contract:
 * Levels: ``warning`` by default; the CLI's ``-v`` gives ``info``, ``-vv`` ``debug``, ``-q`` ``error``.
   Chatty third-party loggers (aiomqtt's per-publish backpressure warning, amqtt's broker lifecycle) are
   held one level quieter than ours unless ``debug`` is asked for.
+* Console lines escape control characters in every value (:func:`voicepipe.safeprint.printable`), so a
+  hostile name or message never reaches the terminal as an escape sequence; JSON lines are escaped by JSON.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
-from typing import Literal, TextIO
+from collections.abc import MutableMapping
+from typing import Any, Literal, TextIO
 
 import structlog
+
+from voicepipe.safeprint import printable
 
 LogFormat = Literal["console", "json"]
 LEVELS = ("debug", "info", "warning", "error")
@@ -46,10 +51,30 @@ def level_from_flags(verbose: int, quiet: bool, level: str | None = None) -> str
     return ("warning", "info", "debug")[min(verbose, 2)]
 
 
-def _renderer(fmt: LogFormat) -> structlog.types.Processor:
-    if fmt == "json":
-        return structlog.processors.JSONRenderer()
-    return structlog.dev.ConsoleRenderer(colors=False, pad_event_to=0)
+def _printable_values(_logger: Any, _name: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """Console lines show text, never terminal commands: control characters in every value are escaped
+    (a traceback keeps its line breaks, any other value is one line)."""
+    for k, v in event_dict.items():
+        if isinstance(v, str):
+            event_dict[k] = printable(v, newlines=k in _MULTILINE)
+        elif not isinstance(v, int | float | bool | type(None)):
+            shown = repr(v)  # what the renderer prints; replaced only when it holds a control character
+            if printable(shown) is not shown:
+                event_dict[k] = printable(shown, newlines=False)
+    return event_dict
+
+
+_MULTILINE = {"exception", "stack"}
+
+
+def _renderers(fmt: LogFormat) -> list[structlog.types.Processor]:
+    if fmt == "json":  # json.dumps escapes every control character itself (ensure_ascii)
+        return [structlog.processors.JSONRenderer()]
+    return [
+        structlog.processors.format_exc_info,  # the traceback as text, so its control characters are escaped
+        _printable_values,
+        structlog.dev.ConsoleRenderer(colors=False, pad_event_to=0),
+    ]
 
 
 def configure(level: str = "warning", fmt: LogFormat = "console", stream: TextIO | None = None) -> None:
@@ -75,7 +100,7 @@ def configure(level: str = "warning", fmt: LogFormat = "console", stream: TextIO
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
             foreign_pre_chain=shared,
-            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, _renderer(fmt)],
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *_renderers(fmt)],
         )
     )
     root = logging.getLogger()

@@ -42,7 +42,7 @@ from voicepipe.bus import (
 )
 from voicepipe.clock import is_virtual, lean_gc, now_ns, run_virtual
 from voicepipe.config import PipelineConfig
-from voicepipe.errors import UserError
+from voicepipe.errors import UserError, check_run_id
 from voicepipe.liveness import Presence, Progress, Watch, turn_deadline_ns
 from voicepipe.measure import LAG_TRUST_P99_MS, LagProbe, LoopLag
 from voicepipe.membus import MemoryBroker
@@ -260,6 +260,7 @@ async def serve_stages(
     ``--workers`` process gets it from its parent; ``voicepipe stage`` reads ``VOICEPIPE_RUN_TOKEN``).
     """
     quiet_amqtt()
+    check_run_id(run)  # part of every topic: a "/" or "+" would make every turn time out silently
     if not cfg.broker.url:
         raise ValueError("broker.url: stages in separate processes need a broker (--broker URL)")
     if token is None:
@@ -469,7 +470,7 @@ async def run_pipeline(
     quiet_amqtt()
     if external:
         require_shared_token("--external")
-    run = run_id or secrets.token_hex(4)
+    run = check_run_id(run_id) if run_id is not None else secrets.token_hex(4)
     if workers and not cfg.broker.url:
         raise UserError("--workers", WORKERS_NEED_BROKER)
     needed = needed_stages(cfg)

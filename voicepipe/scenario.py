@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.json_schema import SkipJsonSchema
 
-from voicepipe.errors import UserError, from_validation, read_yaml_mapping
+from voicepipe.errors import UserError, from_validation
+from voicepipe.files import read_yaml_mapping
 from voicepipe.limits import (
     MAX_CACHE_ENTRIES,
     MAX_LIST,

@@ -22,7 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from voicepipe.backends.base import LLMRequest, Prices, Timing
 from voicepipe.backends.empirical import EmpiricalBackend
-from voicepipe.errors import UserError, from_validation, read_yaml_mapping
+from voicepipe.errors import UserError, from_validation
+from voicepipe.files import read_yaml_mapping
 
 
 class Stat(BaseModel):
@@ -138,9 +139,9 @@ def load_profile(spec: str | dict[str, Any], quality_of=lambda model: None) -> P
         prof = parse_profile(spec, "inline profile")
         return ProfileBackend(prof, prof.name or "profile", quality_of(prof.quality_model))
     path = Path(spec)
-    if not path.is_file():
+    if not path.exists():
         raise UserError(spec, "no such profile file")
-    prof = parse_profile(read_yaml_mapping(path), spec)
+    prof = parse_profile(read_yaml_mapping(path), spec)  # the file guard refuses FIFOs, devices, big files
     return ProfileBackend(prof, prof.name or path.stem, quality_of(prof.quality_model))
 
 

@@ -197,8 +197,6 @@ def import_cmd(
 ) -> None:
     """Convert a `vllm bench serve` result JSON into a voicepipe profile."""
     try:
-        if not results.is_file():
-            raise UserError(str(results), "no such file")
         points, source, notes = from_vllm_bench(results)
         target = out_path or results.with_suffix(".yaml")
         how = f"vllm bench serve result {results.name} ({source['date']}, {source['model']})"

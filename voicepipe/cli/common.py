@@ -17,7 +17,6 @@ from typing import Any
 
 import typer
 from aiomqtt import MqttError
-from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -28,11 +27,13 @@ from voicepipe.errors import UserError, redact_url
 from voicepipe.records import TurnRecord
 from voicepipe.report.export import push_otlp, write_csv, write_otel
 from voicepipe.report.html import render_html
+from voicepipe.report.term import SafeConsole
 from voicepipe.runner import STAGES, StagesMissing
+from voicepipe.safeprint import printable
 from voicepipe.scenario import Scenario, check_speech, load_scenario
 
-out = Console()
-err = Console(stderr=True)
+out = SafeConsole()  # control characters in printed text are escaped (voicepipe.safeprint)
+err = SafeConsole(stderr=True)
 
 
 def fail(msg: str) -> typer.Exit:
@@ -146,7 +147,7 @@ def turn_line(r: TurnRecord, done: int, total: int) -> str:
     lat = "timeout" if r.measured_ms is None else f"{r.measured_ms:,.0f} ms"
     ok = "ok" if r.within_budget else "miss"
     who = f"{r.label}: " if r.label else ""
-    return f"[{done}/{total}] {who}{r.session} #{r.turn} {lat} {ok} ({top_parts(r, 1)})"
+    return printable(f"[{done}/{total}] {who}{r.session} #{r.turn} {lat} {ok} ({top_parts(r, 1)})", False)
 
 
 def progress_sink(

@@ -25,7 +25,8 @@ from voicepipe.hardware import catalog
 from voicepipe.hardware.backend import FAST_MAX_BATCH, deploy, make_hardware_backend
 from voicepipe.hardware.model import DoesNotFit, Prediction, Speculative
 from voicepipe.hardware.model import predict as model_predict
-from voicepipe.report.term import Col, print_fitted
+from voicepipe.report.term import Col, SafeConsole, print_fitted
+from voicepipe.safeprint import printable
 
 if TYPE_CHECKING:
     from voicepipe.hardware.validate import NearReport
@@ -77,7 +78,7 @@ T = TypeVar("T")
 
 
 def _fail(message: str) -> NoReturn:
-    typer.echo(f"error: {message}", err=True)
+    typer.echo(f"error: {printable(message, newlines=False)}", err=True)
     raise typer.Exit(2)
 
 
@@ -90,7 +91,7 @@ def _guard(fn: Callable[[], T]) -> T:
 
 def _console() -> Console:
     """Rich console at the real terminal width (80 when not a terminal)."""
-    return Console(file=sys.stdout)
+    return SafeConsole(file=sys.stdout)  # control characters in printed text are escaped
 
 
 WideOpt = typer.Option(False, "--wide/--fit", help="Show every column, wider than the terminal if need be.")

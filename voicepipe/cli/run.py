@@ -45,7 +45,7 @@ from voicepipe.cli.options import (
     broker_block,
 )
 from voicepipe.config import BrokerOverrides, PipelineConfig, config_dict, load_config
-from voicepipe.errors import UserError
+from voicepipe.errors import UserError, check_run_id
 from voicepipe.records import TurnRecord
 from voicepipe.report.advice import advice, base_command, print_advice
 from voicepipe.runner import WORKERS_NEED_BROKER, RunAborted, RunResult, run_live_loop, run_pipeline
@@ -159,6 +159,8 @@ def run(
         ext = stage_names(external, "--external")
         if ext and not cfg.broker.url:
             raise UserError("--external", "stages in other processes need a broker (--broker URL)")
+        if run_id is not None:
+            check_run_id(run_id)
         if ext and not run_id:
             raise UserError("--external", "give the run id the stage processes serve (--run-id)")
         if workers and not cfg.broker.url:

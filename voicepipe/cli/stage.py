@@ -13,7 +13,7 @@ import typer
 from voicepipe.cli.common import err, run_error, safe_url, stage_names, user_errors
 from voicepipe.cli.options import ConfigOpt, SetOpt, broker_block
 from voicepipe.config import BrokerOverrides, load_config
-from voicepipe.errors import UserError
+from voicepipe.errors import UserError, check_run_id
 from voicepipe.runner import run_live_loop, serve_stages, until_signalled
 from voicepipe.stages.guard import require_shared_token
 
@@ -34,6 +34,7 @@ def stage(
     with user_errors():
         cfg = load_config(config, set_ or [], broker)
         chosen = stage_names(names, "stage")
+        check_run_id(run_id)
         if not cfg.broker.url:
             raise UserError("--broker", "stages in separate processes need a broker URL")
         require_shared_token("voicepipe stage")

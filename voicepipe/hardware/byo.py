@@ -9,20 +9,22 @@ Parameter counts are computed from the shapes (attention, gated MLP or experts, 
 multimodal configs are read from their ``text_config``. :func:`load_device` reads a YAML mapping with
 the fields of a catalog device (``voicepipe hardware show h100-sxm``) and checks it the same way.
 
-Errors are one line naming the file and the field (``ValueError``; the CLI exits 2 on them).
+Both files are read through the file guard (:mod:`voicepipe.files`: regular files only, size and depth
+bounded). Errors are one line naming the file and the field (``ValueError``; the CLI exits 2 on them).
 """
 
 from __future__ import annotations
 
-import json
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from voicepipe.errors import read_yaml_mapping
+from voicepipe.errors import UserError
+from voicepipe.files import read_json, read_yaml_mapping
 from voicepipe.hardware.catalog import Device, ModelSpec
+from voicepipe.limits import MAX_MODEL_JSON_BYTES
 
 _DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "bf16", "fp8": "fp8"}
 
@@ -162,14 +164,12 @@ def load_hf_config(path: str) -> ModelSpec:
     """A ModelSpec from a Hugging Face ``config.json`` (raises ValueError naming the file and field)."""
     source = str(path)
     try:
-        raw = json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ValueError(f"{source}: cannot read ({exc.strerror or exc})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{source}: not a JSON config ({exc})") from None
+        raw = read_json(path, MAX_MODEL_JSON_BYTES)
+    except UserError as exc:  # the file guard's one line, which names the file
+        raise ValueError(str(exc)) from None
     if not isinstance(raw, dict):
         raise ValueError(f"{source}: top level must be a JSON object")
-    cfg = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
+    cfg: dict[str, Any] = raw["text_config"] if isinstance(raw.get("text_config"), dict) else raw
     r = _Reader(source, cfg)
     _no_hybrid(r, cfg)
     layers = r.int_("num_hidden_layers", "n_layer", "num_layers")
@@ -229,7 +229,9 @@ def load_hf_config(path: str) -> ModelSpec:
     total, active = total + embed, active + embed
     window, local_layers = _local_attention(r, cfg, layers)
     dtype = str(cfg.get("torch_dtype") or raw.get("torch_dtype") or "bfloat16")
-    quant = raw.get("quantization_config") if isinstance(raw.get("quantization_config"), dict) else {}
+    quant: dict[str, Any] = (
+        raw["quantization_config"] if isinstance(raw.get("quantization_config"), dict) else {}
+    )
     qmethod = str(quant.get("quant_method", ""))
     # MXFP4 (gpt-oss) as int4: 4.25 bits per weight, dequantised in the kernel (the catalog's gpt-oss default)
     precision = "fp8" if qmethod == "fp8" else "int4" if qmethod in ("awq", "gptq", "mxfp4") else None
@@ -271,7 +273,7 @@ def load_device(path: str) -> Device:
     source = str(path)
     try:
         data = read_yaml_mapping(Path(path), "a device mapping")
-    except Exception as exc:  # UserError: already names the file
+    except UserError as exc:  # the file guard's one line, which names the file
         raise ValueError(str(exc)) from None
     data.setdefault("name", Path(path).stem)
     data.setdefault("sources", {})

@@ -103,7 +103,7 @@ def largest_part(records: Sequence[TurnRecord]) -> tuple[tuple[str, str], float,
 def _backend_names() -> list[str]:
     """LLM backends to try: the empirical profiles and the hardware shorthands the shipped configs use."""
     from voicepipe.backends import empirical_names
-    from voicepipe.errors import read_yaml_mapping
+    from voicepipe.files import read_yaml_mapping
 
     names = set(empirical_names())
     for p in sorted(shipped_configs().glob("*.yaml")):

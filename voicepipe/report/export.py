@@ -27,6 +27,7 @@ from __future__ import annotations
 import base64
 import csv
 import hashlib
+import io
 import json
 import re
 import types
@@ -35,6 +36,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union, get_args, get_origin
 
 from voicepipe.errors import UserError
+from voicepipe.files import read_json, read_text
+from voicepipe.limits import MAX_EXPORT_BYTES
 from voicepipe.messages import Span
 from voicepipe.records import LLM_STAGES, METRICS, TurnRecord
 from voicepipe.report.svg import stage_sort_key
@@ -103,20 +106,20 @@ def write_csv(records: Iterable[TurnRecord], path: str | Path) -> None:
 def read_csv(path: str | Path) -> list[TurnRecord]:
     """Records written by :func:`write_csv` (unknown columns ignored, missing ones take their defaults)."""
     out = []
-    with open(path, newline="", encoding="utf-8") as fh:
-        for row in csv.DictReader(fh):
-            d: dict[str, Any] = {}
-            for n in _FIELDS:
-                if n not in row:
-                    continue
-                v = row[n]
-                if n in _JSON_FIELDS:
-                    d[n] = json.loads(v) if v else []
-                elif v == "" and n in _OPTIONAL_FIELDS:
-                    d[n] = None
-                else:
-                    d[n] = v
-            out.append(TurnRecord.model_validate(d))
+    text = read_text(path, MAX_EXPORT_BYTES)  # the file guard: a regular file, size-bounded
+    for row in csv.DictReader(io.StringIO(text, newline="")):
+        d: dict[str, Any] = {}
+        for n in _FIELDS:
+            if n not in row:
+                continue
+            v = row[n]
+            if n in _JSON_FIELDS:
+                d[n] = json.loads(v) if v else []
+            elif v == "" and n in _OPTIONAL_FIELDS:
+                d[n] = None
+            else:
+                d[n] = v
+        out.append(TurnRecord.model_validate(d))
     return out
 
 
@@ -407,4 +410,4 @@ def parse_otel(doc: dict[str, Any]) -> list[dict[str, Any]]:
 
 def read_otel(path: str | Path) -> list[dict[str, Any]]:
     """Minimal reader of a :func:`write_otel` file (see :func:`parse_otel`)."""
-    return parse_otel(json.loads(Path(path).read_text(encoding="utf-8")))
+    return parse_otel(read_json(path, MAX_EXPORT_BYTES))

@@ -18,14 +18,33 @@ quantity/value tables of ``hardware show`` and ``predict`` are plain rich tables
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from rich import box
-from rich.console import Console, RenderableType
+from rich.console import Console, ConsoleOptions, RenderableType
+from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
+
+from voicepipe.safeprint import printable
+
+
+class SafeConsole(Console):
+    """A rich console that prints text, never terminal commands: the text of every segment it renders has
+    its control characters escaped (:func:`voicepipe.safeprint.printable`); rich's own styling and cursor
+    control (control segments) are kept. Every console of the CLI is one. Cells of fitted tables are
+    escaped before layout too (:func:`fitted_table`), so their widths are right; elsewhere an escaped
+    character is wider than the layout planned, which only a hostile text meets."""
+
+    def render(self, renderable: RenderableType, options: ConsoleOptions | None = None) -> Iterable[Segment]:
+        for seg in super().render(renderable, options):
+            if seg.control:
+                yield seg
+            else:
+                safe = printable(seg.text)
+                yield seg if safe is seg.text else Segment(safe, seg.style, seg.control)
 
 
 @dataclass(frozen=True)
@@ -150,6 +169,16 @@ def text_widths(
     return out
 
 
+def _safe(c: Cell) -> Cell:
+    """The cell with control characters escaped (styles of a Text kept where its length is unchanged)."""
+    if isinstance(c, Parts):
+        return Parts(tuple(printable(i, newlines=False) for i in c.items), c.sep)
+    if isinstance(c, Text):
+        safe = printable(c.plain)
+        return c if safe == c.plain else Text(safe, style=c.style)
+    return printable(c)
+
+
 def _render(c: Cell, w: int | None) -> str | Text:
     if isinstance(c, Parts):
         return c.one_line() if w is None else c.lines(w)
@@ -166,6 +195,8 @@ def fitted_table(
     caption: str | None = None,
 ) -> tuple[Table, list[str]]:
     """The table for ``width`` columns and the headers of the columns it had to hide."""
+    rows = [[_safe(c) for c in r] for r in rows]
+    title = printable(title, newlines=False) if title else title
     keep, words = (list(range(len(cols))), True) if wide else choose_columns(cols, rows, width)
     text_w = {} if wide else text_widths(cols, rows, keep, width, words)
     t = Table(
