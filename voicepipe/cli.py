@@ -891,6 +891,11 @@ def scenarios(ctx: typer.Context, wide: WideOpt = False) -> None:
         Col("description", priority=1, justify="left", text=True, min_width=20),
     ]
     print_fitted(out, cols, rows, wide=wide, title="shipped scenarios")
+    from voicepipe.shipped import config_summaries
+
+    cols = [Col("name", justify="left", text=True, min_width=10),
+            Col("description", priority=1, justify="left", text=True, min_width=20)]  # fmt: skip
+    print_fitted(out, cols, config_summaries(), wide=wide, title="shipped configs (-c NAME)")
 
 
 @scenarios_app.command("new")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -21,6 +20,8 @@ from voicepipe.limits import (
     Text,
     Wpm,
 )
+from voicepipe.shipped import resolve as resolve_shipped
+from voicepipe.shipped import shipped_dir, shipped_scenarios
 from voicepipe.text import PAUSE, audio_ms, pause_ms, plain, speak
 
 if TYPE_CHECKING:
@@ -143,34 +144,13 @@ def check_speech(cfg: PipelineConfig, scenarios: list[Scenario]) -> None:
                 raise UserError(sc.source or sc.name, said)
 
 
-def shipped_dir() -> Path:
-    """The scenarios installed inside the package (a wheel: setup.py copies them there), else the
-    checkout's scenarios/ folder beside the package (an editable install or a source tree)."""
-    inside = Path(str(resources.files("voicepipe"))) / "scenarios"
-    if inside.is_dir():
-        return inside
-    return Path(__file__).resolve().parent.parent / "scenarios"
-
-
 def shipped() -> list[Path]:
-    return sorted(p for p in shipped_dir().glob("*.yaml"))
+    return shipped_scenarios()
 
 
 def resolve(name_or_path: str) -> Path:
-    """A scenario path: the file given, else a shipped scenario of that name. Something that exists but is
-    not a file (a directory, a FIFO) is returned as is, so the reader says what is wrong with it."""
-    p = Path(name_or_path)
-    try:
-        if p.is_file():
-            return p
-        for cand in (shipped_dir() / name_or_path, shipped_dir() / f"{name_or_path}.yaml"):
-            if cand.is_file():
-                return cand
-        if p.exists():
-            return p
-    except (OSError, ValueError) as exc:
-        raise UserError(name_or_path, f"cannot read ({getattr(exc, 'strerror', None) or exc})") from None
-    raise UserError(name_or_path, "no such scenario file (see `voicepipe scenarios`)")
+    """A scenario path: the file given, else a shipped scenario of that name (see :mod:`voicepipe.shipped`)."""
+    return resolve_shipped(name_or_path, shipped_dir(), "scenario")
 
 
 def load_scenario(name_or_path: str) -> Scenario:
