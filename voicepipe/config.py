@@ -506,7 +506,7 @@ def load_config(
     try:
         cfg = PipelineConfig.model_validate(data)
     except ValidationError as exc:
-        raise from_validation(where, exc) from None
+        raise from_validation(where, exc, model=PipelineConfig) from None
     _resolve_broker(cfg, where)
     return cfg
 

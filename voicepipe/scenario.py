@@ -160,7 +160,7 @@ def load_scenario(name_or_path: str) -> Scenario:
     try:
         sc = Scenario.model_validate(data)
     except ValidationError as exc:
-        raise from_validation(src, exc) from None
+        raise from_validation(src, exc, model=Scenario) from None
     sc.source = src
     return sc
 

@@ -8,11 +8,10 @@ An unknown name is one :class:`UserError` with the nearest shipped names ("did y
 
 from __future__ import annotations
 
-import difflib
 from importlib import resources
 from pathlib import Path
 
-from voicepipe.errors import UserError
+from voicepipe.errors import UserError, did_you_mean
 
 
 def shipped_dir() -> Path:
@@ -33,12 +32,6 @@ def shipped_scenarios() -> list[Path]:
 
 def shipped_configs() -> list[Path]:
     return sorted(configs_dir().glob("*.yaml"))
-
-
-def did_you_mean(word: str, choices: list[str] | tuple[str, ...]) -> str:
-    """`` (did you mean 'x'?)`` for the nearest of ``choices``, else an empty string."""
-    near = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    return f" (did you mean {near[0]!r}?)" if near else ""
 
 
 def resolve(name_or_path: str, folder: Path, what: str) -> Path:
