@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 from pydantic.json_schema import SkipJsonSchema
 
 from voicepipe.errors import UserError, from_validation, read_yaml_mapping
@@ -37,6 +38,16 @@ def longest_pause_ms(utterance: str) -> float:
     return max((pause_ms(m) for m in PAUSE.finditer(utterance)), default=0.0)
 
 
+# "[pause]", "[Pause ms]": a pause marker's word without its number would be spoken as words
+_NO_DURATION = re.compile(r"\[\s*pause\b[^\]\d]*\]", re.IGNORECASE)
+
+
+def durationless_pause(utterance: str) -> str | None:
+    """The first ``[pause]``-like marker that gives no duration, or None."""
+    m = _NO_DURATION.search(utterance)
+    return None if m is None else m.group(0)
+
+
 class Turn(BaseModel):
     model_config = FILE_MODEL
 
@@ -59,7 +70,7 @@ class Turn(BaseModel):
         default_factory=list,
         max_length=MAX_LIST,
         description="One per pause in `user`: is the utterance complete there? Read by smart endpointing "
-        "(asr.smart_source=annotation); missing entries mean not complete.",
+        "(asr.smart_source=annotation); missing entries mean not complete; more than the pauses is an error.",
     )
     barge_in_after_ms: Ms | None = Field(
         None, description="The user talks over the reply this many ms after its first audio."
@@ -76,8 +87,23 @@ class Turn(BaseModel):
     @field_validator("user", "barge_in")
     @classmethod
     def _pauses_bounded(cls, v: str) -> str:
+        if (bad := durationless_pause(v)) is not None:
+            raise ValueError(f"{bad} has no duration (write [pause 700ms], [700] or [1.2s])")
         if longest_pause_ms(v) > MAX_MS:
             raise ValueError(f"a pause marker is longer than {MAX_MS:,.0f} ms")
+        return v
+
+    @field_validator("complete_at_pauses")
+    @classmethod
+    def _one_per_pause(cls, v: list[bool], info: ValidationInfo) -> list[bool]:
+        user = info.data.get("user")
+        if user is None:
+            return v  # `user` itself is invalid; that error is the one reported
+        pauses = len(PAUSE.findall(user))
+        if len(v) > pauses:
+            raise ValueError(
+                f"{len(v)} entries but `user` has {pauses} pause{'' if pauses == 1 else 's'} (one per pause marker)"
+            )
         return v
 
 
