@@ -276,3 +276,34 @@ def test_require_gates_predict_and_run_with_exit_1_after_printing_everything(tmp
     assert run.returncode == 1, run.stderr
     assert "requirement p50 <= 1 ms not met" in run.stderr and "requirement ok" not in run.stderr
     assert len(out.read_text().splitlines()) == 2  # everything measured was written
+
+
+def test_shipped_configs_load_by_name_from_any_folder(tmp_path: Path) -> None:
+    by_name = load_config("fast-lane")
+    assert by_name.agent.backend == "cerebras-wse3/llama-3.1-8b"
+    assert load_config("fast-lane.yaml") == by_name
+    code, out, err = cli("predict", "cafe-order", "-c", "fast-lane", "--format", "json", cwd=tmp_path)
+    assert code == 0, err
+    assert json.loads(out.splitlines()[0])["backend"]
+    # a file in the working folder wins over a shipped name
+    (tmp_path / "fast-lane.yaml").write_text("agent: {backend: groq-lpu/llama-3.1-8b}\n")
+    code, out, err = cli("predict", "cafe-order", "-c", "fast-lane.yaml", "--format", "json", cwd=tmp_path)
+    assert code == 0, err
+    assert any("groq-lpu" in json.loads(line)["backend"] for line in out.splitlines())
+
+
+def test_scenarios_lists_the_shipped_configs() -> None:
+    p = vp("scenarios")
+    assert p.returncode == 0, p.stderr
+    assert "shipped configs" in p.stdout
+    for name in ("fast-lane", "council-vote", "router-rules", "baseline"):
+        assert name in p.stdout
+    assert "scenarios/configs/" not in p.stdout
+    fits(p.stdout)
+
+
+def test_advice_hints_name_shipped_configs_by_short_name() -> None:
+    from voicepipe.report.advice import _flags, candidates
+
+    (fast,) = [c for c in candidates("transport", load_config(None, [])) if c.config is not None]
+    assert _flags(fast) == ["-c", "fast-lane"]

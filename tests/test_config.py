@@ -205,3 +205,52 @@ def test_a_dist_never_draws_past_a_modelled_durations_bound():
     assert max(draws) == MAX_MS and min(draws) > 0
     usual = Dist(median=188.0, p90=260.0)  # the TTS default: never near the bound, so unchanged
     assert max(usual.sample_ms(rng) for _ in range(2000)) < 1000
+
+
+@pytest.mark.parametrize(
+    ("content", "sets", "needle"),
+    [
+        ("agent:\n  backnd: sonnet-gpu\n", [], "agent.backnd: unknown field (did you mean 'backend'?)"),
+        ("", ["asr.silense_ms=100"], "asr.silense_ms: unknown field (did you mean 'silence_ms'?)"),
+        ("budgt_ms: 700\n", [], "budgt_ms: unknown field (did you mean 'budget_ms'?)"),
+        ("", ["agent.backend=sonnet-gpuu"], "(did you mean 'sonnet-gpu'?)"),
+        ("", ["agent.backend=h100-sx/llama-3.1-8b"], "unknown hardware 'h100-sx' (did you mean 'h100-sxm'?)"),
+        ("", ["agent.backend=h100-sxm/llama-3.1-8c"], "unknown model 'llama-3.1-8c' (did you mean"),
+    ],
+)
+def test_misspelt_keys_and_backends_suggest_the_nearest_name(tmp_path, content, sets, needle):
+    f = tmp_path / "c.yaml"
+    f.write_text(content)
+    with pytest.raises(UserError) as ei:
+        load_config(f, sets)
+    assert needle in str(ei.value) and str(f) in str(ei.value)
+
+
+def test_unrelated_key_gets_no_suggestion(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("zzzzqqq: 1\n")
+    with pytest.raises(UserError) as ei:
+        load_config(f)
+    assert "zzzzqqq: unknown field" in str(ei.value) and "did you mean" not in str(ei.value)
+
+
+def test_misspelt_scenario_name_suggests_the_shipped_one():
+    with pytest.raises(UserError) as ei:
+        load_scenario("cafe-ordr")
+    assert "(did you mean 'cafe-order'?)" in str(ei.value)
+
+
+def test_misspelt_shipped_config_name_suggests_it():
+    with pytest.raises(UserError) as ei:
+        load_config("fast-lan")
+    assert "fast-lan: no such file or shipped config (did you mean 'fast-lane'?)" in str(ei.value)
+
+
+@pytest.mark.parametrize("req", ["within>=90%", "within>=90", "ok>=95 %"])
+def test_within_as_a_percentage_explains_it_is_a_share(req):
+    from voicepipe.gate import parse
+
+    with pytest.raises(UserError) as ei:
+        parse([req])
+    msg = str(ei.value)
+    assert "share from 0 to 1" in msg and ">=0.9" in msg

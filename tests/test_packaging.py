@@ -57,12 +57,17 @@ def test_sdist_then_wheel_ship_scenarios_templates_and_data(tmp_path: Path) -> N
     zipfile.ZipFile(wheel).extractall(site)
     probe = (
         "import sys; sys.path.insert(0, sys.argv[1]); from voicepipe import scenario; "
-        "print(scenario.shipped_dir()); print(len(scenario.shipped()))"
+        "print(scenario.shipped_dir()); print(len(scenario.shipped())); "
+        "from voicepipe.config import load_config; from voicepipe.shipped import resolve_config; "
+        "print(resolve_config('fast-lane')); print(load_config('fast-lane').agent.backend)"
     )
     out = subprocess.run(
         [sys.executable, "-c", probe, str(site)], cwd=tmp_path, capture_output=True, text=True, timeout=60
     )
-    where, count = out.stdout.split()
+    where, count, config, backend = out.stdout.split()
+    # shipped configs by name, from the installed package, in a folder that has none
+    assert Path(config) == site / "voicepipe" / "scenarios" / "configs" / "fast-lane.yaml"
+    assert backend == "cerebras-wse3/llama-3.1-8b"
     assert Path(where) == site / "voicepipe" / "scenarios" and int(count) == len(
         list((ROOT / "scenarios").glob("*.yaml"))
     )

@@ -18,6 +18,7 @@ from voicepipe.errors import UserError
 from voicepipe.limits import MAX_MS, MAX_WPM, MIN_WPM
 from voicepipe.runner import simulate
 from voicepipe.scenario import check_speech, load_scenario
+from voicepipe.text import PAUSE
 
 MS = [0, 0.001, 1, 50, 800, 5000, MAX_MS]
 SETTINGS = {
@@ -81,7 +82,8 @@ def draw_case(rng: random.Random) -> tuple[dict, list[str]]:
             if rng.random() < 0.25:
                 t[key] = rng.choice(values)
         if rng.random() < 0.2:
-            t["complete_at_pauses"] = [rng.random() < 0.5 for _ in range(rng.randint(0, 3))]
+            pauses = len(PAUSE.findall(t["user"]))  # at most one entry per pause (more is an error)
+            t["complete_at_pauses"] = [rng.random() < 0.5 for _ in range(rng.randint(0, pauses))]
         turns.append(t)
     sets = [f"{k}={rng.choice(SETTINGS[k])}" for k in rng.sample(sorted(SETTINGS), rng.randint(0, 8))]
     if rng.random() < 0.3:

@@ -47,6 +47,7 @@ from voicepipe.limits import (
     Wpm,
 )
 from voicepipe.safeyaml import YamlRejected, load
+from voicepipe.shipped import resolve_config
 
 Z90 = 1.2815515655446004
 
@@ -486,7 +487,7 @@ def load_config(
     source = "config"
     if path is not None:
         source = str(path)
-        data = read_yaml_mapping(Path(path))
+        data = read_yaml_mapping(resolve_config(path))  # a file, else a shipped config by name
     data = _merge(PipelineConfig().model_dump(mode="python"), data)
     env_broker = os.environ.get("VOICEPIPE_BROKER")
     if env_broker and not overrides.url:
@@ -506,7 +507,7 @@ def load_config(
     try:
         cfg = PipelineConfig.model_validate(data)
     except ValidationError as exc:
-        raise from_validation(where, exc) from None
+        raise from_validation(where, exc, model=PipelineConfig) from None
     _resolve_broker(cfg, where)
     return cfg
 

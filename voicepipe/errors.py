@@ -7,12 +7,14 @@ line has control characters escaped (:func:`voicepipe.safeprint.printable`), lin
 
 from __future__ import annotations
 
+import difflib
 import re
+import typing
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from voicepipe.limits import MAX_FILE_BYTES, MAX_RUN_ID
 from voicepipe.safeprint import printable
@@ -27,13 +29,41 @@ class UserError(Exception):
         super().__init__(printable(line, newlines=False))
 
 
-def from_validation(source: str, exc: ValidationError, prefix: str = "") -> UserError:
+def did_you_mean(word: str, choices: typing.Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the nearest of ``choices`` (difflib), else an empty string."""
+    near = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {near[0]!r}?)" if near else ""
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for a in typing.get_args(annotation) for m in _models_in(a)]
+
+
+def fields_at(model: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]:
+    """The field names the model nested at ``loc`` (list indices and dict keys skipped) accepts."""
+    current = [model]
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        nxt = [m for c in current if part in c.model_fields for m in _models_in(c.model_fields[part].annotation)]
+        current = nxt or current  # a dict key (e.g. a backend's name) keeps the value's model
+    return sorted({k for c in current for k in c.model_fields})
+
+
+def from_validation(
+    source: str, exc: ValidationError, prefix: str = "", model: type[BaseModel] | None = None
+) -> UserError:
+    """One line from a pydantic error; with ``model``, an unknown field names the nearest known one."""
     err = exc.errors()[0]
     loc = ".".join(str(p) for p in err["loc"])
     field = ".".join(p for p in (prefix, loc) if p)
     msg = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
         msg = "unknown field"
+        if model is not None and err["loc"]:
+            msg += did_you_mean(str(err["loc"][-1]), fields_at(model, tuple(err["loc"][:-1])))
     return UserError(source, f"{field}: {msg}" if field else msg)
 
 

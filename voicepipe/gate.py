@@ -2,7 +2,7 @@
 
 A requirement is ``NAME OP NUMBER``: NAME one of :data:`METRICS` — ``p50``, ``p90``, ``p99`` (voice-to-voice
 ms over the answered turns), ``within`` (share of all turns inside the budget, 0–1; timeouts count as
-misses), ``ok`` (share of turns that completed), ``tax_p50`` (ms of pipeline tax) — and OP one of ``<=``,
+misses; ``within>=90%`` is refused with the 0–1 form to write), ``ok`` (share of turns that completed), ``tax_p50`` (ms of pipeline tax) — and OP one of ``<=``,
 ``>=``, ``<``, ``>``. Several are given comma-separated or by repeating the option: ``--require
 'p90<=800,within>=0.9'``. The command prints and writes everything as usual, then names each requirement
 that was missed and exits 1 (a metric with no value, e.g. p90 with no answered turn, is a miss).
@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from voicepipe.errors import UserError
+from voicepipe.errors import UserError, did_you_mean
 from voicepipe.records import TurnRecord, summarise
 
 # name -> (what it is, unit, how it is read off the turns)
@@ -33,7 +33,7 @@ OPS: dict[str, Callable[[float, float], bool]] = {
     "<": operator.lt,
     ">": operator.gt,
 }
-_FORM = re.compile(r"^\s*([a-z_0-9]+)\s*(<=|>=|<|>)\s*([-+]?(?:\d+(?:\.\d*)?|\.\d+))\s*$")
+_FORM = re.compile(r"^\s*([a-z_0-9]+)\s*(<=|>=|<|>)\s*([-+]?(?:\d+(?:\.\d*)?|\.\d+))\s*(%?)\s*$")
 
 
 @dataclass(frozen=True)
@@ -58,13 +58,17 @@ def parse(raw: Iterable[str] | None, where: str = "--require") -> list[Requireme
             m = _FORM.match(part)
             if m is None:
                 raise UserError(where, f"{part.strip()!r} is not NAME<=NUMBER (or >=, <, >), e.g. p90<=800")
-            name, op, value = m.group(1), m.group(2), float(m.group(3))
+            name, op, value, pct = m.group(1), m.group(2), float(m.group(3)), m.group(4)
             if name not in METRICS:
+                hint = did_you_mean(name, METRICS)
                 raise UserError(
-                    where, f"unknown metric {name!r} in {part.strip()!r} (metrics: {', '.join(METRICS)})"
+                    where, f"unknown metric {name!r}{hint} in {part.strip()!r} (metrics: {', '.join(METRICS)})"
                 )
-            if name in ("within", "ok") and not 0.0 <= value <= 1.0:
-                raise UserError(where, f"{name} is a share from 0 to 1, not {value:g} (e.g. {name}>=0.9)")
+            if name in ("within", "ok") and (pct or not 0.0 <= value <= 1.0):
+                fix = f"write {name}{op}{value / 100:g} for {value:g}%" if 0 <= value <= 100 else f"e.g. {name}>=0.9"
+                raise UserError(where, f"{name} is a share from 0 to 1, not {value:g}{pct} ({fix})")
+            if pct:
+                raise UserError(where, f"{part.strip()!r}: {name} takes no % ({METRICS[name][0]})")
             out.append(Requirement(name, op, value))
     return out
 

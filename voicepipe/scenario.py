@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from importlib import resources
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 from pydantic.json_schema import SkipJsonSchema
 
 from voicepipe.errors import UserError, from_validation
@@ -22,6 +22,8 @@ from voicepipe.limits import (
     Text,
     Wpm,
 )
+from voicepipe.shipped import resolve as resolve_shipped
+from voicepipe.shipped import shipped_dir, shipped_scenarios
 from voicepipe.text import PAUSE, audio_ms, pause_ms, plain, speak
 
 if TYPE_CHECKING:
@@ -35,6 +37,16 @@ FILE_MODEL = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 def longest_pause_ms(utterance: str) -> float:
     """The longest silence marker (``[900]``, ``[pause 900ms]``, ``[1.2s]``) in an utterance, in ms."""
     return max((pause_ms(m) for m in PAUSE.finditer(utterance)), default=0.0)
+
+
+# "[pause]", "[Pause ms]": a pause marker's word without its number would be spoken as words
+_NO_DURATION = re.compile(r"\[\s*pause\b[^\]\d]*\]", re.IGNORECASE)
+
+
+def durationless_pause(utterance: str) -> str | None:
+    """The first ``[pause]``-like marker that gives no duration, or None."""
+    m = _NO_DURATION.search(utterance)
+    return None if m is None else m.group(0)
 
 
 class Turn(BaseModel):
@@ -59,7 +71,7 @@ class Turn(BaseModel):
         default_factory=list,
         max_length=MAX_LIST,
         description="One per pause in `user`: is the utterance complete there? Read by smart endpointing "
-        "(asr.smart_source=annotation); missing entries mean not complete.",
+        "(asr.smart_source=annotation); missing entries mean not complete; more than the pauses is an error.",
     )
     barge_in_after_ms: Ms | None = Field(
         None, description="The user talks over the reply this many ms after its first audio."
@@ -76,8 +88,23 @@ class Turn(BaseModel):
     @field_validator("user", "barge_in")
     @classmethod
     def _pauses_bounded(cls, v: str) -> str:
+        if (bad := durationless_pause(v)) is not None:
+            raise ValueError(f"{bad} has no duration (write [pause 700ms], [700] or [1.2s])")
         if longest_pause_ms(v) > MAX_MS:
             raise ValueError(f"a pause marker is longer than {MAX_MS:,.0f} ms")
+        return v
+
+    @field_validator("complete_at_pauses")
+    @classmethod
+    def _one_per_pause(cls, v: list[bool], info: ValidationInfo) -> list[bool]:
+        user = info.data.get("user")
+        if user is None:
+            return v  # `user` itself is invalid; that error is the one reported
+        pauses = len(PAUSE.findall(user))
+        if len(v) > pauses:
+            raise ValueError(
+                f"{len(v)} entries but `user` has {pauses} pause{'' if pauses == 1 else 's'} (one per pause marker)"
+            )
         return v
 
 
@@ -144,34 +171,13 @@ def check_speech(cfg: PipelineConfig, scenarios: list[Scenario]) -> None:
                 raise UserError(sc.source or sc.name, said)
 
 
-def shipped_dir() -> Path:
-    """The scenarios installed inside the package (a wheel: setup.py copies them there), else the
-    checkout's scenarios/ folder beside the package (an editable install or a source tree)."""
-    inside = Path(str(resources.files("voicepipe"))) / "scenarios"
-    if inside.is_dir():
-        return inside
-    return Path(__file__).resolve().parent.parent / "scenarios"
-
-
 def shipped() -> list[Path]:
-    return sorted(p for p in shipped_dir().glob("*.yaml"))
+    return shipped_scenarios()
 
 
 def resolve(name_or_path: str) -> Path:
-    """A scenario path: the file given, else a shipped scenario of that name. Something that exists but is
-    not a file (a directory, a FIFO) is returned as is, so the reader says what is wrong with it."""
-    p = Path(name_or_path)
-    try:
-        if p.is_file():
-            return p
-        for cand in (shipped_dir() / name_or_path, shipped_dir() / f"{name_or_path}.yaml"):
-            if cand.is_file():
-                return cand
-        if p.exists():
-            return p
-    except (OSError, ValueError) as exc:
-        raise UserError(name_or_path, f"cannot read ({getattr(exc, 'strerror', None) or exc})") from None
-    raise UserError(name_or_path, "no such scenario file (see `voicepipe scenarios`)")
+    """A scenario path: the file given, else a shipped scenario of that name (see :mod:`voicepipe.shipped`)."""
+    return resolve_shipped(name_or_path, shipped_dir(), "scenario")
 
 
 def load_scenario(name_or_path: str) -> Scenario:
@@ -181,7 +187,7 @@ def load_scenario(name_or_path: str) -> Scenario:
     try:
         sc = Scenario.model_validate(data)
     except ValidationError as exc:
-        raise from_validation(src, exc) from None
+        raise from_validation(src, exc, model=Scenario) from None
     sc.source = src
     return sc
 

@@ -130,7 +130,9 @@ def build_backend(spec: str | dict[str, Any]) -> Backend:
             return make_hardware_backend(spec)
         except (KeyError, ValueError) as exc:
             raise UnknownBackend(str(exc).strip("'\"")) from None
+    from voicepipe.errors import did_you_mean
+
     raise UnknownBackend(
-        f"unknown backend {spec!r}; empirical: {', '.join(empirical_names())}; "
+        f"unknown backend {spec!r}{did_you_mean(str(spec), empirical_names())}; empirical: {', '.join(empirical_names())}; "
         "DEVICE/MODEL (see `voicepipe hardware list`); a profile file ./NAME.yaml; or openai:URL#model"
     )

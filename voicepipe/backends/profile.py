@@ -123,7 +123,7 @@ def parse_profile(data: dict[str, Any], where: str) -> ProfileFile:
     try:
         return ProfileFile.model_validate(data)
     except ValidationError as exc:
-        raise from_validation(where, exc) from None
+        raise from_validation(where, exc, model=ProfileFile) from None
 
 
 def looks_like_profile(spec: object) -> bool:

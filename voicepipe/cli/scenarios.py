@@ -13,6 +13,7 @@ from voicepipe.cli.options import WideOpt
 from voicepipe.errors import UserError
 from voicepipe.report.term import Col, print_fitted
 from voicepipe.scenario import load_scenario, shipped, starter
+from voicepipe.shipped import config_summaries
 
 app = typer.Typer(
     help="Scenarios: list the shipped ones (default), write a starter file (`new NAME`).",
@@ -39,6 +40,9 @@ def scenarios(ctx: typer.Context, wide: WideOpt = False) -> None:
         Col("description", priority=1, justify="left", text=True, min_width=20),
     ]
     print_fitted(out, cols, rows, wide=wide, title="shipped scenarios")
+    cols = [Col("name", justify="left", text=True, min_width=10),
+            Col("description", priority=1, justify="left", text=True, min_width=20)]  # fmt: skip
+    print_fitted(out, cols, config_summaries(), wide=wide, title="shipped configs (-c NAME)")
 
 
 @app.command("new")

@@ -19,6 +19,8 @@ import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from voicepipe.errors import did_you_mean
+
 PRECISIONS: dict[str, float] = {
     # bytes per weight; int4 carries one 8-bit scale per 32 weights (MXFP4 / group-wise int4) = 4.25 bits
     "bf16": 2.0,
@@ -379,7 +381,8 @@ def device(name: str) -> Device:
 
         return load_device(name)
     raise ValueError(
-        f"unknown hardware {name!r}; known: {', '.join(sorted(devices()))} or a device .yaml file"
+        f"unknown hardware {name!r}{did_you_mean(name, devices())}; known: {', '.join(sorted(devices()))} "
+        "or a device .yaml file"
     )
 
 
@@ -391,7 +394,10 @@ def model(name: str) -> ModelSpec:
         from voicepipe.hardware.byo import load_hf_config
 
         return load_hf_config(name)
-    raise ValueError(f"unknown model {name!r}; known: {', '.join(sorted(models()))} or a config.json path")
+    raise ValueError(
+        f"unknown model {name!r}{did_you_mean(name, models())}; known: {', '.join(sorted(models()))} "
+        "or a config.json path"
+    )
 
 
 def check_precision(precision: str) -> str:

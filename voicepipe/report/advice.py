@@ -79,9 +79,9 @@ def print_advice(console: Console, a: Advice) -> None:
 
 
 def shipped_configs() -> Path:
-    from voicepipe.scenario import shipped_dir
+    from voicepipe.shipped import configs_dir
 
-    return shipped_dir() / "configs"
+    return configs_dir()
 
 
 def largest_part(records: Sequence[TurnRecord]) -> tuple[tuple[str, str], float, float] | None:
@@ -155,6 +155,10 @@ def _flags(c: Candidate) -> list[str]:
 
 
 def _display_path(p: str) -> str:
+    from voicepipe.shipped import short_name
+
+    if (name := short_name(p)) is not None:
+        return name  # a shipped config goes by its name from any folder
     try:
         return str(Path(p).resolve().relative_to(Path.cwd()))
     except ValueError:

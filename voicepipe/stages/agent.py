@@ -26,6 +26,7 @@ from voicepipe.backends.base import (
     writes_own_text,
 )
 from voicepipe.clock import now_ns, rng_for
+from voicepipe.hardware.quality import at_complexity
 from voicepipe.messages import (
     Cancel,
     CancelReason,
@@ -85,6 +86,7 @@ class Generation:
     produced: int = 0
     commit: asyncio.Event = field(default_factory=asyncio.Event)
     commit_env: Envelope | None = None
+    complexity: str | None = None  # the turn's scripted difficulty: modelled quality depends on it
 
     def billed(self) -> tuple[int, int, int]:
         """(prompt, cached prompt, output) tokens: a real model's usage as its server reported it, else
@@ -250,7 +252,7 @@ class Agent(Stage):
         rng = rng_for(self.cfg.seed, env.session, env.turn, p.segment, "agent", agent)
         stream = backend.start(req, now_ns(), rng)
         tokens = stream.pieces if writes_own_text(stream) else tokens  # a real model's own words
-        return Generation(stream, tokens, prompt, cached, backend)
+        return Generation(stream, tokens, prompt, cached, backend, complexity=script.complexity)
 
     async def _run(self, env: Envelope, gen: Generation, key: Any) -> None:
         def meta_of(head: Envelope) -> TurnMeta:
@@ -264,7 +266,7 @@ class Agent(Stage):
                 output_tokens=output,
                 cost_usd=request_cost(gen.backend, prompt, cached, output) + wasted_usd,
                 wasted_tokens=wasted_tokens,
-                quality=gen.backend.quality,
+                quality=at_complexity(gen.backend.quality, gen.complexity),
             )
 
         try:

@@ -8,7 +8,8 @@
 * ``draft-refine`` — the fastest member's draft is spoken at once while a refine call (judge backend)
   improves it in the background for the next turn's context.
 
-Quality is modelled from members' benchmark accuracies (strategy.council_quality), not measured.
+Quality is modelled from members' benchmark accuracies at the turn's complexity
+(hardware.quality.at_complexity, then strategy.council_quality), not measured.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import contextlib
 
 from voicepipe.backends.base import EndpointError, LLMRequest, tokens_by, writes_own_text
 from voicepipe.clock import now_ns, rng_for
+from voicepipe.hardware.quality import at_complexity
 from voicepipe.messages import Cancel, CancelReason, Envelope, Path, Route, Span, Target, TurnMeta, TurnScript
 from voicepipe.stages.agent import (
     Generation,
@@ -108,13 +110,13 @@ class Council(Stage):
                 race = first_clause
                 order = await self._finish_order(gens, race, t0, deadline, k=1)
                 win = order[0]
-                chosen, members_q = gens[win], [self.members[win].quality]  # what the user hears
+                chosen, members_q = gens[win], [at_complexity(self.members[win].quality, script.complexity)]  # what the user hears
                 spoken = chosen
             else:
                 k = c.k if c.aggregation == "vote" else len(gens)
                 race = len(tokens) - 1
                 order = await self._finish_order(gens, race, t0, deadline, k=k)
-                members_q = [self.members[i].quality for i in order]
+                members_q = [at_complexity(self.members[i].quality, script.complexity) for i in order]
                 chosen = gens[order[-1]]  # the answer that completed the vote / the last the judge waited for
                 spoken = chosen
                 if c.aggregation == "judge":
