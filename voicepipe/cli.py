@@ -26,6 +26,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from voicepipe import gate
 from voicepipe.config import BrokerOverrides, PipelineConfig, config_dict, load_config
 from voicepipe.errors import UserError
+from voicepipe.parallel import EXECUTOR_HELP
 from voicepipe.records import TurnRecord
 from voicepipe.scenario import Scenario, check_speech, load_scenario, shipped
 
@@ -606,21 +607,26 @@ def _safe_url(url: str) -> str:
 
 
 def _compare_predicted(
-    variants: list, scs: list[Scenario], sessions: int, sink: RecordSink, fmt: OutputFormat, wide: bool
-) -> None:
+    variants: list, scs: list[Scenario], sessions: int, sink: RecordSink, fmt: OutputFormat, wide: bool,
+    executor: str | None = None,
+) -> None:  # fmt: skip
     """`compare --predict`: one row per configuration from the stages on virtual time (no live run)."""
     from voicepipe.compare import compare_rows, display_names, verdict
-    from voicepipe.parallel import ItemFailed
+    from voicepipe.parallel import ItemFailed, executor_for
     from voicepipe.predict import predict_each
     from voicepipe.report.table import PREDICTED, print_compare
 
     runs: dict[str, list[TurnRecord]] = {}
-    try:  # the configurations in parallel processes: same results as one by one
-        each = predict_each([cfg for _, cfg in variants], scs, sessions)
+    with user_errors():
+        ex = executor_for(executor)
+    try:  # the configurations in parallel (processes or a Ray cluster): same results as one by one
+        each = predict_each([cfg for _, cfg in variants], scs, sessions, executor=ex)
     except ItemFailed as failed:
         if not isinstance(failed.error, ValueError):
             raise failed.error from None
         raise fail(f"configuration {variants[failed.index][0]!r}: {failed.error}") from None
+    finally:
+        ex.close()
     for (label, _cfg), preds in zip(variants, each, strict=True):
         runs[label] = [p.as_record(label) for p in preds]
         for p in preds:
@@ -674,6 +680,9 @@ def compare(
         ),
     ] = False,
     wide: WideOpt = False,
+    executor: Annotated[
+        str | None, typer.Option("--executor", help="With --predict: " + EXECUTOR_HELP)
+    ] = None,
 ) -> None:
     """Run the same scenarios under several configurations: one row each with latency, budget share, cost.
 
@@ -689,11 +698,13 @@ def compare(
         variants = plan_variants(config or [], vary or [], set_ or [], opts)
         scs = load_scenarios(scenario)
         check_variants_speech(variants, scs)
+        if executor is not None and not predict:
+            raise UserError("--executor", "only with --predict (a live compare runs one configuration at a time)")
 
     as_json = fmt == OutputFormat.json
     sink = RecordSink(json_out, stdout=as_json)
     if predict:
-        _compare_predicted(variants, scs, sessions, sink, fmt, wide)
+        _compare_predicted(variants, scs, sessions, sink, fmt, wide, executor)
         return
     from voicepipe.runner import run_live_loop, run_pipeline
 
