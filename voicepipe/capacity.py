@@ -37,7 +37,7 @@ from voicepipe.clock import now_ns, run_virtual
 from voicepipe.config import PipelineConfig
 from voicepipe.errors import UserError
 from voicepipe.messages import Envelope, ReplyText
-from voicepipe.parallel import ForkPool, Report
+from voicepipe.parallel import Batch, Executor, LocalExecutor, Report
 from voicepipe.records import TurnRecord, percentile
 from voicepipe.runner import RunResult, Slot, simulate_async
 from voicepipe.scenario import Scenario, session_id
@@ -302,10 +302,15 @@ def _run_job(job: LevelJob, report: Report) -> Level:
     return job.run(report)
 
 
-def level_pool(jobs: Sequence[LevelJob], workers: int) -> ForkPool[LevelJob, Level]:
-    """The jobs' levels in up to ``workers`` processes, heaviest first; results in job order, equal to
-    running them here one by one (each is its own seeded run on its own virtual clock)."""
-    return ForkPool(_run_job, jobs, workers=workers, weights=[j.turns() for j in jobs])
+def level_batch(jobs: Sequence[LevelJob], executor: Executor) -> Batch[Level]:
+    """The jobs' levels on ``executor`` (local processes or a Ray cluster), heaviest first; results in job
+    order, equal to running them here one by one (each is its own seeded run on its own virtual clock)."""
+    return executor.start(_run_job, jobs, [j.turns() for j in jobs])
+
+
+def level_pool(jobs: Sequence[LevelJob], workers: int) -> Batch[Level]:
+    """:func:`level_batch` in up to ``workers`` local processes."""
+    return level_batch(jobs, LocalExecutor(workers))
 
 
 def level_of(

@@ -11,6 +11,14 @@ entered, before the caller starts any thread of its own (a progress bar's refres
 first. Results, and an item's exception as :class:`ItemFailed`, come back pickled. Progress: the function
 gets a ``report(n)`` callable; in a worker it sends counts over a pipe, drained while waiting. With one
 worker, one item, or no ``fork`` on this platform, everything runs here, in order.
+
+Executors. :class:`Executor` is the one interface the sweeps use: ``start(fn, items, weights)`` gives a batch
+(a context manager with ``results(report)``), and ``map(fn, items, weights, progress)`` is the two in one.
+:class:`LocalExecutor` is the fork pool above; ``voicepipe.parallel_ray.RayExecutor`` sends the same items to
+a Ray cluster (imported only when asked for: ``--executor ray`` or ``ray://HOST:PORT``, the ``ray`` extra).
+Every executor returns results in item order and raises the first failure in item order as
+:class:`ItemFailed`, so the choice changes where the work runs, never what comes back. :func:`executor_for`
+turns the ``--executor`` text into one.
 """
 
 from __future__ import annotations
@@ -19,7 +27,9 @@ import concurrent.futures as cf
 import multiprocessing as mp
 import os
 from collections.abc import Callable, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
+
+from voicepipe.errors import UserError
 
 I = TypeVar("I")  # noqa: E741
 R = TypeVar("R")
@@ -137,3 +147,81 @@ class ForkPool(Generic[I, R]):
             i = min(failed)
             raise ItemFailed(i, failed[i]) from failed[i]
         return [done[i] for i in range(len(self.items))]
+
+
+class Batch(Protocol[R]):
+    """Items under way on an executor: enter it, then ``results(report)`` (item order; :class:`ItemFailed`)."""
+
+    def __enter__(self) -> Batch[R]: ...
+
+    def __exit__(self, *exc: object) -> None: ...
+
+    def results(self, report: Report | None = None) -> list[R]: ...
+
+
+class Executor:
+    """Where independent items run. ``start`` before any thread of the caller's own (the local pool forks
+    then); ``map`` when there is nothing to start in between."""
+
+    name = "executor"
+
+    def start(
+        self, fn: Callable[[I, Report], R], items: Sequence[I], weights: Sequence[float] | None = None
+    ) -> Batch[R]:
+        raise NotImplementedError
+
+    def map(
+        self,
+        fn: Callable[[I, Report], R],
+        items: Sequence[I],
+        weights: Sequence[float] | None = None,
+        progress: Report | None = None,
+    ) -> list[R]:
+        """``fn(item, report)`` for every item, results in item order; ``progress`` gets the counts."""
+        with self.start(fn, items, weights) as batch:
+            return batch.results(progress)
+
+    def close(self) -> None:
+        """Let go of what the executor holds (a Ray connection it made); the local one holds nothing."""
+
+
+class LocalExecutor(Executor):
+    """Forked processes on this machine (:class:`ForkPool`), ``workers`` of them (default: the CPUs)."""
+
+    name = "local"
+
+    def __init__(self, workers: int | None = None) -> None:
+        self.workers = workers
+
+    def start(
+        self, fn: Callable[[I, Report], R], items: Sequence[I], weights: Sequence[float] | None = None
+    ) -> ForkPool[I, R]:
+        return ForkPool(fn, items, workers=self.workers or default_workers(), weights=weights)
+
+
+EXECUTOR_HELP = (
+    "Where the independent runs go: local (forked processes here, the default), ray (a local Ray: the one "
+    "RAY_ADDRESS or `ray start` names, else a new one on loopback) or ray://HOST:PORT (a Ray cluster's "
+    "client server). Results are the same on any of them. Ray needs the ray extra."
+)
+
+
+def executor_for(spec: str | None, workers: int | None = None) -> Executor:
+    """The executor ``--executor spec`` names (None or ``local``: :class:`LocalExecutor` with ``workers``);
+    a Ray one is connected here, so a bad address or a missing extra is a :class:`UserError` before any run."""
+    text = (spec or "local").strip()
+    if text == "local":
+        return LocalExecutor(workers)
+    if text != "ray" and not text.startswith("ray://"):
+        raise UserError("--executor", f"expected local, ray or ray://HOST:PORT, got {text!r}")
+    if text == "ray://":
+        raise UserError("--executor", "ray:// needs HOST:PORT (the cluster's client server, port 10001 by default)")
+    if workers is not None:
+        raise UserError("--jobs", "counts local processes; a Ray cluster runs as many items as it has CPUs")
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        raise UserError("", "ray executor needs the ray extra: pip install 'voicepipe[ray]'") from None
+    from voicepipe.parallel_ray import RayExecutor
+
+    return RayExecutor(None if text == "ray" else text)

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from voicepipe.config import PipelineConfig
-from voicepipe.parallel import ForkPool, Report, default_workers
+from voicepipe.parallel import Executor, LocalExecutor, Report
 from voicepipe.records import METRICS, BreakdownPart, TurnRecord
 from voicepipe.runner import RunResult, simulate
 from voicepipe.scenario import Scenario
@@ -142,10 +142,10 @@ def predict_each(
     scenarios: Sequence[Scenario],
     sessions: int = 1,
     workers: int | None = None,
+    executor: Executor | None = None,
 ) -> list[list[TurnPrediction]]:
-    """:func:`predict` for every config, in up to ``workers`` processes (default: the CPUs); the same
-    results as one by one (each run is independent and seeded). A config the stages reject raises
-    :class:`voicepipe.parallel.ItemFailed` with its index."""
+    """:func:`predict` for every config on ``executor`` (default: up to ``workers`` local processes, default
+    the CPUs); the same results as one by one (each run is independent and seeded). A config the stages
+    reject raises :class:`voicepipe.parallel.ItemFailed` with its index."""
     jobs = [(cfg, tuple(scenarios), sessions) for cfg in cfgs]
-    with ForkPool(_predict_job, jobs, workers=workers or default_workers()) as pool:
-        return pool.results()
+    return (executor or LocalExecutor(workers)).map(_predict_job, jobs)

@@ -10,18 +10,19 @@ import csv as csvlib
 import json
 import math
 from collections.abc import Sequence
+from contextlib import closing
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.text import Text
 
-from voicepipe.capacity import Level, LevelJob, Limit, conversation_s, level_pool, limit, parse_loads
+from voicepipe.capacity import Level, LevelJob, Limit, conversation_s, level_batch, limit, parse_loads
 from voicepipe.cli.common import check_variants_speech, fail, load_scenarios, out, progress_bar, user_errors
 from voicepipe.cli.options import ConfigsOpt, ScenariosArg, SetOpt, VaryOpt, WideOpt
 from voicepipe.compare import display_names, plan_variants
 from voicepipe.config import load_config
-from voicepipe.parallel import ItemFailed, default_workers
+from voicepipe.parallel import EXECUTOR_HELP, ItemFailed, executor_for
 from voicepipe.report.svg import HALO, MUTED, budget_ref, esc, fmt_num, nice_ticks, series_colour
 from voicepipe.report.term import Cell, Col, print_fitted
 
@@ -233,6 +234,7 @@ def capacity(
             "this machine's CPUs. Results are the same for any value.",
         ),
     ] = None,
+    executor: Annotated[str | None, typer.Option("--executor", help=EXECUTOR_HELP)] = None,
 ) -> None:
     """How many concurrent conversations (or calls per minute) keep p90 inside the budget, per configuration.
 
@@ -247,6 +249,7 @@ def capacity(
             variants = [(config[0].stem if config else one.backend_label(), one)]
         scs = load_scenarios(scenario)
         check_variants_speech(variants, scs)
+        ex = executor_for(executor, jobs)
     levels: list[Level] = []
     limits: list[Limit] = []
     budget = variants[0][1].budget_ms
@@ -262,9 +265,10 @@ def capacity(
         for ld in loads
     ]
     total = round(sum(j.turns() for j in level_jobs))
-    # the pool forks its workers before the progress bar starts its refresh thread
+    # a local pool forks its workers before the progress bar starts its refresh thread
     with (
-        level_pool(level_jobs, jobs or default_workers()) as pool,
+        closing(ex),
+        level_batch(level_jobs, ex) as pool,
         progress_bar(total, "capacity") as prog,
     ):
         task = prog.task_ids[0]

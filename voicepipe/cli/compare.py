@@ -43,7 +43,8 @@ from voicepipe.cli.options import (
 )
 from voicepipe.compare import compare_rows, display_names, plan_variants, verdict
 from voicepipe.config import BrokerOverrides, PipelineConfig, config_dict
-from voicepipe.parallel import ItemFailed
+from voicepipe.errors import UserError
+from voicepipe.parallel import EXECUTOR_HELP, ItemFailed, executor_for
 from voicepipe.records import TurnRecord
 from voicepipe.report.advice import advice
 from voicepipe.runner import RunResult, run_live_loop, run_pipeline
@@ -57,18 +58,23 @@ def compare_predicted(
     sink: RecordSink,
     fmt: OutputFormat,
     wide: bool,
+    executor: str | None = None,
 ) -> None:
     """`compare --predict`: one row per configuration from the stages on virtual time (no live run)."""
     from voicepipe.predict import predict_each  # lazy: start-up time
     from voicepipe.report.table import PREDICTED, print_compare  # lazy: start-up time
 
     runs: dict[str, list[TurnRecord]] = {}
-    try:  # the configurations in parallel processes: same results as one by one
-        each = predict_each([cfg for _, cfg in variants], scs, sessions)
+    with user_errors():
+        ex = executor_for(executor)
+    try:  # the configurations in parallel (processes or a Ray cluster): same results as one by one
+        each = predict_each([cfg for _, cfg in variants], scs, sessions, executor=ex)
     except ItemFailed as failed:
         if not isinstance(failed.error, ValueError):
             raise failed.error from None
         raise fail(f"configuration {variants[failed.index][0]!r}: {failed.error}") from None
+    finally:
+        ex.close()
     for (label, _cfg), preds in zip(variants, each, strict=True):
         runs[label] = [p.as_record(label) for p in preds]
         for p in preds:
@@ -115,6 +121,9 @@ def compare(
         ),
     ] = False,
     wide: WideOpt = False,
+    executor: Annotated[
+        str | None, typer.Option("--executor", help="With --predict: " + EXECUTOR_HELP)
+    ] = None,
 ) -> None:
     """Run the same scenarios under several configurations: one row each with latency, budget share, cost.
 
@@ -128,11 +137,13 @@ def compare(
         variants = plan_variants(config or [], vary or [], set_ or [], broker)
         scs = load_scenarios(scenario)
         check_variants_speech(variants, scs)
+        if executor is not None and not predict:
+            raise UserError("--executor", "only with --predict (a live compare runs one configuration at a time)")
 
     as_json = fmt == OutputFormat.json
     sink = RecordSink(json_out, stdout=as_json)
     if predict:
-        compare_predicted(variants, scs, sessions, sink, fmt, wide)
+        compare_predicted(variants, scs, sessions, sink, fmt, wide, executor)
         return
 
     per_run = sum(len(s.turns) for s in scs) * sessions

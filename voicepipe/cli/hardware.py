@@ -9,10 +9,10 @@ dropped lowest priority first. ``--format json`` prints JSON to stdout; ``--json
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
 from collections.abc import Callable
+from contextlib import closing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
@@ -21,10 +21,13 @@ from rich.console import Console
 from rich.table import Table
 
 from voicepipe.backends.empirical import profiles
+from voicepipe.errors import UserError
 from voicepipe.hardware import catalog
 from voicepipe.hardware.backend import FAST_MAX_BATCH, deploy, make_hardware_backend
 from voicepipe.hardware.model import DoesNotFit, Prediction, Speculative
 from voicepipe.hardware.model import predict as model_predict
+from voicepipe.hardware.sweep import SweepJob, sweep_rows
+from voicepipe.parallel import EXECUTOR_HELP, ItemFailed, executor_for
 from voicepipe.report.term import Col, SafeConsole, print_fitted
 from voicepipe.safeprint import printable
 
@@ -268,7 +271,8 @@ def _predict(
     tp: int | None, precision: str | None, kv_precision: str | None, stk: catalog.Stack | None,
     spec: Speculative | None,
 ) -> Prediction:  # fmt: skip
-    """The one code path for predict and sweep (same chips for the same batch)."""
+    """``hardware predict``'s call; a sweep row (:class:`voicepipe.hardware.sweep.SweepJob`) makes the same
+    one without ``spec`` (same chips for the same batch)."""
     return model_predict(
         dev, mdl, precision=precision, batch=batch, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
         tp=tp, spec=spec, kv_precision=kv_precision, stack=stk,
@@ -352,6 +356,21 @@ def _batches(text: str) -> list[int]:
     return values
 
 
+def _sweep_rows(job: SweepJob, batches: list[int], executor: str | None) -> list[dict[str, Any]]:
+    """The rows on the ``--executor`` named; a user error or a row's ValueError is one line, exit 2."""
+    try:
+        ex = executor_for(executor)
+    except UserError as exc:
+        _fail(str(exc))
+    with closing(ex):
+        try:
+            return sweep_rows(job, batches, ex)
+        except ItemFailed as failed:
+            if not isinstance(failed.error, (ValueError, KeyError)):
+                raise failed.error from None
+            _fail(str(failed.error).strip("'\""))
+
+
 @app.command()
 def sweep(
     hardware: str = HardwareOpt,
@@ -366,6 +385,7 @@ def sweep(
     fmt: str = FormatOpt,
     json_out: Path | None = JsonOpt,
     wide: bool = WideOpt,
+    executor: str | None = typer.Option(None, "--executor", help=EXECUTOR_HELP),
 ) -> None:
     """Batching trade-off: step time, per-user and aggregate tok/s, $/Mtok; marks fast mode vs default.
 
@@ -377,22 +397,9 @@ def sweep(
                            "kv_precision": kv_precision, "stack": stack}  # fmt: skip
     dep = _guard(lambda: deploy({k: v for k, v in cfg.items() if v is not None}))
     bs = sorted(set(bs) | {FAST_MAX_BATCH, dep.max_batch})
-    rows: list[dict[str, Any]] = []
-    for b in bs:
-        p = _guard(
-            functools.partial(
-                _predict, dev, mdl, b, prompt_tokens, output_tokens, tp, precision, kv_precision, stk, None
-            )
-        )
-        cost = p.chips * dev.price_per_chip_hour / (p.aggregate_tokens_per_second * 3600) * 1e6
-        mode = ", ".join(
-            m for m, hit in (("fast", b == FAST_MAX_BATCH), ("default", b == dep.max_batch)) if hit
-        )
-        rows.append({
-            "batch": b, "chips": p.chips, "fits": p.fits, "effective_batch": p.effective_batch,
-            "step_ms": p.step_ms, "per_user_tps": p.tokens_per_second, "aggregate_tps": p.aggregate_tokens_per_second,
-            "usd_per_mtok_out": cost, "ttft_ms": p.ttft_ms, "mode": mode,
-        })  # fmt: skip
+    job = SweepJob(dev, mdl, prompt_tokens, output_tokens, tp, precision, kv_precision, stk, FAST_MAX_BATCH,
+                   dep.max_batch)  # fmt: skip
+    rows = _sweep_rows(job, bs, executor)
     near = _near(dev, mdl, stk)
     payload = {
         "hardware": dev.key, "model": mdl.key, "precision": dep.system.precision, "kv_precision": dep.system.kv,
