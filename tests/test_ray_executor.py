@@ -116,7 +116,7 @@ def _levels(executor) -> tuple[list[dict], int]:
 
 
 def test_sweeps_on_a_ray_cluster_return_exactly_the_local_results(ray_head, tmp_path):
-    from voicepipe.cli_hardware import app as hardware_app
+    from voicepipe.cli.hardware import app as hardware_app
 
     from voicepipe.predict import predict_each
 
