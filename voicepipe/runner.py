@@ -40,7 +40,8 @@ from voicepipe.bus import (
     negotiate_protocol,
     probe_round_trip,
 )
-from voicepipe.clock import is_virtual, lean_gc, now_ns, run_virtual
+from voicepipe.clock import is_virtual, now_ns, run_virtual
+from voicepipe.clock.gc import during_run
 from voicepipe.config import PipelineConfig
 from voicepipe.errors import UserError
 from voicepipe.liveness import Presence, Progress, Watch, turn_deadline_ns
@@ -282,7 +283,7 @@ async def serve_stages(
         return PartitionedBus(base(r), r, members)
 
     async with contextlib.AsyncExitStack() as stack:
-        stack.enter_context(lean_gc())  # collector pauses would show as pipeline tax
+        stack.enter_context(during_run())  # collector pauses would show as tax (if the program opted in)
         if shared:  # replicas must learn of a dead peer to take over its sessions
             await stack.enter_async_context(
                 Watch(addr, run, lambda _p, reps, _why: members.remove(reps), who=process)
@@ -479,7 +480,7 @@ async def run_pipeline(
     ]
     served_elsewhere = {kind_of(r) for r in remote}
     async with contextlib.AsyncExitStack() as stack:
-        stack.enter_context(lean_gc())  # collector pauses would show as pipeline tax
+        stack.enter_context(during_run())  # collector pauses would show as tax (if the program opted in)
         if cfg.broker.url:
             addr = BrokerAddress.from_config(cfg.broker)
             protocol = await negotiate_protocol(addr, cfg.broker.protocol)
