@@ -24,10 +24,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from voicepipe import gate
-from voicepipe.config import BrokerOverrides, PipelineConfig, config_dict, load_config
+from voicepipe.config import BrokerOverrides, PipelineConfig, check_speech, config_dict, load_config
 from voicepipe.errors import UserError
 from voicepipe.records import TurnRecord
-from voicepipe.scenario import Scenario, check_speech, load_scenario, shipped
+from voicepipe.scenario import Scenario, load_scenario, shipped
 
 app = typer.Typer(
     add_completion=True,

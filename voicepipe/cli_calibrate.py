@@ -17,9 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from voicepipe.backends.openai import config_from_spec
-from voicepipe.backends.profile import Point, dump_profile, profile_from_points
-from voicepipe.calibrate import (
+from voicepipe.backends.calibrate import (
     Settings,
     Versus,
     against,
@@ -28,6 +26,8 @@ from voicepipe.calibrate import (
     hardware_model,
     source_of,
 )
+from voicepipe.backends.openai import config_from_spec
+from voicepipe.backends.profile import Point, dump_profile, profile_from_points
 from voicepipe.errors import UserError
 
 out = Console()

@@ -20,8 +20,8 @@ from rich.console import Console
 from rich.table import Table
 
 from voicepipe.backends.empirical import profiles
+from voicepipe.backends.hardware import FAST_MAX_BATCH, deploy, make_hardware_backend
 from voicepipe.hardware import catalog
-from voicepipe.hardware.backend import FAST_MAX_BATCH, deploy, make_hardware_backend
 from voicepipe.hardware.model import DoesNotFit, Prediction, Speculative
 from voicepipe.hardware.model import predict as model_predict
 from voicepipe.report.term import Col, print_fitted

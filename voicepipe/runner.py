@@ -42,7 +42,7 @@ from voicepipe.bus import (
 )
 from voicepipe.clock import is_virtual, now_ns, run_virtual
 from voicepipe.clock.gc import during_run
-from voicepipe.config import PipelineConfig
+from voicepipe.config import PipelineConfig, check_speech
 from voicepipe.errors import UserError
 from voicepipe.liveness import Presence, Progress, Watch, turn_deadline_ns
 from voicepipe.measure import LAG_TRUST_P99_MS, LagProbe, LoopLag
@@ -50,7 +50,7 @@ from voicepipe.membus import MemoryBroker
 from voicepipe.messages import Cancel, CancelReason, Envelope
 from voicepipe.partition import Membership, PartitionedBus, kind_of, plan_workers, replica_id
 from voicepipe.records import Accounting, TurnRecord, account
-from voicepipe.scenario import Scenario, check_speech, session_id
+from voicepipe.scenario import Scenario, session_id
 from voicepipe.stages.agent import Agent
 from voicepipe.stages.asr import ASR
 from voicepipe.stages.base import NOTED_PER_REASON, RunContext, Stage, cancel_quietly
@@ -597,7 +597,7 @@ async def play_sessions(
     before: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
     """Start the stages, play every slot's conversations, stop the stages. Every scenario is first checked
-    against the run's config (:func:`voicepipe.scenario.check_speech`: a UserError), on every path in."""
+    against the run's config (:func:`voicepipe.config.check_speech`: a UserError), on every path in."""
     tasks: list[asyncio.Task[None]] = []
     if stages:
         played = {id(sc): sc for _, convs in slots for sc, _ in convs}

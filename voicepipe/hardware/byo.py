@@ -1,6 +1,6 @@
 """Bring your own model or device: a Hugging Face ``config.json`` or a device YAML file, read offline.
 
-:func:`load_hf_config` maps the fields of a ``config.json`` to a :class:`~voicepipe.hardware.catalog.
+:func:`load_hf_config` maps the fields of a ``config.json`` to a :class:`~voicepipe.hardware.specs.
 ModelSpec`: dense and GQA (``num_key_value_heads``), MoE (``num_local_experts`` / ``num_experts`` /
 ``n_routed_experts`` with ``num_experts_per_tok``, shared experts, ``first_k_dense_replace``,
 ``moe_intermediate_size``), MLA (``kv_lora_rank`` + ``qk_rope_head_dim`` cached per token per layer) and
@@ -22,7 +22,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from voicepipe.errors import read_yaml_mapping
-from voicepipe.hardware.catalog import Device, ModelSpec
+from voicepipe.hardware.specs import Device, ModelSpec
 
 _DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "bf16", "fp8": "fp8"}
 
