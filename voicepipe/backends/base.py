@@ -19,6 +19,7 @@ from typing import Protocol, TypeGuard
 
 import numpy as np
 
+from voicepipe.clock import sleep_until_ns
 from voicepipe.llm import LLMRequest
 from voicepipe.messages import Span
 from voicepipe.spans import modelled_span
@@ -130,8 +131,6 @@ class ScheduledStream:
         return self.t0_ns + round(self.timing.token_s(i) * 1e9)
 
     async def token_time(self, i: int) -> int:
-        from voicepipe.clock import sleep_until_ns
-
         t = self.at_ns(i)
         await sleep_until_ns(t)
         return t
