@@ -31,6 +31,7 @@ from rich.table import Table
 
 import voicepipe
 from voicepipe.capacity import Load, conversation_s, run_level
+from voicepipe.clock.gc import tune_for_runs
 from voicepipe.config import load_config
 from voicepipe.scenario import load_scenario
 
@@ -90,4 +91,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    tune_for_runs()  # the collector settings the CLI runs with (voicepipe.clock.gc)
     main()

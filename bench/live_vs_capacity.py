@@ -36,6 +36,7 @@ from voicepipe.brokers import Mosquitto
 from voicepipe.bus import BrokerAddress, probe_round_trip
 from voicepipe.capacity import Level, Load, conversation_s, level_of, plan, run_level
 from voicepipe.clock import now_ns
+from voicepipe.clock.gc import tune_for_runs
 from voicepipe.config import PipelineConfig, load_config
 from voicepipe.records import TurnRecord, percentile
 from voicepipe.runner import RunResult, build_stages, mqtt_connector, needed_stages, play_sessions
@@ -176,4 +177,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    tune_for_runs()  # the collector settings the CLI runs with (voicepipe.clock.gc)
     main()

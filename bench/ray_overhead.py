@@ -36,7 +36,8 @@ from benchinfo import code_rev, machine
 
 from voicepipe.capacity import LevelJob, Load, conversation_s, level_batch
 from voicepipe.config import load_config
-from voicepipe.parallel import LocalExecutor, default_workers, executor_for
+from voicepipe.executors import executor_for
+from voicepipe.parallel import LocalExecutor, default_workers
 from voicepipe.scenario import load_scenario
 
 

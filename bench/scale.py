@@ -38,6 +38,7 @@ from rich.table import Table
 
 from voicepipe.brokers import Mosquitto
 from voicepipe.bus import BrokerAddress
+from voicepipe.clock.gc import tune_for_runs
 from voicepipe.config import load_config
 from voicepipe.runner import run_live_loop, run_pipeline
 from voicepipe.scenario import load_scenario
@@ -222,6 +223,7 @@ async def main(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
+    tune_for_runs()  # the collector settings the CLI runs with (voicepipe.clock.gc)
     a = parse_args()
     # the run process's event loop as `voicepipe run` picks it (the workers pick theirs: runner.worker_entry)
     (asyncio.run if a.loop == "asyncio" else run_live_loop)(main(a))

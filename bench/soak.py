@@ -26,6 +26,7 @@ from rich.console import Console
 from rich.table import Table
 
 from voicepipe.brokers import Mosquitto
+from voicepipe.clock.gc import tune_for_runs
 from voicepipe.config import load_config
 from voicepipe.records import TurnRecord
 from voicepipe.runner import run_pipeline
@@ -134,4 +135,5 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
+    tune_for_runs()  # the collector settings the CLI runs with (voicepipe.clock.gc)
     asyncio.run(main())

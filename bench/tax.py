@@ -25,6 +25,7 @@ from rich.table import Table
 
 from voicepipe.brokers import Mosquitto
 from voicepipe.bus import BrokerAddress
+from voicepipe.clock.gc import tune_for_runs
 from voicepipe.config import load_config
 from voicepipe.runner import run_pipeline
 from voicepipe.scenario import load_scenario
@@ -111,4 +112,5 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
+    tune_for_runs()  # the collector settings the CLI runs with (voicepipe.clock.gc)
     asyncio.run(main())

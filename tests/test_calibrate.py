@@ -14,9 +14,9 @@ from typer.testing import CliRunner
 from tests.sse_server import SSEServer
 from voicepipe.backends import build_backend
 from voicepipe.backends.base import LLMRequest
+from voicepipe.backends.calibrate import Settings, against, calibrate
 from voicepipe.backends.openai import config_from_spec
 from voicepipe.backends.profile import load_profile
-from voicepipe.calibrate import Settings, against, calibrate
 from voicepipe.cli import app
 from voicepipe.config import load_config
 from voicepipe.errors import UserError

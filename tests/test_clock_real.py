@@ -10,6 +10,7 @@ import time
 import pytest
 
 from voicepipe import clock
+from voicepipe.clock import realtime
 
 
 async def _sleepers(n: int) -> list[tuple[int, int, int]]:
@@ -36,7 +37,7 @@ def _check(woke: list[tuple[int, int, int]]) -> None:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="timerfd is Linux-only")
 async def test_timerfd_path_wakes_every_sleeper_never_early_and_in_order() -> None:
     woke = await _sleepers(300)
-    assert clock._timers[asyncio.get_running_loop()].fd is not None  # the timerfd path was taken
+    assert realtime._timers[asyncio.get_running_loop()].fd is not None  # the timerfd path was taken
     _check(woke)
     # a deadline already past returns at once, a cancelled sleeper leaves the others undisturbed
     await clock.sleep_until_ns(time.monotonic_ns() - 1)
@@ -47,9 +48,9 @@ async def test_timerfd_path_wakes_every_sleeper_never_early_and_in_order() -> No
 
 
 async def test_portable_path_wakes_every_sleeper_never_early_and_in_order(monkeypatch) -> None:
-    monkeypatch.setattr(clock, "_timerfd_or_none", lambda: None)
+    monkeypatch.setattr(realtime, "_timerfd_or_none", lambda: None)
     woke = await _sleepers(300)
-    assert clock._timers[asyncio.get_running_loop()].fd is None
+    assert realtime._timers[asyncio.get_running_loop()].fd is None
     _check(woke)
 
 
@@ -74,4 +75,4 @@ def test_closed_loops_release_their_timerfd() -> None:
     for _ in range(100):
         asyncio.run(one())
     assert len(os.listdir("/proc/self/fd")) - before <= 2
-    assert sum(1 for lp in clock._timers if lp.is_closed()) <= 1
+    assert sum(1 for lp in realtime._timers if lp.is_closed()) <= 1

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-import voicepipe.hardware as hw
+import voicepipe.backends.reference as hw
 from voicepipe.hardware import catalog as cat
 from voicepipe.hardware import model as hm
 
@@ -255,7 +255,7 @@ def test_doc_residual_table_matches_model():
     m = re.search(r"<!-- residuals:begin -->\n(.*?)\n<!-- residuals:end -->", doc, re.S)
     assert m, "docs/hardware-model.md lacks the residual table markers"
     assert m.group(1).strip() == hw.residual_table().strip(), (
-        "regenerate: python -c 'import voicepipe.hardware as h; h.update_doc()'"
+        "regenerate: python -c 'import voicepipe.backends.reference as r; r.update_doc()'"
     )
 
 

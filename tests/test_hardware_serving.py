@@ -11,8 +11,8 @@ import pytest
 
 from voicepipe.backends import build_backend
 from voicepipe.backends.base import LLMRequest, ScheduledStream
+from voicepipe.backends.hardware import make_hardware_backend
 from voicepipe.clock import now_ns
-from voicepipe.hardware.backend import make_hardware_backend
 from voicepipe.hardware.model import mixed_step_s, request_overhead_s
 from voicepipe.hardware.serving import DeviceServer, closed_loop
 

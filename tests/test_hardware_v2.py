@@ -16,6 +16,8 @@ from voicepipe.cli.hardware import app
 from voicepipe.hardware import catalog as cat
 from voicepipe.hardware import model as hm
 from voicepipe.hardware import validate as val
+from voicepipe.hardware.validate.evidence import _reading
+from voicepipe.hardware.validate.fit import _loss
 
 ROOT = Path(__file__).resolve().parents[1]
 HF = ROOT / "tests" / "data" / "hf"
@@ -330,7 +332,7 @@ def test_fit_loss_is_capped_so_a_gross_miss_stops_pulling():
 
     def loss(scale):
         moved = [pts[0].model_copy(update={"value": pts[0].value * scale}), *pts[1:]]
-        return float(val._loss(val.batch_of([val.prepare(p) for p in moved]), theta)[0])
+        return float(_loss(val.batch_of([val.prepare(p) for p in moved]), theta)[0])
 
     assert loss(1.1) < loss(1.3)  # within the cap a worse point costs more
     assert loss(10.0) == pytest.approx(loss(100.0))  # past it, no more
@@ -449,13 +451,13 @@ def _group(points: int, speed: float, faster: int, sources: int = 2) -> val.Grou
 
 
 def test_a_direction_needs_a_large_one_sided_median_from_two_sources():
-    assert "best case" in val._reading(_group(10, 1.5, 90), True)
-    assert "worst case" in val._reading(_group(10, 0.7, 10), True)
+    assert "best case" in _reading(_group(10, 1.5, 90), True)
+    assert "worst case" in _reading(_group(10, 0.7, 10), True)
     # a large median with points on both sides, or from one source, gives the spread instead
-    assert "no consistent direction" in val._reading(_group(10, 1.5, 60), True)
-    assert "no consistent direction" in val._reading(_group(10, 1.5, 100, sources=1), True)
-    assert "no consistent direction" in val._reading(_group(10, 1.05, 100), True)
-    assert "unknown" in val._reading(None, True)
+    assert "no consistent direction" in _reading(_group(10, 1.5, 60), True)
+    assert "no consistent direction" in _reading(_group(10, 1.5, 100, sources=1), True)
+    assert "no consistent direction" in _reading(_group(10, 1.05, 100), True)
+    assert "unknown" in _reading(None, True)
 
 
 def test_the_nearest_evidence_reads_deepseek_r1_on_h200_as_a_best_case():

@@ -215,3 +215,28 @@ def test_compare_predict_rows_in_expected_direction(tmp_path):
         by.setdefault(rec["label"], []).append(rec["predicted_ms"])
     slow, fast = by["agent.backend=sonnet-gpu"], by["agent.backend=cerebras-llama-3.1-8b"]
     assert np.median(slow) > np.median(fast) + 300
+
+
+def test_importing_voicepipe_and_predicting_leaves_the_programs_collector_settings_alone():
+    """A program using voicepipe as a library keeps its own GC settings (only the CLI opts in to tuning):
+    checked in a fresh interpreter with unusual settings, before, during and after a virtual prediction."""
+    code = """
+import gc, json
+gc.set_threshold(1234, 5, 6)
+before = (gc.isenabled(), gc.get_threshold(), gc.get_freeze_count())
+import voicepipe
+from voicepipe.clock import run_virtual
+from tests.conftest import fast_config, tiny_scenario
+from voicepipe.predict import predict
+preds = predict(fast_config(), [tiny_scenario()], 2)
+
+async def during():
+    return (gc.isenabled(), gc.get_threshold(), gc.get_freeze_count())
+
+print(json.dumps([before, run_virtual(during()), (gc.isenabled(), gc.get_threshold(), gc.get_freeze_count()), len(preds)]))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    before, during, after, n = json.loads(out.stdout.strip().splitlines()[-1])
+    assert n == 4
+    assert before == [True, [1234, 5, 6], 0]
+    assert during == before and after == before

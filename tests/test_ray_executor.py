@@ -27,7 +27,8 @@ from tests.conftest import tiny_scenario
 from voicepipe.capacity import LevelJob, Load, conversation_s, level_batch
 from voicepipe.config import load_config
 from voicepipe.errors import UserError
-from voicepipe.parallel import ItemFailed, LocalExecutor, executor_for
+from voicepipe.executors import executor_for
+from voicepipe.parallel import ItemFailed, LocalExecutor
 
 MISSING_EXTRA = "ray executor needs the ray extra: pip install 'voicepipe[ray]'"
 
@@ -117,7 +118,6 @@ def _levels(executor) -> tuple[list[dict], int]:
 
 def test_sweeps_on_a_ray_cluster_return_exactly_the_local_results(ray_head, tmp_path):
     from voicepipe.cli.hardware import app as hardware_app
-
     from voicepipe.predict import predict_each
 
     local_levels, local_turns = _levels(LocalExecutor(1))

@@ -14,11 +14,11 @@ import pytest
 
 from tests.test_bad_files import NO_BROKER, one_line_exit_2, runner
 from voicepipe.cli import app
-from voicepipe.config import load_config
+from voicepipe.config import check_speech, load_config
 from voicepipe.errors import UserError
 from voicepipe.limits import MAX_SPEECH_MS, MAX_TEXT
 from voicepipe.predict import predict
-from voicepipe.scenario import check_speech, load_scenario
+from voicepipe.scenario import load_scenario
 from voicepipe.stages.guard import MAX_AUDIO_MS
 
 WPM = 165.0  # tts.words_per_minute's default

@@ -13,11 +13,11 @@ import random
 
 import pytest
 
-from voicepipe.config import load_config
+from voicepipe.config import check_speech, load_config
 from voicepipe.errors import UserError
 from voicepipe.limits import MAX_MS, MAX_WPM, MIN_WPM
 from voicepipe.runner import simulate
-from voicepipe.scenario import check_speech, load_scenario
+from voicepipe.scenario import load_scenario
 from voicepipe.text import PAUSE
 
 MS = [0, 0.001, 1, 50, 800, 5000, MAX_MS]

@@ -140,10 +140,23 @@ def test_a_stage_receive_that_waits_holds_its_later_messages_back_in_order():
     ]  # fmt: skip
 
 
-def test_the_collector_is_off_during_a_virtual_run_unless_a_live_run_overlaps_and_comes_back_after():
+@pytest.fixture
+def tuned_runs():
+    """Runs in this test tune the collector, as under the CLI (the process's choice is restored after)."""
+    from voicepipe.clock import gc as vgc
+
+    was = vgc.tuning_for_runs()
+    vgc.tune_for_runs()
+    yield
+    vgc.tune_for_runs(was)
+
+
+def test_the_collector_is_off_during_a_tuned_virtual_run_unless_a_live_run_overlaps_and_comes_back_after(
+    tuned_runs,
+):
     import gc
 
-    from voicepipe.clock import GC_THRESHOLD, lean_gc
+    from voicepipe.clock.gc import GC_THRESHOLD, lean_gc
 
     before = gc.get_threshold()
     assert gc.isenabled()
@@ -165,7 +178,24 @@ def test_the_collector_is_off_during_a_virtual_run_unless_a_live_run_overlaps_an
         gc.enable()
 
 
-def test_cyclic_garbage_of_a_virtual_run_is_freed_when_it_ends():
+def test_a_virtual_run_leaves_the_collector_alone_unless_the_program_opted_in():
+    import gc
+
+    from voicepipe.clock import gc as vgc
+
+    if vgc.tuning_for_runs():
+        pytest.skip("an earlier test in this process opted in")  # (the fixture restores it: not expected)
+    before = gc.get_threshold()
+
+    async def state() -> tuple[bool, tuple[int, int, int], int]:
+        return gc.isenabled(), gc.get_threshold(), gc.get_freeze_count()
+
+    frozen = gc.get_freeze_count()
+    assert run_virtual(state()) == (True, before, frozen)
+    assert gc.isenabled() and gc.get_threshold() == before
+
+
+def test_cyclic_garbage_of_a_tuned_virtual_run_is_freed_when_it_ends(tuned_runs):
     import gc
 
     class Node:

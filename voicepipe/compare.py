@@ -17,6 +17,7 @@ from pathlib import Path
 
 from voicepipe.config import BrokerOverrides, PipelineConfig, load_config
 from voicepipe.errors import UserError
+from voicepipe.hardware import catalog
 from voicepipe.records import TurnRecord, summarise
 
 MAX_AXES = 2
@@ -284,8 +285,6 @@ def _backend_kind(label: str) -> str | None:
     """'hardware' for a modelled device (DEVICE/MODEL, DEVICE a catalog name or a device .yaml), None for
     the cache and the council (not backends of their own), else 'service': a measured profile or an
     endpoint, whose latency includes a network and a provider's queue."""
-    from voicepipe.hardware import catalog
-
     if label == "cache" or label.startswith("council:"):
         return None
     if "/" in label and (label.split("/")[0] in catalog.devices() or ".yaml/" in label or ".yml/" in label):

@@ -25,6 +25,8 @@ from pydantic import (
     model_validator,
 )
 
+from voicepipe.backends import UnknownBackend, build_backend, resolve_named, validate_spec
+from voicepipe.bus import BrokerAddress
 from voicepipe.errors import UserError, from_validation, redact_url
 from voicepipe.files import read_text, read_yaml_mapping
 from voicepipe.limits import (
@@ -47,7 +49,9 @@ from voicepipe.limits import (
     Wpm,
 )
 from voicepipe.safeyaml import YamlRejected, load
+from voicepipe.scenario import CacheEntry, Scenario, reply_speech_ms, too_long
 from voicepipe.shipped import resolve_config
+from voicepipe.text import speak
 
 Z90 = 1.2815515655446004
 
@@ -215,8 +219,6 @@ class RouterConfig(Strict):
 
 
 def _cache_entry(v: Any) -> dict[str, Any]:
-    from voicepipe.scenario import CacheEntry
-
     return CacheEntry.model_validate(v).model_dump()
 
 
@@ -246,8 +248,6 @@ class CouncilConfig(Strict):
     @field_validator("members", "judge")
     @classmethod
     def _known(cls, v: Any) -> Any:
-        from voicepipe.backends import UnknownBackend, validate_spec
-
         for spec in v if isinstance(v, list) else ([v] if v is not None else []):
             try:
                 validate_spec(spec)
@@ -270,8 +270,6 @@ class AgentConfig(Strict):
     @field_validator("backend")
     @classmethod
     def _known(cls, v: str | dict[str, Any]) -> str | dict[str, Any]:
-        from voicepipe.backends import UnknownBackend, validate_spec
-
         try:
             validate_spec(v)
         except UnknownBackend as exc:
@@ -325,8 +323,6 @@ class PipelineConfig(Strict):
     @model_validator(mode="before")
     @classmethod
     def _named_backends(cls, data: Any) -> Any:
-        from voicepipe.backends import resolve_named
-
         return resolve_named(data)
 
     @model_validator(mode="after")
@@ -352,8 +348,6 @@ class PipelineConfig(Strict):
     @model_validator(mode="after")
     def _answers_speakable(self) -> PipelineConfig:
         """The config's own cache answers, at its TTS speaking rate (a scenario's lines: check_speech)."""
-        from voicepipe.scenario import reply_speech_ms, too_long
-
         wpm = self.tts.words_per_minute
         for j, e in enumerate(self.cache.entries):
             said = too_long(
@@ -373,8 +367,6 @@ class PipelineConfig(Strict):
     def backend_label(self) -> str:
         b = self.agent.backend
         if isinstance(b, dict) and "hardware" not in b:  # an endpoint or an inline profile
-            from voicepipe.backends import build_backend
-
             return build_backend(b).name
         if isinstance(b, dict):
             return f"{b.get('hardware')}/{b.get('model')}"
@@ -467,8 +459,6 @@ def _resolve_broker(cfg: PipelineConfig, source: str) -> None:
         if tls:
             raise UserError(source, f"broker.{tls[0]}: TLS options need an mqtts:// broker URL (none given)")
         return
-    from voicepipe.bus import BrokerAddress
-
     try:
         BrokerAddress.from_config(b)
     except UserError as exc:
@@ -521,3 +511,28 @@ def config_dict(cfg: PipelineConfig) -> dict[str, Any]:
     if d["broker"].get("url"):
         d["broker"]["url"] = redact_url(d["broker"]["url"])
     return d
+
+
+def check_speech(cfg: PipelineConfig, scenarios: list[Scenario]) -> None:
+    """Refuse (:class:`UserError` naming the scenario file and field) any utterance, reply or cached answer
+    that takes longer than :data:`voicepipe.limits.MAX_SPEECH_MS` to say at the speaking rate it gets:
+    a turn's own ``words_per_minute`` or the config's ``client.words_per_minute`` for the user (pauses
+    included), ``tts.words_per_minute`` for replies and answers. Only now are text and rate both known."""
+    tts = cfg.tts.words_per_minute
+    for sc in scenarios:
+        for i, t in enumerate(sc.turns):
+            wpm = t.words_per_minute or cfg.client.words_per_minute
+            words = speak(t.user, wpm)
+            rate = f"{wpm:g} words per minute" + ("" if t.words_per_minute else " (client.words_per_minute)")
+            said = too_long(f"turns.{i}.user", words[-1].end_ms if words else 0.0, rate)
+            said = said or too_long(
+                f"turns.{i}.reply", reply_speech_ms(t.reply, tts), f"tts.words_per_minute {tts:g}"
+            )
+            if said:
+                raise UserError(sc.source or sc.name, said)
+        for j, e in enumerate(sc.cache):
+            said = too_long(
+                f"cache.{j}.answer", reply_speech_ms(e.answer, tts), f"tts.words_per_minute {tts:g}"
+            )
+            if said:
+                raise UserError(sc.source or sc.name, said)

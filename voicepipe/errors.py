@@ -10,13 +10,12 @@ from __future__ import annotations
 import difflib
 import re
 import typing
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ValidationError
 
-from voicepipe.limits import MAX_FILE_BYTES, MAX_RUN_ID
+from voicepipe.limits import MAX_RUN_ID
 from voicepipe.safeprint import printable
 
 
@@ -65,20 +64,6 @@ def from_validation(
         if model is not None and err["loc"]:
             msg += did_you_mean(str(err["loc"][-1]), fields_at(model, tuple(err["loc"][:-1])))
     return UserError(source, f"{field}: {msg}" if field else msg)
-
-
-def read_text(path: Path, limit: int = MAX_FILE_BYTES) -> str:
-    """A user file's text: see :func:`voicepipe.files.read_text` (the one file guard); kept for old imports."""
-    from voicepipe.files import read_text as guarded
-
-    return guarded(path, limit)
-
-
-def read_yaml_mapping(path: Path, what: str = "a mapping") -> dict[str, Any]:
-    """A YAML file's top-level mapping: see :func:`voicepipe.files.read_yaml_mapping`; kept for old imports."""
-    from voicepipe.files import read_yaml_mapping as guarded
-
-    return guarded(path, what)
 
 
 def redact_url(url: str) -> str:

@@ -78,7 +78,7 @@ MAX_TEXT = 10_000
 # One utterance, reply or cached answer as spoken: ten minutes (MAX_TEXT's ~1,700 words at 165 wpm). Text
 # within MAX_TEXT can still take longer at a slow speaking rate (5,000 one-letter words at 20 wpm are over
 # four hours), and the speaking rates live in the config, so this is checked when a scenario meets its
-# config (voicepipe.scenario.check_speech; a config's own cache answers when it loads). The bus guard's
+# config (voicepipe.config.check_speech; a config's own cache answers when it loads). The bus guard's
 # bound on an audio chunk is this one (voicepipe.stages.guard.MAX_AUDIO_MS), so no message of a run that
 # passed the check is ever refused as out of range.
 MAX_SPEECH_MS = 600_000.0

@@ -17,7 +17,7 @@ Executors. :class:`Executor` is the one interface the sweeps use: ``start(fn, it
 :class:`LocalExecutor` is the fork pool above; ``voicepipe.parallel_ray.RayExecutor`` sends the same items to
 a Ray cluster (imported only when asked for: ``--executor ray`` or ``ray://HOST:PORT``, the ``ray`` extra).
 Every executor returns results in item order and raises the first failure in item order as
-:class:`ItemFailed`, so the choice changes where the work runs, never what comes back. :func:`executor_for`
+:class:`ItemFailed`, so the choice changes where the work runs, never what comes back. :func:`voicepipe.executors.executor_for`
 turns the ``--executor`` text into one.
 """
 
@@ -28,8 +28,6 @@ import multiprocessing as mp
 import os
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, Protocol, TypeVar
-
-from voicepipe.errors import UserError
 
 I = TypeVar("I")  # noqa: E741
 R = TypeVar("R")
@@ -197,31 +195,3 @@ class LocalExecutor(Executor):
         self, fn: Callable[[I, Report], R], items: Sequence[I], weights: Sequence[float] | None = None
     ) -> ForkPool[I, R]:
         return ForkPool(fn, items, workers=self.workers or default_workers(), weights=weights)
-
-
-EXECUTOR_HELP = (
-    "Where the independent runs go: local (forked processes here, the default), ray (a local Ray: the one "
-    "RAY_ADDRESS or `ray start` names, else a new one on loopback) or ray://HOST:PORT (a Ray cluster's "
-    "client server). Results are the same on any of them. Ray needs the ray extra."
-)
-
-
-def executor_for(spec: str | None, workers: int | None = None) -> Executor:
-    """The executor ``--executor spec`` names (None or ``local``: :class:`LocalExecutor` with ``workers``);
-    a Ray one is connected here, so a bad address or a missing extra is a :class:`UserError` before any run."""
-    text = (spec or "local").strip()
-    if text == "local":
-        return LocalExecutor(workers)
-    if text != "ray" and not text.startswith("ray://"):
-        raise UserError("--executor", f"expected local, ray or ray://HOST:PORT, got {text!r}")
-    if text == "ray://":
-        raise UserError("--executor", "ray:// needs HOST:PORT (the cluster's client server, port 10001 by default)")
-    if workers is not None:
-        raise UserError("--jobs", "counts local processes; a Ray cluster runs as many items as it has CPUs")
-    try:
-        import ray  # noqa: F401
-    except ImportError:
-        raise UserError("", "ray executor needs the ray extra: pip install 'voicepipe[ray]'") from None
-    from voicepipe.parallel_ray import RayExecutor
-
-    return RayExecutor(None if text == "ray" else text)

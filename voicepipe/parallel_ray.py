@@ -1,6 +1,6 @@
 """The Ray executor: the same independent items as :class:`voicepipe.parallel.LocalExecutor`, on a Ray cluster.
 
-Imported only by :func:`voicepipe.parallel.executor_for` once ``ray`` imports (the ``ray`` extra). Each item
+Imported only by :func:`voicepipe.executors.executor_for` once ``ray`` imports (the ``ray`` extra). Each item
 is one Ray task (one CPU): ``fn`` and the item travel by cloudpickle, the task returns the result, or the
 item's exception, with the count ``fn`` reported, so a failure comes back as
 :class:`~voicepipe.parallel.ItemFailed` exactly as from the fork pool, and results are in item order.

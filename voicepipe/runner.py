@@ -40,8 +40,9 @@ from voicepipe.bus import (
     negotiate_protocol,
     probe_round_trip,
 )
-from voicepipe.clock import is_virtual, lean_gc, now_ns, run_virtual
-from voicepipe.config import PipelineConfig
+from voicepipe.clock import is_virtual, now_ns, run_virtual
+from voicepipe.clock.gc import during_run, tune_for_runs
+from voicepipe.config import PipelineConfig, check_speech
 from voicepipe.errors import UserError, check_run_id
 from voicepipe.liveness import Presence, Progress, Watch, turn_deadline_ns
 from voicepipe.measure import LAG_TRUST_P99_MS, LagProbe, LoopLag
@@ -49,7 +50,7 @@ from voicepipe.membus import MemoryBroker
 from voicepipe.messages import Cancel, CancelReason, Envelope
 from voicepipe.partition import Membership, PartitionedBus, kind_of, plan_workers, replica_id
 from voicepipe.records import Accounting, TurnRecord, account
-from voicepipe.scenario import Scenario, check_speech, session_id
+from voicepipe.scenario import Scenario, session_id
 from voicepipe.stages.agent import Agent
 from voicepipe.stages.asr import ASR
 from voicepipe.stages.base import NOTED_PER_REASON, RunContext, Stage, cancel_quietly
@@ -283,7 +284,7 @@ async def serve_stages(
         return PartitionedBus(base(r), r, members)
 
     async with contextlib.AsyncExitStack() as stack:
-        stack.enter_context(lean_gc())  # collector pauses would show as pipeline tax
+        stack.enter_context(during_run())  # collector pauses would show as tax (if the program opted in)
         if shared:  # replicas must learn of a dead peer to take over its sessions
             await stack.enter_async_context(
                 Watch(addr, run, lambda _p, reps, _why: members.remove(reps), who=process)
@@ -312,6 +313,7 @@ def worker_entry() -> None:
     reads its pickled job from stdin — (config, run, process, replicas, planned) — and serves the replicas
     until SIGTERM, then clears its marker and exits cleanly."""
     cfg, run, process, replicas, planned, token = pickle.load(sys.stdin.buffer)
+    tune_for_runs()  # a worker is a process of the CLI's run, not a library caller's: tuned like the CLI
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
 
     parent = os.getppid()
@@ -480,7 +482,7 @@ async def run_pipeline(
     ]
     served_elsewhere = {kind_of(r) for r in remote}
     async with contextlib.AsyncExitStack() as stack:
-        stack.enter_context(lean_gc())  # collector pauses would show as pipeline tax
+        stack.enter_context(during_run())  # collector pauses would show as tax (if the program opted in)
         if cfg.broker.url:
             addr = BrokerAddress.from_config(cfg.broker)
             protocol = await negotiate_protocol(addr, cfg.broker.protocol)
@@ -597,7 +599,7 @@ async def play_sessions(
     before: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
     """Start the stages, play every slot's conversations, stop the stages. Every scenario is first checked
-    against the run's config (:func:`voicepipe.scenario.check_speech`: a UserError), on every path in."""
+    against the run's config (:func:`voicepipe.config.check_speech`: a UserError), on every path in."""
     tasks: list[asyncio.Task[None]] = []
     if stages:
         played = {id(sc): sc for _, convs in slots for sc, _ in convs}

@@ -13,7 +13,7 @@ known, the line. Refused:
 
 Dates stay text (no implicit timestamps), and YAML 1.2 exponent floats (``1e3``) are floats as a user
 means them. libyaml's parser is used when PyYAML has it (about 8x faster); the checks are the same either
-way. The caller bounds the text's size before it gets here (:func:`voicepipe.errors.read_text`).
+way. The caller bounds the text's size before it gets here (:func:`voicepipe.files.read_text`).
 """
 
 from __future__ import annotations

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 from pydantic.json_schema import SkipJsonSchema
 
-from voicepipe.errors import UserError, from_validation
+from voicepipe.errors import from_validation
 from voicepipe.files import read_yaml_mapping
 from voicepipe.limits import (
     MAX_CACHE_ENTRIES,
@@ -24,10 +24,7 @@ from voicepipe.limits import (
 )
 from voicepipe.shipped import resolve as resolve_shipped
 from voicepipe.shipped import shipped_dir, shipped_scenarios
-from voicepipe.text import PAUSE, audio_ms, pause_ms, plain, speak
-
-if TYPE_CHECKING:
-    from voicepipe.config import PipelineConfig
+from voicepipe.text import PAUSE, audio_ms, pause_ms, plain
 
 # Strict: no coercion of text or booleans into numbers; no NaN/inf; every number and text bounded
 # (voicepipe/limits.py says why each bound is where it is).
@@ -146,29 +143,6 @@ def too_long(field: str, ms: float, rate: str) -> str | None:
     )
 
 
-def check_speech(cfg: PipelineConfig, scenarios: list[Scenario]) -> None:
-    """Refuse (:class:`UserError` naming the scenario file and field) any utterance, reply or cached answer
-    that takes longer than :data:`voicepipe.limits.MAX_SPEECH_MS` to say at the speaking rate it gets:
-    a turn's own ``words_per_minute`` or the config's ``client.words_per_minute`` for the user (pauses
-    included), ``tts.words_per_minute`` for replies and answers. Only now are text and rate both known."""
-    tts = cfg.tts.words_per_minute
-    for sc in scenarios:
-        for i, t in enumerate(sc.turns):
-            wpm = t.words_per_minute or cfg.client.words_per_minute
-            words = speak(t.user, wpm)
-            rate = f"{wpm:g} words per minute" + ("" if t.words_per_minute else " (client.words_per_minute)")
-            said = too_long(f"turns.{i}.user", words[-1].end_ms if words else 0.0, rate)
-            said = said or too_long(
-                f"turns.{i}.reply", reply_speech_ms(t.reply, tts), f"tts.words_per_minute {tts:g}"
-            )
-            if said:
-                raise UserError(sc.source or sc.name, said)
-        for j, e in enumerate(sc.cache):
-            said = too_long(
-                f"cache.{j}.answer", reply_speech_ms(e.answer, tts), f"tts.words_per_minute {tts:g}"
-            )
-            if said:
-                raise UserError(sc.source or sc.name, said)
 
 
 def shipped() -> list[Path]:

@@ -14,6 +14,11 @@ from typing import Any
 
 from voicepipe.backends.base import Backend
 from voicepipe.backends.empirical import make_empirical, profiles
+from voicepipe.backends.hardware import make_hardware_backend
+from voicepipe.backends.openai import EndpointBackend, config_from_spec, parse_shorthand
+from voicepipe.backends.profile import load_profile, looks_like_profile
+from voicepipe.errors import UserError, did_you_mean
+from voicepipe.hardware.quality import quality_of
 
 
 class UnknownBackend(ValueError):
@@ -26,10 +31,6 @@ def empirical_names() -> list[str]:
 
 def _quality_of(model: str | None) -> float | None:
     if not model:
-        return None
-    try:
-        from voicepipe.hardware.quality import quality_of
-    except ImportError:  # hardware catalog not present
         return None
     return quality_of(model)
 
@@ -84,8 +85,6 @@ def validate_spec(spec: str | dict[str, Any]) -> None:
 
 
 def _endpoint(spec: str | dict[str, Any]) -> Backend:
-    from voicepipe.backends.openai import EndpointBackend, config_from_spec, parse_shorthand
-
     try:
         mapping = parse_shorthand(spec) if isinstance(spec, str) else spec
         cfg = config_from_spec(mapping)
@@ -101,9 +100,6 @@ def _endpoint(spec: str | dict[str, Any]) -> Backend:
 
 
 def _profile(spec: str | dict[str, Any]) -> Backend:
-    from voicepipe.backends.profile import load_profile
-    from voicepipe.errors import UserError
-
     try:
         return load_profile(spec, _quality_of)
     except UserError as exc:
@@ -111,8 +107,6 @@ def _profile(spec: str | dict[str, Any]) -> Backend:
 
 
 def build_backend(spec: str | dict[str, Any]) -> Backend:
-    from voicepipe.backends.profile import looks_like_profile
-
     if isinstance(spec, str) and spec in profiles():
         return make_empirical(spec, _quality_of)
     if (isinstance(spec, str) and spec.startswith("openai:")) or (
@@ -123,15 +117,9 @@ def build_backend(spec: str | dict[str, Any]) -> Backend:
         return _profile(spec)
     if isinstance(spec, dict) or "/" in str(spec):
         try:
-            from voicepipe.hardware.backend import make_hardware_backend
-        except ImportError as exc:  # pragma: no cover - hardware package always ships
-            raise UnknownBackend(f"hardware backends unavailable: {exc}") from None
-        try:
             return make_hardware_backend(spec)
         except (KeyError, ValueError) as exc:
             raise UnknownBackend(str(exc).strip("'\"")) from None
-    from voicepipe.errors import did_you_mean
-
     raise UnknownBackend(
         f"unknown backend {spec!r}{did_you_mean(str(spec), empirical_names())}; empirical: {', '.join(empirical_names())}; "
         "DEVICE/MODEL (see `voicepipe hardware list`); a profile file ./NAME.yaml; or openai:URL#model"

@@ -19,20 +19,10 @@ from typing import Protocol, TypeGuard
 
 import numpy as np
 
+from voicepipe.clock import sleep_until_ns
+from voicepipe.llm import LLMRequest
 from voicepipe.messages import Span
 from voicepipe.spans import modelled_span
-
-
-@dataclass(frozen=True)
-class LLMRequest:
-    session: str
-    turn: int
-    prompt_tokens: int
-    output_tokens: int
-    cached_prompt_tokens: int = 0  # prefix-cache hits skip prefill for these
-    # the conversation as (role, content) pairs, for backends that run a real model (endpoints); the
-    # modelled backends only need the token counts above
-    messages: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -141,8 +131,6 @@ class ScheduledStream:
         return self.t0_ns + round(self.timing.token_s(i) * 1e9)
 
     async def token_time(self, i: int) -> int:
-        from voicepipe.clock import sleep_until_ns
-
         t = self.at_ns(i)
         await sleep_until_ns(t)
         return t

@@ -26,6 +26,7 @@ import typer
 from voicepipe import __version__
 from voicepipe.cli import calibrate, capacity, compare, hardware, predict, run, scenarios, schema, stage
 from voicepipe.cli.common import err, out
+from voicepipe.clock.gc import tune_for_runs
 from voicepipe.errors import UserError
 
 app = typer.Typer(
@@ -108,7 +109,10 @@ _ClickError: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c._
 
 def main() -> None:
     """The console entry point. Click's own errors (an unknown command or option, a bad option value)
-    print as one line naming the option, with where to look, and exit 2, like every other bad input."""
+    print as one line naming the option, with where to look, and exit 2, like every other bad input.
+    The command line is a program of its own, so it opts in to the runs' GC tuning (a library caller keeps
+    its process's settings: :mod:`voicepipe.clock.gc`)."""
+    tune_for_runs()
     try:
         rc = app(standalone_mode=False)
     except _ClickError as exc:

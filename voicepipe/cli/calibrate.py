@@ -16,9 +16,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from voicepipe.backends.openai import config_from_spec
-from voicepipe.backends.profile import Point, dump_profile, profile_from_points
-from voicepipe.calibrate import (
+from voicepipe.backends.calibrate import (
     Settings,
     Versus,
     against,
@@ -27,6 +25,8 @@ from voicepipe.calibrate import (
     hardware_model,
     source_of,
 )
+from voicepipe.backends.openai import config_from_spec
+from voicepipe.backends.profile import Point, dump_profile, profile_from_points
 from voicepipe.cli.common import err, out
 from voicepipe.errors import UserError
 

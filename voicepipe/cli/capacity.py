@@ -22,7 +22,8 @@ from voicepipe.cli.common import check_variants_speech, fail, load_scenarios, ou
 from voicepipe.cli.options import ConfigsOpt, ScenariosArg, SetOpt, VaryOpt, WideOpt
 from voicepipe.compare import display_names, plan_variants
 from voicepipe.config import load_config
-from voicepipe.parallel import EXECUTOR_HELP, ItemFailed, executor_for
+from voicepipe.executors import EXECUTOR_HELP, executor_for
+from voicepipe.parallel import ItemFailed
 from voicepipe.report.svg import HALO, MUTED, budget_ref, esc, fmt_num, nice_ticks, series_colour
 from voicepipe.report.term import Cell, Col, print_fitted
 

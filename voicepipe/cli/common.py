@@ -22,7 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from voicepipe import gate
 from voicepipe.bus import BrokerOutage, RunTopicsUnreachable
-from voicepipe.config import PipelineConfig
+from voicepipe.config import PipelineConfig, check_speech
 from voicepipe.errors import UserError, redact_url
 from voicepipe.records import TurnRecord
 from voicepipe.report.export import push_otlp, write_csv, write_otel
@@ -30,7 +30,7 @@ from voicepipe.report.html import render_html
 from voicepipe.report.term import SafeConsole
 from voicepipe.runner import STAGES, StagesMissing
 from voicepipe.safeprint import printable
-from voicepipe.scenario import Scenario, check_speech, load_scenario
+from voicepipe.scenario import Scenario, load_scenario
 
 out = SafeConsole()  # control characters in printed text are escaped (voicepipe.safeprint)
 err = SafeConsole(stderr=True)

@@ -44,7 +44,8 @@ from voicepipe.cli.options import (
 from voicepipe.compare import compare_rows, display_names, plan_variants, verdict
 from voicepipe.config import BrokerOverrides, PipelineConfig, config_dict
 from voicepipe.errors import UserError
-from voicepipe.parallel import EXECUTOR_HELP, ItemFailed, executor_for
+from voicepipe.executors import EXECUTOR_HELP, executor_for
+from voicepipe.parallel import ItemFailed
 from voicepipe.records import TurnRecord
 from voicepipe.report.advice import advice
 from voicepipe.runner import RunResult, run_live_loop, run_pipeline

@@ -21,13 +21,14 @@ from rich.console import Console
 from rich.table import Table
 
 from voicepipe.backends.empirical import profiles
+from voicepipe.backends.hardware import FAST_MAX_BATCH, deploy, make_hardware_backend
 from voicepipe.errors import UserError
+from voicepipe.executors import EXECUTOR_HELP, executor_for
 from voicepipe.hardware import catalog
-from voicepipe.hardware.backend import FAST_MAX_BATCH, deploy, make_hardware_backend
 from voicepipe.hardware.model import DoesNotFit, Prediction, Speculative
 from voicepipe.hardware.model import predict as model_predict
 from voicepipe.hardware.sweep import SweepJob, sweep_rows
-from voicepipe.parallel import EXECUTOR_HELP, ItemFailed, executor_for
+from voicepipe.parallel import ItemFailed
 from voicepipe.report.term import Col, SafeConsole, print_fitted
 from voicepipe.safeprint import printable
 

@@ -23,10 +23,9 @@ from voicepipe.cli.options import (
     SetOpt,
     WideOpt,
 )
-from voicepipe.config import load_config
+from voicepipe.config import check_speech, load_config
 from voicepipe.errors import UserError
 from voicepipe.report.advice import advice, base_command, print_advice
-from voicepipe.scenario import check_speech
 
 
 def predict(

@@ -44,12 +44,12 @@ from voicepipe.cli.options import (
     WideOpt,
     broker_block,
 )
-from voicepipe.config import BrokerOverrides, PipelineConfig, config_dict, load_config
+from voicepipe.config import BrokerOverrides, PipelineConfig, check_speech, config_dict, load_config
 from voicepipe.errors import UserError, check_run_id
 from voicepipe.records import TurnRecord
 from voicepipe.report.advice import advice, base_command, print_advice
 from voicepipe.runner import WORKERS_NEED_BROKER, RunAborted, RunResult, run_live_loop, run_pipeline
-from voicepipe.scenario import Scenario, check_speech
+from voicepipe.scenario import Scenario
 from voicepipe.stages.guard import require_shared_token
 
 

@@ -1,6 +1,6 @@
 """Bring your own model or device: a Hugging Face ``config.json`` or a device YAML file, read offline.
 
-:func:`load_hf_config` maps the fields of a ``config.json`` to a :class:`~voicepipe.hardware.catalog.
+:func:`load_hf_config` maps the fields of a ``config.json`` to a :class:`~voicepipe.hardware.specs.
 ModelSpec`: dense and GQA (``num_key_value_heads``), MoE (``num_local_experts`` / ``num_experts`` /
 ``n_routed_experts`` with ``num_experts_per_tok``, shared experts, ``first_k_dense_replace``,
 ``moe_intermediate_size``), MLA (``kv_lora_rank`` + ``qk_rope_head_dim`` cached per token per layer) and
@@ -23,7 +23,7 @@ from pydantic import ValidationError
 
 from voicepipe.errors import UserError
 from voicepipe.files import read_json, read_yaml_mapping
-from voicepipe.hardware.catalog import Device, ModelSpec
+from voicepipe.hardware.specs import Device, ModelSpec
 from voicepipe.limits import MAX_MODEL_JSON_BYTES
 
 _DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "bf16", "fp8": "fp8"}

@@ -1,333 +1,49 @@
-"""Load and validate the device, model and serving-stack catalogs (``data/*.yaml``).
+"""Load the device, model and serving-stack catalogs (``data/*.yaml``) and look entries up by name.
 
-Every numeric field of an entry must have a source string of the same name under ``sources`` (models
-group their architecture numbers under ``config`` and parameter counts under ``params``); validation
-fails otherwise, so a number cannot enter the catalog without its provenance.
-
-A user's own device (a YAML file with the fields of a catalog device) or model (a Hugging Face
-``config.json``) is accepted wherever a catalog name is: :func:`device` and :func:`model` take a name or a
-path (see :mod:`voicepipe.hardware.byo`).
+The entry types, and the rule that every number carries its source, are :mod:`voicepipe.hardware.specs`'
+(re-exported here). A user's own device (a YAML file with the fields of a catalog device) or model (a
+Hugging Face ``config.json``) is accepted wherever a catalog name is: :func:`device` and :func:`model`
+take a name or a path (see :mod:`voicepipe.hardware.byo`).
 """
 
 from __future__ import annotations
 
 from functools import cache
 from importlib import resources
-from typing import Any, Literal
 
-import numpy as np
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from voicepipe.errors import did_you_mean
+from voicepipe.hardware.byo import load_device, load_hf_config
+from voicepipe.hardware.specs import (
+    HBM_GB,
+    KV_PRECISIONS,
+    MAMF_SHARE_DEFAULT,
+    PRECISIONS,
+    STREAM_SHARE_DEFAULT,
+    Device,
+    ModelSpec,
+    PublicPrice,
+    Quality,
+    QualityOnly,
+    Stack,
+    kv_rereads,
+)
 
-PRECISIONS: dict[str, float] = {
-    # bytes per weight; int4 carries one 8-bit scale per 32 weights (MXFP4 / group-wise int4) = 4.25 bits
-    "bf16": 2.0,
-    "fp16": 2.0,
-    "fp8": 1.0,
-    "int8": 1.0,
-    "int4": 4.25 / 8,
-    # fp4: NVFP4 = 4-bit E2M1 values + one FP8 scale per 16 (4.5 bits); MXFP4 (8-bit scale per 32) is 4.25
-    "fp4": 4.5 / 8,
-}
-# share of the datasheet bandwidth a STREAM-like kernel sustains where no measurement is recorded: the
-# median of the devices with a `stream_bw_tbs` in data/devices.yaml (recorded shares 0.72-0.93, median 0.86; docs §2)
-STREAM_SHARE_DEFAULT = 0.86
-# share of the datasheet dense peak a matmul microbenchmark sustains where none is recorded: the median of
-# the recorded `matmul_tflops` (Maximum Achievable Matmul FLOPS, 0.51-0.97; docs §2)
-MAMF_SHARE_DEFAULT = 0.77
-KV_PRECISIONS = ("bf16", "fp16", "fp8", "int8", "fp4")  # KV-cache element formats serving stacks offer
-
-
-# bytes per vendor "GB" of device memory (binary, see Device.capacity_bytes)
-HBM_GB = float(2**30)
-
-
-class Device(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    key: str = ""
-    name: str
-    kind: Literal["hbm", "sram"]
-    peak_tflops: dict[str, float]
-    price_per_chip_hour: float = Field(gt=0)
-    sources: dict[str, str]
-    # HBM devices
-    memory_gb: float | None = Field(default=None, gt=0)
-    mem_bw_tbs: float | None = Field(default=None, gt=0)
-    # sustained bandwidth a published STREAM-like microbenchmark reaches on this device (None: not
-    # published; STREAM_SHARE_DEFAULT of the datasheet figure is assumed)
-    stream_bw_tbs: float | None = Field(default=None, gt=0)
-    # dense matmul FLOP/s a published microbenchmark reaches, per precision (TFLOPS; absent precisions:
-    # MAMF_SHARE_DEFAULT of the datasheet peak)
-    matmul_tflops: dict[str, float] = Field(default_factory=dict)
-    link_gbs: float | None = Field(default=None, gt=0)
-    max_tp: int = Field(default=1, ge=1)
-    allreduce_us: float | None = Field(default=None, gt=0)  # small-message all-reduce latency at tp 2
-    offload_gb: float | None = Field(default=None, gt=0)  # a slower tier weights may spill to (DDR)
-    offload_bw_tbs: float | None = Field(default=None, gt=0)
-    # SRAM devices
-    sram_gb: float | None = Field(default=None, gt=0)
-    sram_bw_tbs: float | None = Field(default=None, gt=0)
-    layer_us: float | None = Field(default=None, gt=0)
-    layer_bw_tbs: float | None = Field(default=None, ge=0)
-    hop_us: float | None = Field(default=None, ge=0)
-
-    @model_validator(mode="after")
-    def _complete(self) -> Device:
-        need = (
-            ("memory_gb", "mem_bw_tbs", "link_gbs")
-            if self.kind == "hbm"
-            else ("sram_gb", "sram_bw_tbs", "layer_us", "layer_bw_tbs", "hop_us")
-        )
-        missing = [f for f in need if getattr(self, f) is None]
-        if missing:
-            raise ValueError(f"{self.kind} device lacks {', '.join(missing)}")
-        if "bf16" not in self.peak_tflops:
-            raise ValueError("peak_tflops needs a bf16 entry")
-        if self.kind == "hbm" and self.max_tp > 1 and self.allreduce_us is None:
-            raise ValueError("hbm device with max_tp > 1 lacks allreduce_us")
-        if (self.offload_gb is None) != (self.offload_bw_tbs is None):
-            raise ValueError("offload_gb and offload_bw_tbs go together")
-        numeric = [*need, "peak_tflops", "price_per_chip_hour"] + (["max_tp"] if self.kind == "hbm" else [])
-        numeric += [
-            f
-            for f in ("allreduce_us", "offload_gb", "offload_bw_tbs", "stream_bw_tbs")
-            if getattr(self, f) is not None
-        ]
-        numeric += ["matmul_tflops"] if self.matmul_tflops else []
-        unsourced = [f for f in numeric if not self.sources.get(f)]
-        if unsourced:
-            raise ValueError(f"no source for {', '.join(unsourced)}")
-        return self
-
-    def peak_flops(self, precision: str) -> float:
-        """Dense FLOP/s per chip for matmuls at ``precision`` (weight-only formats fall back to bf16)."""
-        return self.peak_tflops.get(precision, self.peak_tflops["bf16"]) * 1e12
-
-    def matmul_flops(self, precision: str) -> float:
-        """Sustained dense matmul FLOP/s at ``precision`` (weight-only formats run at the bf16 rate): the
-        published microbenchmark figure, else the datasheet peak times the share the device's measured
-        bf16 matmul reaches, else times MAMF_SHARE_DEFAULT."""
-        rate = precision if precision in self.peak_tflops else "bf16"
-        if rate in self.matmul_tflops:
-            return self.matmul_tflops[rate] * 1e12
-        if "bf16" in self.matmul_tflops:  # an unmeasured precision at the share the bf16 matmul reaches
-            return self.peak_flops(rate) * self.matmul_tflops["bf16"] / self.peak_tflops["bf16"]
-        return self.peak_flops(rate) * MAMF_SHARE_DEFAULT
-
-    def weight_only(self, precision: str) -> bool:
-        """True when ``precision`` has no math of its own here: weights are dequantised to bf16 in-kernel."""
-        return precision not in self.peak_tflops and precision not in ("bf16", "fp16")
-
-    @property
-    def stream_bytes_s(self) -> float:
-        """Sustained HBM bandwidth (B/s): the published microbenchmark figure, else the datasheet
-        figure times STREAM_SHARE_DEFAULT (the median share of the recorded devices)."""
-        if self.stream_bw_tbs is not None:
-            return self.stream_bw_tbs * 1e12
-        return float(self.mem_bw_tbs or 0.0) * 1e12 * STREAM_SHARE_DEFAULT
-
-    @property
-    def capacity_bytes(self) -> float:
-        """Memory (HBM) or SRAM bytes per chip.
-
-        A GPU/accelerator vendor's memory figure is binary: "80 GB" is 80 GiB (five 16 GiB HBM3 stacks;
-        nvidia-smi reports an H100 80GB HBM3 as 81,559 MiB = 85.5e9 bytes), so HBM/GDDR capacity is read as
-        GiB. SRAM figures (Cerebras, Groq) stay decimal, as their fitted constants were set with them."""
-        if self.kind == "hbm":
-            return float(self.memory_gb or 0.0) * HBM_GB
-        return float(self.sram_gb or 0.0) * 1e9
-
-
-class Quality(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    benchmark: str
-    score: float = Field(ge=0, le=100)
-
-
-class PublicPrice(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    input: float = Field(ge=0)
-    output: float = Field(ge=0)
-    source: str
-
-
-class ModelSpec(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    key: str = ""
-    layers: int = Field(gt=0)
-    hidden: int = Field(gt=0)
-    heads: int = Field(gt=0)
-    kv_heads: int = Field(gt=0)
-    head_dim: int = Field(gt=0)
-    vocab: int = Field(gt=0)
-    params_total_b: float = Field(gt=0)
-    params_active_b: float | None = Field(default=None, gt=0)
-    experts: int = Field(default=1, ge=1)
-    experts_active: int = Field(default=1, ge=1)
-    moe_layers: int | None = Field(default=None, gt=0)  # layers with routed experts (MoE; default all)
-    kv_dim: int | None = Field(default=None, gt=0)
-    # local attention: ``local_layers`` of the layers attend to (and cache) only the last ``window``
-    # tokens: sliding windows (Mistral 7B v0.1, Gemma 2/3, gpt-oss) or chunked attention (Llama 4, whose
-    # chunk bound is taken as a window: an upper bound on what a chunked layer holds)
-    window: int | None = Field(default=None, gt=0)
-    local_layers: int = Field(default=0, ge=0)
-    tied_embeddings: bool = False
-    default_precision: str = "bf16"
-    quality: Quality | None = None
-    prices: dict[str, PublicPrice] = Field(default_factory=dict)
-    sources: dict[str, str]
-
-    @model_validator(mode="after")
-    def _consistent(self) -> ModelSpec:
-        for f in ("config", "params"):
-            if not self.sources.get(f):
-                raise ValueError(f"no source for {f}")
-        if self.quality is not None and not self.sources.get("quality"):
-            raise ValueError("no source for quality")
-        if self.default_precision not in PRECISIONS:
-            raise ValueError(f"default_precision {self.default_precision!r} not in {sorted(PRECISIONS)}")
-        if (self.experts > 1) != (self.params_active_b is not None):
-            raise ValueError("MoE models need experts > 1 and params_active_b together")
-        if self.experts_active > self.experts:
-            raise ValueError("experts_active > experts")
-        if self.params_active_b is not None and self.params_active_b > self.params_total_b:
-            raise ValueError("params_active_b > params_total_b")
-        if (self.window is None) != (self.local_layers == 0):
-            raise ValueError("window and local_layers go together (local attention needs both)")
-        if self.local_layers > self.layers:
-            raise ValueError("local_layers > layers")
-        return self
-
-    def held(self, context: Any) -> Any:
-        """KV-cache tokens a sequence of ``context`` tokens holds, counted as full tokens (all layers): the
-        local layers keep at most ``window`` of them. ``context`` may be a numpy array."""
-        if self.window is None:
-            return context
-        return context - self.local_layers / self.layers * np.maximum(context - self.window, 0)
-
-    @property
-    def is_moe(self) -> bool:
-        return self.experts > 1
-
-    @property
-    def routed_layers(self) -> int:
-        """Layers that route tokens to experts (0 for a dense model)."""
-        return 0 if not self.is_moe else (self.moe_layers or self.layers)
-
-    @property
-    def total_params(self) -> float:
-        return self.params_total_b * 1e9
-
-    @property
-    def active_params(self) -> float:
-        return (self.params_active_b or self.params_total_b) * 1e9
-
-    @property
-    def embed_params(self) -> float:
-        """Input embedding table (one row read per token; the rest of it is never streamed at decode)."""
-        return float(self.vocab * self.hidden)
-
-    @property
-    def gqa_group(self) -> float:
-        """Query heads per KV head (1 for MHA and for MLA, whose latent every head reads once)."""
-        return 1.0 if self.kv_dim is not None else self.heads / self.kv_heads
-
-    @property
-    def kv_elems_per_token(self) -> int:
-        """KV-cache elements stored per token, all layers (GQA-aware; MLA via ``kv_dim``)."""
-        per_layer = self.kv_dim if self.kv_dim is not None else 2 * self.kv_heads * self.head_dim
-        return self.layers * per_layer
-
-
-class Stack(BaseModel):
-    """A serving stack's fixed costs (vLLM, SGLang, TensorRT-LLM, llama.cpp, ...); see data/stacks.yaml."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    key: str = ""
-    name: str
-    step_overhead_us: float = Field(ge=0)  # per engine step: scheduling, sampling, detokenisation
-    layer_overhead_us: float = Field(ge=0)  # per layer per step: kernel gaps, norms, rotary
-    prefill_layer_overhead_us: float = Field(ge=0)  # extra per layer when a step prefills (eager launches)
-    request_overhead_ms: float = Field(ge=0)  # per request, on TTFT: tokenise, admit, first sample, API
-    seq_overhead_us: float = Field(default=0.0, ge=0)  # per running sequence per step, host side
-    multi_chip: Literal["tensor", "pipeline"] = "tensor"  # how it spreads a model over several chips
-    # False: the decode attention kernel reads a GQA group's shared KV head once per query head
-    gqa_kv_shared: bool = True
-    # query heads one read of a KV head serves (a decode kernel with that many heads per thread block,
-    # taken at the largest power of two ≤ it that divides the GQA group); None: the whole group
-    gqa_heads_per_read: int | None = Field(default=None, ge=1)
-    # True: the prefill pass covers the prompt but its last token, and the first output token comes from
-    # the first decode step (TurboMind before v0.1.0's unified pass; TTFT = prefill(P − 1) + one decode step)
-    first_token_from_decode: bool = False
-    # True: when the paged KV cache runs out, running sequences are evicted and later re-prefilled
-    # (vLLM's RECOMPUTE preemption); False: not modelled (the batch that fits at the mean context runs)
-    preempt_recompute: bool = False
-    # True: the KV cache keeps only a local layer's window (what falls out is freed: vLLM's hybrid KV-cache
-    # manager, TensorRT-LLM's per-window pools, llama.cpp's SWA cache), so a sequence holds ModelSpec.held
-    # tokens; False: every token on every layer stays allocated (the kernels still read only the window)
-    window_kv: bool = False
-    # how the scheduler admits a request into the KV cache: "grow" (paged blocks allocated as the sequence
-    # grows, so the running batch is what fits at the mean context: vLLM, SGLang, LMDeploy) or "reserve"
-    # (blocks for prompt + maximum output reserved at admission, so a started request is never evicted:
-    # TensorRT-LLM's default GUARANTEED_NO_EVICT capacity scheduler)
-    kv_admission: Literal["grow", "reserve"] = "grow"
-    # how the KV pool is sized: "total" (a share of the whole memory, less the weights: vLLM's
-    # gpu_memory_utilization, SGLang's mem_fraction_static) or "free" (a share of what the loaded weights
-    # leave free: TensorRT-LLM's free_gpu_memory_fraction); the share is Efficiency.usable_memory
-    kv_pool: Literal["total", "free"] = "total"
-    sources: dict[str, str]
-
-    @model_validator(mode="after")
-    def _sourced(self) -> Stack:
-        missing = [
-            f
-            for f in ("step_overhead_us", "layer_overhead_us", "request_overhead_ms")
-            if not self.sources.get(f)
-        ]
-        if self.seq_overhead_us > 0 and not self.sources.get("seq_overhead_us"):
-            missing.append("seq_overhead_us")
-        if not self.gqa_kv_shared and not self.sources.get("gqa_kv_shared"):
-            missing.append("gqa_kv_shared")
-        if self.gqa_heads_per_read is not None and not self.sources.get("gqa_heads_per_read"):
-            missing.append("gqa_heads_per_read")
-        for flag in ("first_token_from_decode", "preempt_recompute", "window_kv"):
-            if getattr(self, flag) and not self.sources.get(flag):
-                missing.append(flag)
-        for key, default in (("kv_admission", "grow"), ("kv_pool", "total")):
-            if getattr(self, key) != default and not self.sources.get(key):
-                missing.append(key)
-        if missing:
-            raise ValueError(f"no source for {', '.join(missing)}")
-        return self
-
-
-def kv_rereads(stack: Stack, group: float) -> float:
-    """How many times a decode step reads each KV head: 1 for a kernel that serves the whole GQA group
-    from one read, the group size for one that reads it once per query head (``gqa_kv_shared: false``),
-    else the group over the heads one read serves (``gqa_heads_per_read``)."""
-    if not stack.gqa_kv_shared:
-        return group
-    if stack.gqa_heads_per_read is None or group <= 1:
-        return 1.0
-    g = round(group)
-    h = stack.gqa_heads_per_read
-    while h > 1 and g % h:
-        h //= 2
-    return g / h
-
-
-class QualityOnly(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    quality: Quality
-    sources: dict[str, str]
+__all__ = [
+    "HBM_GB",
+    "KV_PRECISIONS",
+    "MAMF_SHARE_DEFAULT",
+    "PRECISIONS",
+    "STREAM_SHARE_DEFAULT",
+    "Device",
+    "ModelSpec",
+    "PublicPrice",
+    "Quality",
+    "QualityOnly",
+    "Stack",
+    "kv_rereads",
+]
 
 
 def _read(name: str) -> dict:
@@ -377,8 +93,6 @@ def device(name: str) -> Device:
     if name in devices():
         return devices()[name]
     if _is_path(name, (".yaml", ".yml")):
-        from voicepipe.hardware.byo import load_device
-
         return load_device(name)
     raise ValueError(
         f"unknown hardware {name!r}{did_you_mean(name, devices())}; known: {', '.join(sorted(devices()))} "
@@ -391,8 +105,6 @@ def model(name: str) -> ModelSpec:
     if name in models():
         return models()[name]
     if _is_path(name, (".json",)):
-        from voicepipe.hardware.byo import load_hf_config
-
         return load_hf_config(name)
     raise ValueError(
         f"unknown model {name!r}{did_you_mean(name, models())}; known: {', '.join(sorted(models()))} "

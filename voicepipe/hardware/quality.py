@@ -42,12 +42,6 @@ def quality_of(model_name: str | None) -> float | None:
     return None if other is None else other.quality.score / 100.0
 
 
-def quality_source(model_name: str) -> str | None:
-    name = model_name.split("/", 1)[-1].strip().lower()
-    spec = models().get(name) or quality_only().get(name)
-    return None if spec is None else spec.sources.get("quality")
-
-
 @cache
 def difficulty_references() -> tuple[DifficultyRef, ...]:
     refs = tuple(DifficultyRef(**r) for r in _read("models.yaml")["difficulty"])

@@ -43,7 +43,6 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from voicepipe.backends.base import LLMRequest
 from voicepipe.clock import now_ns
 from voicepipe.hardware.model import (
     Speculative,
@@ -53,6 +52,7 @@ from voicepipe.hardware.model import (
     request_overhead_s,
     tokens_per_step,
 )
+from voicepipe.llm import LLMRequest
 from voicepipe.spans import Span, modelled_span
 
 INF = math.inf
@@ -121,15 +121,6 @@ class _Curve:
         if self.r[k - 1] <= 0:
             return None
         return self.t[k - 1] + (target - self.v[k - 1]) / self.r[k - 1]
-
-
-@dataclass
-class _Projection:
-    curve: _Curve
-    start: dict[int, float]
-    first: dict[int, float]
-    v_join: dict[int, float]
-    finish: dict[int, float]
 
 
 class _State:

@@ -23,9 +23,14 @@ from pathlib import Path
 from pydantic import ValidationError
 from rich.console import Console
 
-from voicepipe.config import PipelineConfig, apply_set, load_config
+from voicepipe.backends import empirical_names
+from voicepipe.config import PipelineConfig, apply_set, check_speech, load_config
 from voicepipe.errors import UserError
+from voicepipe.files import read_yaml_mapping
+from voicepipe.predict import predict
 from voicepipe.records import TurnRecord, summarise
+from voicepipe.scenario import load_scenario
+from voicepipe.shipped import configs_dir, short_name
 
 
 @dataclass(frozen=True)
@@ -79,8 +84,6 @@ def print_advice(console: Console, a: Advice) -> None:
 
 
 def shipped_configs() -> Path:
-    from voicepipe.shipped import configs_dir
-
     return configs_dir()
 
 
@@ -102,9 +105,6 @@ def largest_part(records: Sequence[TurnRecord]) -> tuple[tuple[str, str], float,
 
 def _backend_names() -> list[str]:
     """LLM backends to try: the empirical profiles and the hardware shorthands the shipped configs use."""
-    from voicepipe.backends import empirical_names
-    from voicepipe.files import read_yaml_mapping
-
     names = set(empirical_names())
     for p in sorted(shipped_configs().glob("*.yaml")):
         try:
@@ -155,8 +155,6 @@ def _flags(c: Candidate) -> list[str]:
 
 
 def _display_path(p: str) -> str:
-    from voicepipe.shipped import short_name
-
     if (name := short_name(p)) is not None:
         return name  # a shipped config goes by its name from any folder
     try:
@@ -189,9 +187,6 @@ def advice(
 
     ``base_command`` is how the user ran this configuration (e.g. ``voicepipe run cafe-order -c my.yaml``);
     the suggested command is it plus the change. Without it, only the change's flags are shown."""
-    from voicepipe.predict import predict
-    from voicepipe.scenario import check_speech, load_scenario
-
     missed = [r for r in records if not r.within_budget]
     if not missed:
         return None
@@ -243,16 +238,3 @@ def base_command(
     for s in sets:
         out += ["--set", s]
     return out
-
-
-def next_step(
-    records: Sequence[TurnRecord],
-    cfg: PipelineConfig,
-    scenarios: Sequence[str],
-    config_path: str | Path | None = None,
-    user_sets: Sequence[str] = (),
-    command: str = "run",
-) -> str | None:
-    """The one line ``run``/``predict`` end with when turns missed the budget (None when none did)."""
-    a = advice(records, cfg, scenarios, base_command(command, scenarios, config_path, user_sets))
-    return a.line() if a else None

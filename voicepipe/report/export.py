@@ -35,6 +35,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union, get_args, get_origin
 
+from voicepipe import __version__
 from voicepipe.errors import UserError
 from voicepipe.files import read_json, read_text
 from voicepipe.limits import MAX_EXPORT_BYTES
@@ -191,8 +192,6 @@ def turn_spans(r: TurnRecord, resource: Resource | None = None) -> list[Readable
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
     from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-    from voicepipe import __version__
-
     res = resource or resource_for(r.run, r.label)
     scope = InstrumentationScope(SERVICE, __version__)
     tid = trace_id(r)
@@ -282,8 +281,6 @@ def turn_spans(r: TurnRecord, resource: Resource | None = None) -> list[Readable
 def resource_for(run: str, label: str = "") -> Resource:
     """The OTel resource of a run (one per configuration label in a compare)."""
     from opentelemetry.sdk.resources import Resource
-
-    from voicepipe import __version__
 
     return Resource(
         _clean(

@@ -34,7 +34,7 @@ from pydantic import BaseModel
 
 from voicepipe.backends import BackendPool
 from voicepipe.bus import Bus
-from voicepipe.clock import now_ns, running_loop
+from voicepipe.clock import now_ns, running_loop, set_clock_offset_ns
 from voicepipe.config import PipelineConfig
 from voicepipe.messages import Cancel, CancelReason, Envelope, Span, TurnScript, copied
 from voicepipe.spans import shifted
@@ -91,8 +91,6 @@ class Stage:
     # -- lifecycle -------------------------------------------------------------------------------
     async def run(self) -> None:
         if self.clock_offset_ns:
-            from voicepipe.clock import set_clock_offset_ns
-
             set_clock_offset_ns(self.clock_offset_ns)  # this task and every task it starts
         await self.bus.subscribe(*self.channels_for(self.cfg), "session/end")
         self.ready.set()

@@ -54,6 +54,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from enum import Enum
 
+from voicepipe.errors import UserError
 from voicepipe.limits import MAX_SPEECH_MS, MAX_TEXT
 from voicepipe.messages import Audio, Cancel, CancelReason, Envelope, UserUtterance
 
@@ -110,8 +111,6 @@ def run_token() -> bytes:
 def require_shared_token(where: str) -> None:
     """Stages in other processes sign with the token they are given: the run and they must share one."""
     if not os.environ.get(TOKEN_ENV):
-        from voicepipe.errors import UserError
-
         raise UserError(
             where,
             f"stages in other processes need the run's secret: set {TOKEN_ENV} to the same value for the run "

@@ -26,11 +26,13 @@ from typing import Any
 
 import numpy as np
 
+from voicepipe.backends import UnknownBackend, build_backend
 from voicepipe.backends.base import LLMRequest
 from voicepipe.backends.openai import EndpointBackend, EndpointConfig, RequestStats
 from voicepipe.backends.profile import Point, Stat
 from voicepipe.errors import UserError
 from voicepipe.files import read_json
+from voicepipe.hardware.serving import closed_loop
 from voicepipe.limits import MAX_BENCH_JSON_BYTES
 
 FILLER = "The quick brown fox jumps over the lazy dog while the barista steams a pitcher of oat milk. "
@@ -239,8 +241,6 @@ class Versus:
 
 def hardware_model(spec: str) -> Any:
     """A fresh hardware backend for ``spec`` (UserError if it is not DEVICE/MODEL)."""
-    from voicepipe.backends import UnknownBackend, build_backend
-
     try:
         hw = build_backend(spec)
     except UnknownBackend as exc:
@@ -253,8 +253,6 @@ def hardware_model(spec: str) -> Any:
 def against(spec: str, points: list[Point]) -> list[Versus]:
     """The hardware model's closed-loop prediction for each measured level (same clients, prompt and
     output lengths, request count), beside the measurement (mean TTFT, mean TPOT, output tok/s)."""
-    from voicepipe.hardware.serving import closed_loop
-
     out = []
     for p in points:
         hw = hardware_model(spec)  # a fresh modelled device per level

@@ -1,0 +1,81 @@
+"""Validation against published measurements: fit the few global constants, leave-one-source-out error.
+
+:mod:`~voicepipe.hardware.validate.points` (the published points, each reduced to step parts),
+:mod:`~voicepipe.hardware.validate.fit` (the constants fitted to them, held-out predictions) and
+:mod:`~voicepipe.hardware.validate.evidence` (the held-out error as the CLI prints it). This package
+re-exports the names its callers use; ``python -c 'import voicepipe.hardware.validate as v; v.update_doc()'``
+regenerates the shipped table and accuracy file.
+"""
+
+from __future__ import annotations
+
+from voicepipe.hardware.validate.evidence import (
+    FEW,
+    ODD,
+    ONE_SIDED,
+    SPEED_METRICS,
+    Accuracy,
+    Evidence,
+    Group,
+    NearReport,
+    Summary,
+    accuracy,
+    accuracy_line,
+    architecture,
+    evidence,
+    evidence_lines,
+    near_report,
+    shipped_accuracy,
+    speed_ratio,
+    twins,
+    update_doc,
+)
+from voicepipe.hardware.validate.fit import (
+    BOUNDS,
+    Report,
+    Row,
+    batch_of,
+    fit,
+    markdown,
+    predicted,
+    run,
+    summary_lines,
+)
+from voicepipe.hardware.validate.points import Metric, Point, Prepared, points, prepare, stack_key
+
+__all__ = [
+    "BOUNDS",
+    "FEW",
+    "ODD",
+    "ONE_SIDED",
+    "SPEED_METRICS",
+    "Accuracy",
+    "Evidence",
+    "Group",
+    "Metric",
+    "NearReport",
+    "Point",
+    "Prepared",
+    "Report",
+    "Row",
+    "Summary",
+    "accuracy",
+    "accuracy_line",
+    "architecture",
+    "batch_of",
+    "evidence",
+    "evidence_lines",
+    "fit",
+    "markdown",
+    "near_report",
+    "points",
+    "predicted",
+    "prepare",
+    "run",
+    "shipped_accuracy",
+    "speed_ratio",
+    "stack_key",
+    "summary_lines",
+    "twins",
+    "update_doc",
+]
