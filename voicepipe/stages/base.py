@@ -23,7 +23,6 @@ do not cover is the bus — measured without any two clocks agreeing.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import secrets
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
@@ -194,10 +193,13 @@ class Stage:
             return
         failed.add(turn)
         why = CancelReason.LOST if lost else CancelReason.FAILED
-        with contextlib.suppress(Exception):  # a bus that cannot take it leaves the turn to its deadline
+        try:
             await self.publish(
                 Envelope.of(Cancel(reason=why, error=reason[:2000]), self.ctx.run, session, turn)
             )
+        except Exception as exc:  # a bus that cannot take it leaves the turn to its deadline
+            log.warning("could not publish a failed turn", stage=self.name, session=session, turn=turn,
+                        error=repr(exc))  # fmt: skip
 
     def on(self, payload: type[Q], handler: Callable[[Envelope[Q]], Awaitable[None]]) -> None:
         """Handle messages whose payload is ``payload`` (one of ``messages.PAYLOADS``) with ``handler``."""
@@ -325,7 +327,23 @@ def rebase(env: Envelope[Q], arrived_ns: int) -> Envelope[Q]:
     return copied(env, d)
 
 
-async def cancel_quietly(task: asyncio.Task[Any]) -> None:
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError, Exception):
-        await task
+async def cancel_and_wait(*tasks: asyncio.Future[Any], what: str = "task") -> list[tuple[str, BaseException]]:
+    """Cancel ``tasks`` and wait until every one has ended. Their cancellation is what was asked for and is
+    dropped; an exception one of them ended with (before the cancel, or while it was being cancelled) is
+    never swallowed: each is logged at error and returned as (name, exception) for the caller's failure
+    channel. A cancel of the caller itself propagates (the tasks are cancelled all the same). ``what`` names
+    a future that is not a task (a gather)."""
+    for t in tasks:
+        t.cancel()
+    if tasks:
+        await asyncio.wait(tasks)
+    failed: list[tuple[str, BaseException]] = []
+    for t in tasks:
+        if t.cancelled():
+            continue
+        exc = t.exception()
+        if exc is not None:
+            name = t.get_name() if isinstance(t, asyncio.Task) else what
+            log.error("task had failed when it was stopped", task=name, error=repr(exc))
+            failed.append((name, exc))
+    return failed
