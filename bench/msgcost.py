@@ -101,7 +101,7 @@ async def bus_only(addr: BrokerAddress, n: int) -> None:
         async def receive() -> None:
             nonlocal got
             async for _ch, env in sub.messages():
-                assert env.payload.index >= 0
+                assert env.payload.words[0].index >= 0
                 got += 1
                 if got >= n:
                     done.set()

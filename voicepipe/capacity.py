@@ -36,7 +36,7 @@ import numpy as np
 from voicepipe.clock import now_ns, run_virtual
 from voicepipe.config import PipelineConfig
 from voicepipe.errors import UserError
-from voicepipe.messages import Envelope, ReplyText
+from voicepipe.messages import Envelope, ReplyText, carries
 from voicepipe.parallel import Batch, Executor, LocalExecutor, Report
 from voicepipe.records import TurnRecord, percentile
 from voicepipe.runner import RunResult, Slot, simulate_async
@@ -167,9 +167,9 @@ def _observe(replies: list[_Reply]) -> Callable[[str, Envelope], None]:
     """A bus tap: each reply's final text chunk carries its request's spans up to its last token."""
 
     def tap(channel: str, env: Envelope) -> None:
-        if channel != "reply/text":
+        if channel != "reply/text" or not carries(env, ReplyText):
             return
-        p: ReplyText = env.payload  # type: ignore[assignment]
+        p = env.payload
         if not p.final:
             return
         own = [s for s in env.spans[-3:] if s.what in ("queue", "ttft", "decode")]
@@ -186,8 +186,8 @@ def _observe(replies: list[_Reply]) -> Callable[[str, Envelope], None]:
 
 def _union_ns(intervals: list[tuple[int, int]], lo: float, hi: float) -> float:
     total, end = 0.0, -math.inf
-    for a, b in sorted(intervals):
-        a, b = max(a, lo), min(b, hi)
+    for start, stop in sorted(intervals):
+        a, b = max(start, lo), min(stop, hi)
         if b <= a:
             continue
         if a > end:

@@ -107,7 +107,7 @@ def configure(level: str = "warning", fmt: LogFormat = "console", stream: TextIO
     for h in list(root.handlers):
         if getattr(h, "_voicepipe", False):
             root.removeHandler(h)
-    handler._voicepipe = True  # type: ignore[attr-defined]
+    handler._voicepipe = True  # type: ignore[attr-defined]  # marks our handler: a second configure() replaces it
     root.addHandler(handler)
     root.setLevel(num)
     quieter = num if num <= logging.DEBUG else min(logging.CRITICAL, num + 10)

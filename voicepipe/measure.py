@@ -55,7 +55,7 @@ def measure(spans: Iterable[Span], t0_ns: int, t1_ns: int) -> Measurement:
     cuts = sorted({t0_ns, t1_ns, *(c[0] for c in clipped), *(c[1] for c in clipped)})
     totals: dict[tuple[str, str], int] = {}
     modelled: dict[tuple[str, str], bool] = {}
-    predicted = 0
+    predicted: float = 0  # exact (an int) until a pro-rata prediction adds a fraction
     for a, b in itertools.pairwise(cuts):
         # the covering span that started last (ties: the later on the chain, i.e. the last in the list)
         best = None

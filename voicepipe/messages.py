@@ -6,16 +6,23 @@ is not 3), no NaN or infinities, no unknown fields. Stages read typed attributes
 envelope (:meth:`Envelope.model_json_schema`) is a union discriminated on ``type``, so a tool on the bus can
 validate what it sees. A stage that receives something it cannot parse (bad JSON, wrong schema version,
 unknown type, payload that fails validation) hands the raw bytes to the dead-letter path instead of crashing.
+
+``Envelope[P]`` is generic in its payload for the type checker only: at run time there is one envelope class
+(and one wire variant per message type, :func:`parse`), never a class parametrised per payload, so building
+and parsing cost what they did. What ties the static payload type to the message is a runtime fact the
+envelope's validator enforces (``type`` names exactly one payload class): :func:`carries` narrows an envelope
+by that fact, and a stage's handlers are registered per payload class (``Stage.on``).
 """
 
 from __future__ import annotations
 
+import builtins
 import itertools
 import math
 import os
 import secrets
 from enum import StrEnum
-from typing import Annotated, Any, ClassVar, Literal, Union
+from typing import Annotated, Any, ClassVar, Generic, Literal, TypeAlias, Union
 
 from pydantic import (
     BaseModel,
@@ -27,16 +34,18 @@ from pydantic import (
     create_model,
     model_validator,
 )
+from pydantic.json_schema import DEFAULT_REF_TEMPLATE, GenerateJsonSchema, JsonSchemaMode
+from typing_extensions import TypeIs, TypeVar
 
 from voicepipe import clock
 from voicepipe.construct import built, copied
 from voicepipe.records import EndpointMetrics, TurnRecord
 from voicepipe.spans import Span
 
-SCHEMA_VERSION = 2  # 2: one user.utterance per turn replaced a user.word per spoken word
+SCHEMA_VERSION: Literal[2] = 2  # 2: one user.utterance per turn replaced a user.word per spoken word
 ROOT = "voicepipe"
 
-__all__ = ["PAYLOADS", "Envelope", "Span", "built", "copied", "parse", "topic"]
+__all__ = ["PAYLOADS", "Envelope", "Span", "built", "carries", "copied", "message_type", "parse", "topic"]
 
 
 class CancelReason(StrEnum):
@@ -296,6 +305,14 @@ MessageType = Literal[
     "turn.record",
 ]
 
+AnyPayload: TypeAlias = Payload | TurnRecord  # what a parsed envelope carries: one of PAYLOADS
+Segmented: TypeAlias = Partial | Final | Route | ReplyText | Audio  # payloads about one segment of a turn
+
+# the envelope's payload type (covariant: an Envelope[Partial] is an Envelope[Segmented]; a bare
+# ``Envelope`` is an Envelope[BaseModel]) and a payload type a function is generic in
+P = TypeVar("P", bound=BaseModel, covariant=True, default=BaseModel)
+Q = TypeVar("Q", bound=BaseModel)
+
 _ids = itertools.count()
 # unique per process across hosts (receivers drop redelivered duplicates by id): pid + 32 random bits
 _origin = f"{os.getpid():x}{secrets.token_hex(4)}"
@@ -306,10 +323,26 @@ def next_id() -> str:
 
 
 def type_of(payload: BaseModel) -> str:
-    return "turn.record" if isinstance(payload, TurnRecord) else payload.TYPE  # type: ignore[attr-defined]
+    """The message type of ``payload`` (an instance of a payload model or of a subclass of one)."""
+    type_ = _TYPE_OF.get(payload.__class__)
+    if type_ is not None:
+        return type_
+    if isinstance(payload, TurnRecord):
+        return "turn.record"
+    if isinstance(payload, Payload):
+        return payload.TYPE
+    raise TypeError(f"not a message payload: {type(payload).__name__}")
 
 
-class Envelope(BaseModel):
+def message_type(cls: type[BaseModel]) -> str:
+    """The message type whose payload is ``cls`` (one of :data:`PAYLOADS`)."""
+    type_ = _TYPE_OF.get(cls)
+    if type_ is None:
+        raise TypeError(f"not a message payload: {cls.__name__}")
+    return type_
+
+
+class Envelope(BaseModel, Generic[P]):
     """Routing facts, the causal chain of spans, and the typed payload of ``type``."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
@@ -327,22 +360,27 @@ class Envelope(BaseModel):
     src: str = Field("", max_length=64)
     seq: int = -1
     auth: str = Field("", max_length=64)
-    payload: SerializeAsAny[BaseModel]
+    payload: SerializeAsAny[P]
 
     @model_validator(mode="after")
-    def _payload_fits_type(self) -> Envelope:
+    def _payload_fits_type(self) -> Envelope[P]:
         if type(self.payload) is not PAYLOADS[self.type]:
             raise ValueError(f"payload of a {self.type} message must be {PAYLOADS[self.type].__name__}")
         return self
 
     @classmethod
     def of(
-        cls, payload: BaseModel, run: str, session: str, turn: int = -1, spans: list[Span] | None = None
-    ) -> Envelope:
+        cls: builtins.type[Envelope[Q]],
+        payload: Q,
+        run: str,
+        session: str,
+        turn: int = -1,
+        spans: list[Span] | None = None,
+    ) -> Envelope[Q]:
         """A new envelope around an already validated payload (built without validating it again)."""
         type_ = _TYPE_OF.get(payload.__class__)
         if type_ is None:
-            type_ = _type_of_subclass(payload)
+            type_ = type_of(payload)  # an instance of a subclass of a payload model (rare: tests, plugins)
         # what model_construct does, without its per-field default handling (this is the bus's hot path)
         return built(cls, {
             "v": SCHEMA_VERSION, "type": type_, "run": run, "session": session, "turn": turn,
@@ -356,9 +394,23 @@ class Envelope(BaseModel):
         return self.__pydantic_serializer__.to_json(self)
 
     @classmethod
-    def model_json_schema(cls, *args: Any, **kw: Any) -> dict[str, Any]:  # type: ignore[override]
+    def model_json_schema(
+        cls,
+        by_alias: bool | None = None,
+        ref_template: str = DEFAULT_REF_TEMPLATE,
+        schema_generator: builtins.type[GenerateJsonSchema] = GenerateJsonSchema,
+        mode: JsonSchemaMode = "validation",
+        *,
+        union_format: Literal["any_of", "primitive_type_array"] = "any_of",
+    ) -> dict[str, Any]:
         """The wire schema: one variant per message type, each with its payload model."""
-        schema = _WIRE.json_schema(*args, **kw)
+        schema = _WIRE.json_schema(
+            by_alias=by_alias,
+            ref_template=ref_template,
+            union_format=union_format,
+            schema_generator=schema_generator,
+            mode=mode,
+        )
         return {
             "$schema": "https://json-schema.org/draft/2020-12/schema",
             "title": "Envelope",
@@ -372,31 +424,37 @@ _ALL_FIELDS = frozenset(Envelope.model_fields)
 _TYPE_OF: dict[type, str] = {m: t for t, m in PAYLOADS.items()}  # payload class -> its message type
 
 
-def _type_of_subclass(payload: BaseModel) -> str:
-    """The message type of an instance of a subclass of a payload model (rare: tests, plugins)."""
-    if not isinstance(payload, Payload | TurnRecord):
-        raise TypeError(f"not a message payload: {type(payload).__name__}")
-    return type_of(payload)
+def carries(env: Envelope[BaseModel], cls: type[Q]) -> TypeIs[Envelope[Q]]:
+    """Does ``env`` carry a ``cls`` payload? (Narrows ``env`` for the type checker: a class test, no copy.)"""
+    return isinstance(env.payload, cls)
 
 
-_VARIANTS = tuple(
+def _literal(tag: str) -> Any:
+    """``Literal[tag]`` for a tag known only at run time (an annotation built for pydantic, not mypy)."""
+    return Literal[tag]
+
+
+_VARIANTS: tuple[type[Envelope[Any]], ...] = tuple(
     create_model(
         f"{model.__name__}Message",
         __base__=Envelope,
         __doc__=(model.__doc__ or "").strip().split("\n")[0],
-        type=(Literal[t], ...),  # type: ignore[valid-type]
+        type=(_literal(t), ...),
         payload=(model, ...),
     )
     for t, model in PAYLOADS.items()
 )
-_WIRE: TypeAdapter[Envelope] = TypeAdapter(Annotated[Union[_VARIANTS], Field(discriminator="type")])  # noqa: UP007
+_WIRE_FORM: Any = Annotated[Union[_VARIANTS], Field(discriminator="type")]  # noqa: UP007
+_WIRE: TypeAdapter[Envelope[AnyPayload]] = TypeAdapter(_WIRE_FORM)
 
 
 class BadMessage(ValueError):
     """A body that is not a valid envelope; carries a one-line reason."""
 
 
-def parse(body: bytes | bytearray | str) -> Envelope:
+def parse(body: bytes | bytearray | str) -> Envelope[AnyPayload]:
+    """The envelope in ``body`` as the wire variant of its type (its payload validated as that type's model),
+    or :class:`BadMessage` with a one-line reason."""
     try:
         return _WIRE.validate_json(body)
     except ValidationError as exc:

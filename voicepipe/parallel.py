@@ -100,7 +100,7 @@ class ForkPool(Generic[I, R]):
         if self.workers > 1:
             ctx = mp.get_context("fork")
             self.queue = ctx.SimpleQueue()
-            _work = (self.fn, self.items, self.queue)  # type: ignore[assignment]
+            _work = (self.fn, self.items, self.queue)
             try:
                 # with fork, the first submit forks every worker at once (before any thread we start later)
                 self.pool = cf.ProcessPoolExecutor(self.workers, mp_context=ctx)
@@ -134,11 +134,11 @@ class ForkPool(Generic[I, R]):
                 tell(self.queue.get())
             for f in finished:
                 i = self.futures[f]
-                exc = f.exception()
-                if exc is None:
+                err = f.exception()
+                if err is None:
                     done[i] = f.result()
                 else:
-                    failed[i] = exc
+                    failed[i] = err
             if failed and min(failed) < min((self.futures[f] for f in pending), default=len(self.items)):
                 break  # no earlier item can fail any more: report this one now
         if failed:

@@ -53,7 +53,7 @@ from voicepipe.records import Accounting, TurnRecord, account
 from voicepipe.scenario import Scenario, session_id
 from voicepipe.stages.agent import Agent
 from voicepipe.stages.asr import ASR
-from voicepipe.stages.base import NOTED_PER_REASON, RunContext, Stage, cancel_quietly
+from voicepipe.stages.base import NOTED_PER_REASON, RunContext, Stage, cancel_and_wait
 from voicepipe.stages.cache import Cache
 from voicepipe.stages.client import Client
 from voicepipe.stages.council import Council
@@ -89,6 +89,13 @@ class RunResult:
     counters: Counters = field(default_factory=Counters)
     expected_turns: int = 0
     lag: LoopLag | None = None
+
+    def task_failed(self, name: str, exc: BaseException) -> None:
+        """A task of the run (a stage's receive loop, the deadline watch) had ended with ``exc``: counted
+        with the stage errors, and the run's first error if it has none yet."""
+        self.stage_errors += 1
+        if self.first_error is None:
+            self.first_error = f"{name}: {exc!r}"
 
     def accounting(self) -> Accounting:
         return account(self.records, self.expected_turns, self.counters.lost)
@@ -214,14 +221,15 @@ async def start_stages(stack: contextlib.AsyncExitStack, stages: list[Stage]) ->
     return tasks
 
 
-async def stop_stages(stages: list[Stage], tasks: list[asyncio.Task[None]]) -> None:
+async def stop_stages(
+    stages: list[Stage], tasks: list[asyncio.Task[None]]
+) -> list[tuple[str, BaseException]]:
+    """Shut every stage down, then cancel its receive loop and wait for it to end. A loop that had already
+    ended with an exception (or raised one while it stopped) is logged at error and returned as (task name,
+    exception) for the run's failure channel, never swallowed; only the cancellation itself is expected."""
     for s in stages:
         await s.shutdown()
-    for t in tasks:
-        t.cancel()
-    for t in tasks:
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await t
+    return await cancel_and_wait(*tasks)
 
 
 def _routes_to(ctx: RunContext, dest: str) -> bool:
@@ -283,12 +291,13 @@ async def serve_stages(
         r = by_kind[name]  # several replicas: a client id of its own, and only the sessions it owns
         return PartitionedBus(base(r), r, members)
 
+    def peer_died(_process: str, replicas: list[str], _why: str) -> None:
+        members.remove(replicas)  # the sessions it owned move to the replicas left
+
     async with contextlib.AsyncExitStack() as stack:
         stack.enter_context(during_run())  # collector pauses would show as tax (if the program opted in)
         if shared:  # replicas must learn of a dead peer to take over its sessions
-            await stack.enter_async_context(
-                Watch(addr, run, lambda _p, reps, _why: members.remove(reps), who=process)
-            )
+            await stack.enter_async_context(Watch(addr, run, peer_died, who=process))
         stages = build_stages(connect, ctx, [kind_of(r) for r in mine])
         for s in stages:  # a replica may take over a dead peer's sessions mid-stream (Guard.adopt)
             s.guard.adopt = isinstance(s.bus, PartitionedBus)
@@ -303,9 +312,9 @@ async def serve_stages(
         try:
             tasks = await start_stages(stack, stages)
             async with Presence(addr, run, process, mine, counters):
-                await asyncio.gather(*tasks)
+                await asyncio.gather(*tasks)  # a loop that fails ends the serving with its exception
         finally:
-            await stop_stages(stages, tasks)
+            await stop_stages(stages, tasks)  # logs every loop that had failed
 
 
 def worker_entry() -> None:
@@ -538,7 +547,8 @@ async def run_pipeline(
                         + ("" if procs else f" (start them with `voicepipe stage {missing.replace(',', '')} "
                            f"--run-id {run} --broker URL`)")
                     )  # fmt: skip
-            stack.push_async_callback(_cancel_task, asyncio.create_task(failer.watch_deadlines()))
+            deadlines = asyncio.create_task(failer.watch_deadlines(), name="turn-deadlines")
+            stack.push_async_callback(_stop_task, deadlines, result)
             if on_ready:
                 on_ready(result)
 
@@ -578,10 +588,10 @@ def run_live_loop(coro: Coroutine[Any, Any, T]) -> T:
     return uvloop.run(coro)
 
 
-async def _cancel_task(task: asyncio.Task[None]) -> None:
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError, Exception):
-        await task
+async def _stop_task(task: asyncio.Task[None], result: RunResult) -> None:
+    """Stop a helper task of the run; one that had failed is reported in ``result`` (and logged)."""
+    for name, exc in await cancel_and_wait(task):
+        result.task_failed(name, exc)
 
 
 WORKERS_NEED_BROKER = (
@@ -601,6 +611,7 @@ async def play_sessions(
     """Start the stages, play every slot's conversations, stop the stages. Every scenario is first checked
     against the run's config (:func:`voicepipe.config.check_speech`: a UserError), on every path in."""
     tasks: list[asyncio.Task[None]] = []
+    raised: BaseException | None = None  # a stage loop's failure this raises (not counted twice)
     if stages:
         played = {id(sc): sc for _, convs in slots for sc, _ in convs}
         check_speech(stages[0].cfg, list(played.values()))
@@ -614,12 +625,14 @@ async def play_sessions(
         client = next(s for s in stages if isinstance(s, Client))
         play = asyncio.ensure_future(asyncio.gather(*(_slot(client, at, convs) for at, convs in slots)))
         # a stage's receive loop ends only when its bus gave up (the broker away past the outage window)
-        await asyncio.wait([play, *tasks], return_when=asyncio.FIRST_COMPLETED)
+        waiting: list[asyncio.Future[Any]] = [play, *tasks]
+        await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
         if not play.done():
-            await cancel_quietly(play)
+            for name, exc in await cancel_and_wait(play, what="the sessions"):
+                result.task_failed(name, exc)
             dead = next(t for t in tasks if t.done())
-            exc = None if dead.cancelled() else dead.exception()
-            raise exc or RuntimeError(f"{dead.get_name()} stopped during the run")
+            raised = None if dead.cancelled() else dead.exception()
+            raise raised or RuntimeError(f"{dead.get_name()} stopped during the run")
         await play
         await asyncio.sleep(0.05)  # let session.end reach every stage
         result.open_tasks_after = sum(s.open_tasks() for s in stages)
@@ -627,10 +640,13 @@ async def play_sessions(
         if probing is not None:
             probing.cancel()
             result.lag = probe.result() if probe else None
-        await stop_stages(stages, tasks)
+        stopped = await stop_stages(stages, tasks)
         result.deadletters = sum(s.bus.deadletters for s in stages)
-        result.stage_errors = sum(s.errors for s in stages)
-        result.first_error = next((s.first_error for s in stages if s.first_error), None)
+        result.stage_errors += sum(s.errors for s in stages)
+        result.first_error = result.first_error or next((s.first_error for s in stages if s.first_error), None)
+        for name, exc in stopped:  # a stage loop that failed is a failure of the run, whenever it happened
+            if exc is not raised:
+                result.task_failed(name, exc)
         for s in stages:
             result.counters.add(s.guard.counters)
         result.counters.received = sum(s.bus.received for s in stages)

@@ -48,7 +48,7 @@ def _line(node: yaml.Node) -> int | None:
     return mark.line + 1 if mark is not None else None
 
 
-class _Loader(_Base):  # type: ignore[misc, valid-type]
+class _Loader(_Base):
     yaml_constructors: ClassVar = {tag: fn for tag, fn in _Base.yaml_constructors.items() if tag in _ALLOWED}
     yaml_implicit_resolvers: ClassVar = {
         first: [(tag, rx) for tag, rx in rules if tag != f"{_CORE}timestamp"]

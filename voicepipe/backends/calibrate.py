@@ -259,7 +259,7 @@ def against(spec: str, points: list[Point]) -> list[Versus]:
         per_client = max(1, round(p.requests / p.concurrency))
         load = closed_loop(
             hw.server, p.concurrency, per_client, round(p.prompt_tokens), max(2, round(p.output_tokens))
-        )  # type: ignore[attr-defined]
+        )
         out.append(
             Versus(
                 concurrency=p.concurrency,

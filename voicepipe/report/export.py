@@ -174,11 +174,13 @@ def _llm_calls(spans: Sequence[Span]) -> list[list[int]]:
         if s.stage not in LLM_STAGES or s.what not in ("queue", "ttft", "decode"):
             continue
         prev = calls[-1] if calls else None
-        same = prev is not None and spans[prev[-1]].stage == s.stage and s.what != "queue"
-        if same and s.what == "ttft" and any(spans[j].what == "ttft" for j in prev):
-            same = False
-        if same:
-            prev.append(i)
+        if (
+            prev is not None
+            and spans[prev[-1]].stage == s.stage
+            and s.what != "queue"
+            and not (s.what == "ttft" and any(spans[j].what == "ttft" for j in prev))
+        ):
+            prev.append(i)  # the same call goes on (a second ttft starts another call)
         else:
             calls.append([i])
     return calls

@@ -85,7 +85,7 @@ class Generation:
     backend: Backend
     produced: int = 0
     commit: asyncio.Event = field(default_factory=asyncio.Event)
-    commit_env: Envelope | None = None
+    commit_env: Envelope[Route] | None = None
     complexity: str | None = None  # the turn's scripted difficulty: modelled quality depends on it
 
     def billed(self) -> tuple[int, int, int]:
@@ -115,9 +115,9 @@ def request_messages(user_text: str) -> tuple[tuple[str, str], ...]:
 
 async def stream_reply(
     stage: Stage,
-    env: Envelope,
+    env: Envelope[Route],
     gen: Generation,
-    meta_of: Callable[[Envelope], TurnMeta],
+    meta_of: Callable[[Envelope[Route]], TurnMeta],
     chunk_tokens: int,
     chain: list[Span],
 ) -> None:
@@ -141,7 +141,7 @@ async def stream_reply(
                 meta = meta.model_copy(
                     update={"endpoint": EndpointMetrics.model_validate(gen.stream.metrics())}
                 )
-        route: Route = head.payload  # type: ignore[assignment]
+        route = head.payload
         text = reply_text(  # ReplyText(...) without validating values that are already of their types
             text="".join(gen.tokens[start : end + 1]), seq=seq, final=final, words=route.words,
             segment=route.segment, meta=meta,
@@ -151,9 +151,9 @@ async def stream_reply(
         start = end + 1
 
 
-async def fail_turn(stage: Stage, env: Envelope, reason: str) -> None:
+async def fail_turn(stage: Stage, env: Envelope[Route], reason: str) -> None:
     """Tell everyone (the client records it) that this turn's reply failed, and why."""
-    route: Route = env.payload  # type: ignore[assignment]
+    route = env.payload
     await stage.publish(
         stage.reply(env, Cancel(segment=route.segment, reason=CancelReason.FAILED, error=reason), [])
     )
@@ -169,23 +169,23 @@ class Agent(Stage):
         self.history: dict[str, int] = {}
         self.running: dict[str, dict[Any, Generation]] = {}  # session -> task key -> request
         self.wasted: dict[str, dict[int, tuple[int, float]]] = {}  # session -> turn -> (tokens, USD)
-        self.on("route", self.route)
-        self.on("control.cancel", self.cancelled)
+        self.on(Route, self.route)
+        self.on(Cancel, self.cancelled)
 
     def forget(self, session: str) -> None:
         self.history.pop(session, None)
         self.running.pop(session, None)
         self.wasted.pop(session, None)
 
-    async def on_script(self, env: Envelope) -> None:
+    async def on_script(self, env: Envelope[TurnScript]) -> None:
         self.wasted.get(env.session, {}).pop(env.turn - 2, None)
 
-    async def cancelled(self, env: Envelope) -> None:
+    async def cancelled(self, env: Envelope[Cancel]) -> None:
         """Stop generating: a preemptive attempt that did not match, a withdrawn segment, a barge-in.
 
         ("heard" only stops the audio: the reply is still the assistant's turn in the conversation.)
         """
-        p: Cancel = env.payload  # type: ignore[assignment]
+        p = env.payload
         if p.reason == CancelReason.HEARD:
             return
         if p.attempt is not None:
@@ -211,15 +211,15 @@ class Agent(Stage):
             usd + request_cost(gen.backend, gen.prompt, gen.cached, made),
         )
 
-    def _remember(self, env: Envelope, gen: Generation) -> None:
+    def _remember(self, env: Envelope[Route], gen: Generation) -> None:
         """Once the turn is over, its question and (scripted) answer are conversation history."""
         grow = count_tokens(env.payload.text) + len(gen.tokens)
         self.after_turn(
             env, lambda: self.history.__setitem__(env.session, self.history.get(env.session, 0) + grow)
         )
 
-    async def route(self, env: Envelope) -> None:
-        p: Route = env.payload  # type: ignore[assignment]
+    async def route(self, env: Envelope[Route]) -> None:
+        p = env.payload
         if self.is_dropped(env):
             return
         if p.target == Target.COMMIT:
@@ -242,9 +242,9 @@ class Agent(Stage):
         self.running.setdefault(env.session, {})[key] = gen
         self.spawn(env.session, key, self._run(env, gen, key))
 
-    def _start(self, env: Envelope, script: TurnScript, agent: str) -> Generation:
+    def _start(self, env: Envelope[Route], script: TurnScript, agent: str) -> Generation:
         backend = self.backends[agent]
-        p: Route = env.payload  # type: ignore[assignment]
+        p = env.payload
         tokens = tokens_of(script.reply)
         prompt, cached = prompt_tokens(self.cfg.agent.prompt_tokens, self.history.get(env.session, 0), p.text)
         req = LLMRequest(env.session, env.turn, prompt, len(tokens), cached, request_messages(p.text))
@@ -254,8 +254,8 @@ class Agent(Stage):
         tokens = stream.pieces if writes_own_text(stream) else tokens  # a real model's own words
         return Generation(stream, tokens, prompt, cached, backend, complexity=script.complexity)
 
-    async def _run(self, env: Envelope, gen: Generation, key: Any) -> None:
-        def meta_of(head: Envelope) -> TurnMeta:
+    async def _run(self, env: Envelope[Route], gen: Generation, key: Any) -> None:
+        def meta_of(head: Envelope[Route]) -> TurnMeta:
             wasted_tokens, wasted_usd = self.wasted.get(env.session, {}).get(env.turn, (0, 0.0))
             prompt, cached, output = gen.billed()
             return TurnMeta(

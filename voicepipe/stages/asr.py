@@ -95,7 +95,7 @@ class Heard:
 @dataclass
 class Utterance:
     turn: int
-    env: Envelope  # the utterance message (session, turn: what the ASR's messages reply to)
+    env: Envelope[UserUtterance]  # the utterance message (session, turn: what the ASR's messages reply to)
     words: list[str] = field(default_factory=list)
     segment: int = 0
     finalised: bool = False  # the current segment has been sent as final
@@ -136,12 +136,12 @@ class ASR(Stage):
         super().__init__(*a, **kw)
         self.utt: dict[str, Utterance] = {}
         self._shortest_wait = shortest_wait_ns(self.cfg.asr)
-        self.on("user.utterance", self.utterance)
+        self.on(UserUtterance, self.utterance)
 
     def forget(self, session: str) -> None:
         self.utt.pop(session, None)
 
-    async def utterance(self, env: Envelope) -> None:
+    async def utterance(self, env: Envelope[UserUtterance]) -> None:
         """The utterance's first word is arriving: every word is heard at its own instant from here."""
         arrived = now_ns()
         u = self.utt.get(env.session)
@@ -153,7 +153,7 @@ class ASR(Stage):
             script = self.script_of(env)
             u.complete_at_pauses = list(script.complete_at_pauses) if script else []
             self.utt[env.session] = u
-        p: UserUtterance = env.payload  # type: ignore[assignment]
+        p = env.payload
         first = p.words[0]
         origin, origin_end = first.media_ns, first.media_ns + first.dur_ns
         for w in p.words:

@@ -23,20 +23,29 @@ do not cover is the bus — measured without any two clocks agreeing.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import secrets
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import structlog
-from pydantic import BaseModel
 
 from voicepipe.backends import BackendPool
 from voicepipe.bus import Bus
 from voicepipe.clock import now_ns, running_loop, set_clock_offset_ns
 from voicepipe.config import PipelineConfig
-from voicepipe.messages import Cancel, CancelReason, Envelope, Span, TurnScript, copied
+from voicepipe.messages import (
+    Cancel,
+    CancelReason,
+    Envelope,
+    Q,
+    Segmented,
+    Span,
+    TurnScript,
+    carries,
+    copied,
+    message_type,
+)
 from voicepipe.spans import shifted
 from voicepipe.stages.guard import ADMITTED, Guard, Verdict, run_token, sign
 
@@ -44,7 +53,9 @@ log = structlog.get_logger("voicepipe.stage")
 
 NOTED_PER_REASON = 20  # dead letters per stage and reason logged and copied to the dead-letter topic
 
-Handler = Callable[[Envelope], Awaitable[None]]
+# a handler of one message type, registered with that type's payload class (Stage.on): the envelope's type
+# names exactly one payload class (Envelope's validator), so the table holds handlers of every payload type
+Handler = Callable[[Envelope[Any]], Awaitable[None]]
 
 
 @dataclass
@@ -76,7 +87,7 @@ class Stage:
         # per session (so ending one session never scans the others): turn -> script
         self.scripts: dict[str, dict[int, TurnScript]] = {}
         if "turn/script" in self.channels:
-            self.on("turn.script", self._script)
+            self.on(TurnScript, self._script)
         # segments the ASR withdrew (the user resumed after a premature endpoint), and effects on the
         # conversation (history, learned answers) that wait for the turn to be over
         self.dropped: dict[str, set[tuple[int, int]]] = {}  # session -> (turn, segment)
@@ -123,7 +134,7 @@ class Stage:
                 return
             if got.lost:
                 await self.fail_turn(env.session, env.turn, got.lost, lost=True)
-            if type_ == "control.cancel" and env.payload.reason == CancelReason.USER_RESUMED:
+            if carries(env, Cancel) and env.payload.reason == CancelReason.USER_RESUMED:
                 key = (env.turn, env.payload.segment or 0)
                 self.dropped.setdefault(env.session, set()).add(key)
                 self.pending.get(env.session, {}).pop(key, None)
@@ -180,13 +191,17 @@ class Stage:
             return
         failed.add(turn)
         why = CancelReason.LOST if lost else CancelReason.FAILED
-        with contextlib.suppress(Exception):  # a bus that cannot take it leaves the turn to its deadline
+        try:
             await self.publish(
                 Envelope.of(Cancel(reason=why, error=reason[:2000]), self.ctx.run, session, turn)
             )
+        except Exception as exc:  # a bus that cannot take it leaves the turn to its deadline
+            log.warning("could not publish a failed turn", stage=self.name, session=session, turn=turn,
+                        error=repr(exc))  # fmt: skip
 
-    def on(self, type_: str, handler: Handler) -> None:
-        self.handlers[type_] = handler
+    def on(self, payload: type[Q], handler: Callable[[Envelope[Q]], Awaitable[None]]) -> None:
+        """Handle messages whose payload is ``payload`` (one of ``messages.PAYLOADS``) with ``handler``."""
+        self.handlers[message_type(payload)] = handler
 
     # -- per-session tasks -----------------------------------------------------------------------
     def spawn(
@@ -249,7 +264,7 @@ class Stage:
         self.failed_turns.pop(session, None)
         self.forget(session)
 
-    async def _script(self, env: Envelope) -> None:
+    async def _script(self, env: Envelope[TurnScript]) -> None:
         scripts = self.scripts.setdefault(env.session, {})
         scripts.pop(env.turn - 2, None)  # keep this turn and the one before
         scripts[env.turn] = env.payload
@@ -262,18 +277,18 @@ class Stage:
             self.dropped[env.session] = {k for k in dropped if k[0] >= env.turn - 1}
         await self.on_script(env)
 
-    def is_dropped(self, env: Envelope) -> bool:
+    def is_dropped(self, env: Envelope[Segmented]) -> bool:
         """Is this message about a segment the ASR withdrew (premature endpoint)?"""
         dropped = self.dropped.get(env.session)
-        return bool(dropped) and (env.turn, env.payload.segment) in dropped
+        return dropped is not None and (env.turn, env.payload.segment) in dropped
 
-    def after_turn(self, env: Envelope, effect: Callable[[], None]) -> None:
+    def after_turn(self, env: Envelope[Segmented], effect: Callable[[], None]) -> None:
         """Apply ``effect`` once the turn is over (next turn's script), unless its segment is withdrawn."""
         if not self.is_dropped(env):
             key = (env.turn, env.payload.segment)
             self.pending.setdefault(env.session, {}).setdefault(key, []).append(effect)
 
-    async def on_script(self, env: Envelope) -> None:
+    async def on_script(self, env: Envelope[TurnScript]) -> None:
         """A new scripted turn arrived (stages that need more than ``self.scripts`` override)."""
 
     def script_of(self, env: Envelope) -> TurnScript | None:
@@ -291,12 +306,12 @@ class Stage:
         await asyncio.sleep(0)
 
     # -- helpers -----------------------------------------------------------------------------------
-    def reply(self, env: Envelope, payload: BaseModel, spans: list[Span]) -> Envelope:
+    def reply(self, env: Envelope, payload: Q, spans: list[Span]) -> Envelope[Q]:
         """A new envelope for the same session/turn carrying the causal chain forward."""
         return Envelope.of(payload, env.run, env.session, env.turn, spans)
 
 
-def rebase(env: Envelope, arrived_ns: int) -> Envelope:
+def rebase(env: Envelope[Q], arrived_ns: int) -> Envelope[Q]:
     """``env`` with its spans moved onto the receiver's clock as if it had arrived when it was sent (the
     hop squeezed out; any offset between sender's and receiver's clocks cancels). A new envelope with new
     spans (the received one may be shared by other subscribers); the fields are copied as they are: they
@@ -310,7 +325,23 @@ def rebase(env: Envelope, arrived_ns: int) -> Envelope:
     return copied(env, d)
 
 
-async def cancel_quietly(task: asyncio.Task[Any]) -> None:
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError, Exception):
-        await task
+async def cancel_and_wait(*tasks: asyncio.Future[Any], what: str = "task") -> list[tuple[str, BaseException]]:
+    """Cancel ``tasks`` and wait until every one has ended. Their cancellation is what was asked for and is
+    dropped; an exception one of them ended with (before the cancel, or while it was being cancelled) is
+    never swallowed: each is logged at error and returned as (name, exception) for the caller's failure
+    channel. A cancel of the caller itself propagates (the tasks are cancelled all the same). ``what`` names
+    a future that is not a task (a gather)."""
+    for t in tasks:
+        t.cancel()
+    if tasks:
+        await asyncio.wait(tasks)
+    failed: list[tuple[str, BaseException]] = []
+    for t in tasks:
+        if t.cancelled():
+            continue
+        exc = t.exception()
+        if exc is not None:
+            name = t.get_name() if isinstance(t, asyncio.Task) else what
+            log.error("task had failed when it was stopped", task=name, error=repr(exc))
+            failed.append((name, exc))
+    return failed

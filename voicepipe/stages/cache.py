@@ -12,7 +12,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from voicepipe.clock import now_ns, rng_for, sleep_until_ns
-from voicepipe.messages import Audio, CacheAnswer, Envelope, Partial, Path, Route, Span, Target, TurnMeta
+from voicepipe.messages import (
+    Audio,
+    CacheAnswer,
+    Envelope,
+    Partial,
+    Path,
+    Route,
+    Span,
+    Target,
+    TurnMeta,
+    TurnScript,
+)
 from voicepipe.stages.base import Stage
 from voicepipe.stages.tts import audio_ms
 from voicepipe.strategy import LRU, best_match
@@ -64,8 +75,8 @@ class Cache(Stage):
             self.fixed.update(prerendered(list(e.get("questions", [])), str(e.get("answer", ""))))
         self.spec: dict[str, dict[int, Speculation]] = {}  # session -> turn -> speculative render
         self.stats = Stats()
-        self.on("asr.partial", self.partial)
-        self.on("route", self.route)
+        self.on(Partial, self.partial)
+        self.on(Route, self.route)
 
     def forget(self, session: str) -> None:
         self.per_session.pop(session, None)
@@ -76,13 +87,13 @@ class Cache(Stage):
         pairs = [*self.fixed.items(), *own.items(), *self.learned.items()]
         return best_match(text, pairs)
 
-    async def on_script(self, env: Envelope) -> None:
+    async def on_script(self, env: Envelope[TurnScript]) -> None:
         entries: list[CacheAnswer] = env.payload.cache
         for e in entries:
             self.per_session.setdefault(env.session, {}).update(prerendered(e.questions, e.answer))
 
-    async def partial(self, env: Envelope) -> None:
-        p: Partial = env.payload  # type: ignore[assignment]
+    async def partial(self, env: Envelope[Partial]) -> None:
+        p = env.payload
         score, entry = self.lookup(env.session, p.text)
         if entry is None or entry.prerendered or score < self.cfg.cache.partial_threshold:
             return
@@ -102,7 +113,7 @@ class Cache(Stage):
         self.stats.wasted_renders += 1
         self.stats.wasted_render_ms += s.render_ms
 
-    def _learn(self, env: Envelope) -> None:
+    def _learn(self, env: Envelope[Route]) -> None:
         """An agent or the council answers this turn: once the turn is over (and was not withdrawn), the
         question and its (scripted) answer become a learned entry."""
         script = self.script_of(env)
@@ -112,8 +123,8 @@ class Cache(Stage):
                 env, lambda: self.learned.put(normalise(question), Entry(answer, prerendered=False))
             )
 
-    async def route(self, env: Envelope) -> None:
-        p: Route = env.payload  # type: ignore[assignment]
+    async def route(self, env: Envelope[Route]) -> None:
+        p = env.payload
         if self.is_dropped(env) or p.hold:
             return
         if p.target == Target.CACHE:
@@ -121,7 +132,7 @@ class Cache(Stage):
         elif self.cfg.cache.learn and p.target in (Target.AGENT, Target.COUNCIL, Target.COMMIT):
             self._learn(env)
 
-    async def _serve(self, env: Envelope, p: Route) -> None:
+    async def _serve(self, env: Envelope[Route], p: Route) -> None:
         cfg = self.cfg.cache
         t0 = now_ns()
         text = p.text

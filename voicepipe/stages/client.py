@@ -87,7 +87,7 @@ class Listening:
     turn: int
     words: int
     end_of_speech_ns: int
-    first: asyncio.Future[tuple[int, Envelope]]
+    first: asyncio.Future[tuple[int, Envelope[Audio]]]
     done: asyncio.Event = field(default_factory=asyncio.Event)
     play_until_ns: int = 0
     premature: bool = False  # a reply to a partial utterance arrived (or was cancelled)
@@ -107,8 +107,8 @@ class Client(Stage):
         super().__init__(*a, **kw)
         self.listening: dict[str, Listening] = {}
         self.on_record = on_record
-        self.on("tts.audio", self.audio)
-        self.on("control.cancel", self.cancel_seen)
+        self.on(Audio, self.audio)
+        self.on(Cancel, self.cancel_seen)
 
     async def fail_turn(self, session: str, turn: int, reason: str, *, lost: bool = False) -> None:
         """The client itself saw the turn fail (its own handler) or lose messages: record it at once, whether
@@ -120,7 +120,7 @@ class Client(Stage):
             lis.done.set()
         await super().fail_turn(session, turn, reason, lost=lost)
 
-    async def cancel_seen(self, env: Envelope) -> None:
+    async def cancel_seen(self, env: Envelope[Cancel]) -> None:
         got = now_ns()
         lis = self.listening.get(env.session)
         if not lis or env.turn != lis.turn:
@@ -143,12 +143,12 @@ class Client(Stage):
             lis.play_until_ns = min(lis.play_until_ns, lis.stopped_ns)
             lis.done.set()
 
-    async def audio(self, env: Envelope) -> None:
+    async def audio(self, env: Envelope[Audio]) -> None:
         got = now_ns()
         lis = self.listening.get(env.session)
         if lis is None or env.turn != lis.turn:
             return
-        p: Audio = env.payload  # type: ignore[assignment]
+        p = env.payload
         if p.words > lis.words:
             await self.reject(env, f"out of range: a reply to {p.words} words, {lis.words} were spoken")
             return
@@ -305,7 +305,7 @@ class Client(Stage):
             m = measure(spans, lis.end_of_speech_ns, heard)
         except ValueError as exc:  # e.g. audio before the end of speech: not a reply this turn can have had
             return TurnRecord(**base, status="failed", error=f"unmeasurable reply: {exc}")
-        p: Audio = env.payload  # type: ignore[assignment]
+        p = env.payload
         meta = p.meta
         measured = m.measured_ns / 1e6
         return TurnRecord(

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from voicepipe.backends.base import EndpointError, LLMRequest, tokens_by, writes_own_text
+from voicepipe.backends.base import Backend, EndpointError, LLMRequest, tokens_by, writes_own_text
 from voicepipe.clock import now_ns, rng_for
 from voicepipe.hardware.quality import at_complexity
 from voicepipe.messages import Cancel, CancelReason, Envelope, Path, Route, Span, Target, TurnMeta, TurnScript
@@ -57,21 +57,21 @@ class Council(Stage):
         self.members = [self.ctx.backends.get(spec) for spec in c.members]
         self.judge = self.ctx.backends.get(c.judge) if c.judge is not None else self.members[0]
         self.history: dict[str, int] = {}
-        self.on("route", self.route)
-        self.on("control.cancel", self.cancelled)
+        self.on(Route, self.route)
+        self.on(Cancel, self.cancelled)
 
     def forget(self, session: str) -> None:
         self.history.pop(session, None)
 
-    async def cancelled(self, env: Envelope) -> None:
-        p: Cancel = env.payload  # type: ignore[assignment]
+    async def cancelled(self, env: Envelope[Cancel]) -> None:
+        p = env.payload
         if p.attempt is not None or p.reason == CancelReason.HEARD:
             return  # preemption is the agent's; "heard" stops only the audio
         seg = p.segment
         self.cancel(env.session, lambda k: k[0] == env.turn and (seg is None or k[1] == seg))
 
-    async def route(self, env: Envelope) -> None:
-        p: Route = env.payload  # type: ignore[assignment]
+    async def route(self, env: Envelope[Route]) -> None:
+        p = env.payload
         if p.target != Target.COUNCIL or self.is_dropped(env):
             return
         script = self.script_of(env)
@@ -80,9 +80,9 @@ class Council(Stage):
         self.spawn(env.session, (env.turn, p.segment), self._convene(env, script))
 
     def _gen(
-        self, env: Envelope, backend, tokens: list[str], extra_prompt: int, i: int, t0: int
+        self, env: Envelope[Route], backend: Backend, tokens: list[str], extra_prompt: int, i: int, t0: int
     ) -> Generation:
-        p: Route = env.payload  # type: ignore[assignment]
+        p = env.payload
         prompt, cached = prompt_tokens(self.cfg.agent.prompt_tokens, self.history.get(env.session, 0), p.text)
         prompt += extra_prompt
         req = LLMRequest(env.session, env.turn, prompt, len(tokens), cached, request_messages(p.text))
@@ -91,7 +91,7 @@ class Council(Stage):
         tokens = stream.pieces if writes_own_text(stream) else tokens  # a real model's own words
         return Generation(stream, tokens, prompt, cached, backend)
 
-    async def _convene(self, env: Envelope, script: TurnScript) -> None:
+    async def _convene(self, env: Envelope[Route], script: TurnScript) -> None:
         c = self.cfg.council
         t0 = now_ns()
         tokens = tokens_of(script.reply)

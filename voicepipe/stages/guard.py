@@ -140,7 +140,7 @@ def mac(env: Envelope, token: bytes) -> str:
     return h.hexdigest()
 
 
-_keyed: dict[bytes, hashlib._Hash] = {}  # token -> BLAKE2b state after its key block
+_keyed: dict[bytes, hashlib.blake2b] = {}  # token -> BLAKE2b state after its key block
 
 
 def sign(env: Envelope, token: bytes) -> None:

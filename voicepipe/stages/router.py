@@ -88,8 +88,8 @@ class Router(Stage):
     def __init__(self, *a, **kw) -> None:
         super().__init__(*a, **kw)
         self.turns: dict[str, TurnState] = {}
-        self.on("asr.final", self.final)
-        self.on("asr.partial", self.partial)
+        self.on(Final, self.final)
+        self.on(Partial, self.partial)
 
     @classmethod
     def channels_for(cls, cfg: PipelineConfig) -> tuple[str, ...]:
@@ -112,10 +112,10 @@ class Router(Stage):
         return dest.split(":", 1)[1] if ":" in dest else self.cfg.agent.name
 
     # -- preemptive generation ---------------------------------------------------------------------
-    async def partial(self, env: Envelope) -> None:
+    async def partial(self, env: Envelope[Partial]) -> None:
         """Start (or restart) the agent on an eager end-of-turn: a partial stable through a short silence."""
         pre = self.cfg.router.preemptive
-        p: Partial = env.payload  # type: ignore[assignment]
+        p = env.payload
         if not pre.enabled or not p.eager:
             return
         st = self._state(env)
@@ -151,8 +151,8 @@ class Router(Stage):
         st.attempt = None
 
     # -- the final transcript ------------------------------------------------------------------------
-    async def final(self, env: Envelope) -> None:
-        p: Final = env.payload  # type: ignore[assignment]
+    async def final(self, env: Envelope[Final]) -> None:
+        p = env.payload
         text = p.text
         st = self._state(env)
         st.final_seen = True
@@ -169,7 +169,7 @@ class Router(Stage):
         # the classifier's modelled time runs in a task: the handler must not hold up other sessions
         self.spawn(env.session, (env.turn, "route", p.segment), self._route(env, p))
 
-    async def _route(self, env: Envelope, p: Final) -> None:
+    async def _route(self, env: Envelope[Final], p: Final) -> None:
         cfg = self.cfg.router
         text = p.text
         spans = list(env.spans)
@@ -179,14 +179,19 @@ class Router(Stage):
             spans.append(Span(stage="router", what="classifier", start_ns=t, dur_ns=d))
             await sleep_until_ns(t + d)
         dest, route = decide(cfg, text, self.script_of(env), self.cfg.main_agent)
-        fallback = dest if not dest.startswith("cache") else cfg.default
-        base = {"text": text, "words": p.words, "segment": p.segment, "route": route}
+        agent: str | None = None
+        fallback: str | None = None  # where a cache miss goes
         if dest == "cache" or (cfg.cache_first and self.cfg.cache.enabled):
+            fallback = dest if not dest.startswith("cache") else cfg.default
             if fallback == "cache":
                 fallback = f"agent:{self.cfg.main_agent}"
-            payload = Route(**base, target=Target.CACHE, fallback=fallback, path=Path.CACHE)
+            target, path = Target.CACHE, Path.CACHE
         elif dest == "council":
-            payload = Route(**base, target=Target.COUNCIL, path=Path.COUNCIL)
+            target, path = Target.COUNCIL, Path.COUNCIL
         else:
-            payload = Route(**base, target=Target.AGENT, agent=self._agent_name(dest), path=Path.AGENT)
+            target, path, agent = Target.AGENT, Path.AGENT, self._agent_name(dest)
+        payload = Route(
+            text=text, words=p.words, segment=p.segment, route=route, target=target, path=path, agent=agent,
+            fallback=fallback,
+        )  # fmt: skip
         await self.publish(self.reply(env, payload, spans))

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from voicepipe.clock import now_ns, rng_for, sleep_until_ns
 from voicepipe.config import TTSConfig
 from voicepipe.limits import MAX_SPEECH_MS
-from voicepipe.messages import Cancel, CancelReason, Envelope, ReplyText, audio
+from voicepipe.messages import Cancel, CancelReason, Envelope, ReplyText, SpeechStart, audio
 from voicepipe.spans import modelled_span
 from voicepipe.stages.base import Stage
 from voicepipe.text import audio_ms, first_clause_end
@@ -65,7 +65,8 @@ def first_audio_chunk(chunks: list[str], cfg: TTSConfig) -> int:
 @dataclass
 class Reply:
     pending: list[str] = field(default_factory=list)
-    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    # (clause, the reply.text it came in, when that arrived, the reply's last clause)
+    queue: asyncio.Queue[tuple[list[str], Envelope[ReplyText], int, bool]] = field(default_factory=asyncio.Queue)
     seq: int = 0
 
 
@@ -78,15 +79,15 @@ class TTS(Stage):
     def __init__(self, *a, **kw) -> None:
         super().__init__(*a, **kw)
         self.replies: dict[str, dict[tuple[int, int], Reply]] = {}  # session -> (turn, segment) -> reply
-        self.on("reply.text", self.text)
-        self.on("control.cancel", self.cancelled)
-        self.on("user.speech_start", self.barge_in)
+        self.on(ReplyText, self.text)
+        self.on(Cancel, self.cancelled)
+        self.on(SpeechStart, self.barge_in)
 
-    async def barge_in(self, env: Envelope) -> None:
+    async def barge_in(self, env: Envelope[SpeechStart]) -> None:
         """The user talks over the reply: after VAD onset, stop speaking and cancel the turn's work."""
         self.spawn(env.session, ("barge-in", env.turn), self._stop(env))
 
-    async def _stop(self, env: Envelope) -> None:
+    async def _stop(self, env: Envelope[SpeechStart]) -> None:
         await sleep_until_ns(now_ns() + round(self.cfg.tts.barge_in_detect_ms * 1e6))
         self.cancel(env.session, lambda k: k[0] == env.turn)
         replies = self.replies.get(env.session, {})
@@ -97,7 +98,7 @@ class TTS(Stage):
     def forget(self, session: str) -> None:
         self.replies.pop(session, None)
 
-    async def cancelled(self, env: Envelope) -> None:
+    async def cancelled(self, env: Envelope[Cancel]) -> None:
         seg = env.payload.segment
         self.cancel(env.session, lambda k: k[0] == env.turn and (seg is None or k[1] == seg))
         replies = self.replies.get(env.session, {})
@@ -105,11 +106,11 @@ class TTS(Stage):
             if seg is None or k[1] == seg:
                 del replies[k]
 
-    async def text(self, env: Envelope) -> None:
+    async def text(self, env: Envelope[ReplyText]) -> None:
         arrived = now_ns()
         if self.is_dropped(env):
             return  # text for a segment the ASR withdrew (premature endpoint)
-        p: ReplyText = env.payload  # type: ignore[assignment]
+        p = env.payload
         seg = p.segment
         key = (env.session, env.turn, seg)
         replies = self.replies.setdefault(env.session, {})
@@ -125,7 +126,7 @@ class TTS(Stage):
         for i, clause in enumerate(clauses):
             r.queue.put_nowait((clause, env, arrived, final and i == len(clauses) - 1))
 
-    async def _speak(self, first_env: Envelope, r: Reply, key: tuple[str, int, int]) -> None:
+    async def _speak(self, first_env: Envelope[ReplyText], r: Reply, key: tuple[str, int, int]) -> None:
         cfg = self.cfg.tts
         rng = rng_for(self.cfg.seed, key[0], key[1], key[2], "tts")
         ttfb = round(cfg.ttfb_ms.sample_ms(rng) * 1e6)
@@ -144,7 +145,7 @@ class TTS(Stage):
                     ready = max(ready, arrived) + ttfb // 4
                     spans = []
                 await sleep_until_ns(ready)
-                text: ReplyText = env.payload
+                text = env.payload
                 payload = audio(  # Audio(...) without validating values that are already of their types
                     seq=r.seq, text=" ".join(clause), duration_ms=audio_ms(clause, cfg.words_per_minute),
                     last=last, words=text.words, segment=key[2], meta=text.meta,
