@@ -45,8 +45,8 @@ from pathlib import Path
 
 from benchinfo import code_rev
 
-from voicepipe.brokers import Mosquitto
-from voicepipe.bus import BrokerAddress, MqttBus
+from voicepipe.bus.brokers import Mosquitto
+from voicepipe.bus.mqtt import BrokerAddress, MqttBus
 from voicepipe.config import PipelineConfig, load_config
 from voicepipe.messages import Envelope, Span, UserUtterance, UserWord
 from voicepipe.runner import run_pipeline
@@ -100,7 +100,7 @@ async def bus_only(addr: BrokerAddress, n: int) -> None:
         async def receive() -> None:
             nonlocal got
             async for _ch, env in sub.messages():
-                assert env.payload.index >= 0
+                assert env.payload.words[0].index >= 0
                 got += 1
                 if got >= n:
                     done.set()

@@ -25,7 +25,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from voicepipe.brokers import Mosquitto
+from voicepipe.bus.brokers import Mosquitto
 from voicepipe.config import load_config
 from voicepipe.records import TurnRecord
 from voicepipe.runner import run_pipeline

@@ -587,7 +587,8 @@ def _run_error(cfg: PipelineConfig, exc: BaseException) -> typer.Exit | None:
 
     if isinstance(exc, StagesMissing):
         return fail(str(exc))
-    from voicepipe.bus import BrokerOutage, RunTopicsUnreachable
+    from voicepipe.bus import BrokerOutage
+    from voicepipe.bus.mqtt import RunTopicsUnreachable
 
     if isinstance(exc, RunTopicsUnreachable):
         return fail(str(exc))

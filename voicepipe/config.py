@@ -10,7 +10,7 @@ import math
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 from urllib.parse import unquote
 
 import numpy as np
@@ -46,6 +46,9 @@ from voicepipe.limits import (
     Wpm,
 )
 from voicepipe.safeyaml import YamlRejected, load
+
+if TYPE_CHECKING:
+    from voicepipe.bus.mqtt.address import BrokerAddress
 
 Z90 = 1.2815515655446004
 
@@ -465,12 +468,27 @@ def _resolve_broker(cfg: PipelineConfig, source: str) -> None:
         if tls:
             raise UserError(source, f"broker.{tls[0]}: TLS options need an mqtts:// broker URL (none given)")
         return
-    from voicepipe.bus import BrokerAddress
-
     try:
-        BrokerAddress.from_config(b)
+        broker_address(b)
     except UserError as exc:
         raise UserError(source, str(exc)) from None
+
+
+def broker_address(broker: BrokerConfig) -> BrokerAddress:
+    """The address of a validated ``broker`` config section (``url`` must be set)."""
+    from voicepipe.bus.mqtt.address import BrokerAddress
+
+    if not broker.url:
+        raise UserError("broker.url", "no broker URL")
+    return BrokerAddress.parse(
+        broker.url,
+        broker.username,
+        broker.password.get_secret_value() if broker.password is not None else None,
+        ca_file=broker.ca_file,
+        cert_file=broker.cert_file,
+        key_file=broker.key_file,
+        insecure=broker.insecure,
+    )
 
 
 def load_config(

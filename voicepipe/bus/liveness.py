@@ -34,7 +34,9 @@ import paho.mqtt.client as mqtt
 import structlog
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from voicepipe.bus import BrokerAddress, MqttLink
+from voicepipe.bus.base import stop_task
+from voicepipe.bus.mqtt.address import BrokerAddress
+from voicepipe.bus.mqtt.link import MqttLink
 from voicepipe.messages import BadMessage, split_topic, topic
 
 log = structlog.get_logger("voicepipe.liveness")
@@ -187,15 +189,14 @@ class Watch:
         await self.client.__aenter__()
         await self.client.subscribe(alive_topic(self.run, "+"), qos=1)
         await self.client.subscribe(heartbeat_topic(self.run, "+"), qos=0)
-        self._tasks = [asyncio.create_task(self._read()), asyncio.create_task(self._check())]
+        self._tasks = [asyncio.create_task(self._read(), name="read"), asyncio.create_task(self._check(), name="check")]
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+            await stop_task(t, f"liveness-watch-{t.get_name()}")
         with contextlib.suppress(Exception):
             await self.client.__aexit__(None, None, None)
 
@@ -323,10 +324,7 @@ class Progress:
         if self.link is not None:
             await self.link.exit()
             return
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+        await stop_task(self._task, "liveness-progress")
         with contextlib.suppress(Exception):
             await self.client.__aexit__(None, None, None)  # type: ignore[union-attr]
 

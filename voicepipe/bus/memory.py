@@ -7,7 +7,7 @@ subscriber (the publisher too) gets every message exactly once, in publish order
 envelope object itself is passed — no JSON round trip (the payloads were validated when they were built).
 A broker made for one virtual run (``trusted=True``, as :func:`voicepipe.runner.simulate` makes it) is
 reachable by nothing but that run's own stages, so messages on it are neither signed nor authenticated
-(:attr:`voicepipe.bus.Bus.trusted`; the guard's other checks stay). Unlike a broker, it knows who listens: :meth:`MemoryBus.wanted` tells a stage that a message on a channel no
+(:attr:`voicepipe.bus.base.Bus.trusted`; the guard's other checks stay). Unlike a broker, it knows who listens: :meth:`MemoryBus.wanted` tells a stage that a message on a channel no
 one subscribes to (and no tap watches) would reach nobody, so it need not be built at all.
 
 A stage's receive loop (:meth:`MemoryBus.serve`) has no queue and no task per message: a delivery puts the
@@ -29,7 +29,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator
 from typing import Any
 
-from voicepipe.bus import Bus
+from voicepipe.bus.base import Bus
 from voicepipe.clock import now_ns
 from voicepipe.messages import Envelope, channel_of
 
