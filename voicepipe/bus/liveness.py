@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 import paho.mqtt.client as mqtt
 import structlog
+from paho.mqtt.enums import CallbackAPIVersion
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from voicepipe.bus.base import stop_task
@@ -88,7 +89,7 @@ class Presence:
         self.addr = addr
         self.topic = alive_topic(run, process)
         self.hb_topic = heartbeat_topic(run, process)
-        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"vp-{run}-{process}-alive")
+        self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"vp-{run}-{process}-alive")
         self.client.will_set(self.topic, payload=b"", qos=1, retain=True)
         if addr.username:
             self.client.username_pw_set(addr.username, addr.password)
@@ -272,7 +273,7 @@ class Watch:
         peers = [p for p in self.peers.values() if p.beat is not None and p.first is not None]
         beats = [p.beat for p in peers if p.beat is not None]
         return Beat(
-            cpu_s=sum(p.beat.cpu_s - p.first.cpu_s for p in peers),  # type: ignore[union-attr]
+            cpu_s=sum(b.cpu_s - f.cpu_s for p in peers if (b := p.beat) is not None and (f := p.first) is not None),
             published=sum(b.published for b in beats),
             received=sum(b.received for b in beats),
             skipped=sum(b.skipped for b in beats),

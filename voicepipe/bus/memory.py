@@ -81,7 +81,8 @@ class MemoryBus(Bus):
         self.inbox: asyncio.Queue[tuple[str, Envelope]] = asyncio.Queue()
         self.channels: set[str] = set()
         self.in_flight: deque[tuple[int, tuple[str, Envelope]]] = deque()
-        self.receive: Callable[[Envelope], Awaitable[None]] | None = None  # set by serve()
+        # set by serve(): a stage's receive is an ``async def``, its coroutine is stepped here directly
+        self.receive: Callable[[Envelope], Coroutine[Any, Any, None]] | None = None
         self.backlog: deque[Envelope] = deque()
         self.draining = False  # a drain is scheduled or running
         self.busy: asyncio.Task[None] | None = None  # a receive that had to wait, continuing as a task
@@ -107,7 +108,7 @@ class MemoryBus(Bus):
                     waits_on = coro.send(None)
                 except StopIteration:
                     continue
-                self.busy = self.loop.create_task(_finish(coro, waits_on))  # type: ignore[union-attr,arg-type]
+                self.busy = self.loop.create_task(_finish(coro, waits_on))  # type: ignore[union-attr]
                 self.busy.add_done_callback(self._resumed)
         except BaseException as exc:  # receive itself failed (not a handler): the stage's loop ends with it
             if self.served is not None and not self.served.done():
@@ -170,7 +171,7 @@ class MemoryBus(Bus):
 
     async def serve(self, receive: Callable[[Envelope], Awaitable[None]]) -> None:
         self.loop = asyncio.get_running_loop()
-        self.receive = receive
+        self.receive = receive  # type: ignore[assignment]  # an async def (see __init__)
         while not self.inbox.empty():  # delivered before serve() began
             self.backlog.append(self.inbox.get_nowait()[1])
         self.served = asyncio.get_running_loop().create_future()

@@ -115,7 +115,7 @@ class PartitionedBus(Bus):
         self.served: set[str] = set()  # sessions this replica acted on
         self.skipped = 0  # messages of sessions another replica owns
         if hasattr(inner, "accept"):  # the MQTT bus drops them by topic, before parsing their bodies
-            inner.accept = self._accept  # type: ignore[attr-defined]
+            inner.accept = self._accept
 
     def _accept(self, session: str, channel: str) -> bool:
         if channel == "session/end" or self.members.owner(self.kind, session) == self.replica:

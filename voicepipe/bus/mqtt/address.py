@@ -133,7 +133,7 @@ class BrokerAddress:
         ``persistent``: a session the broker keeps across a reconnect; ``protocol`` "5" speaks MQTT 5 (clean
         start on the first connect only, session expiry ``session_expiry_s`` when persistent)."""
         if protocol == "5":
-            props = Properties(PacketTypes.CONNECT)
+            props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
             props.SessionExpiryInterval = math.ceil(session_expiry_s or 0) + 5 if persistent else 0
             kw.update(
                 protocol=aiomqtt.ProtocolVersion.V5, clean_start=MQTT_CLEAN_START_FIRST_ONLY, properties=props

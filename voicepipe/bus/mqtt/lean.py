@@ -401,6 +401,6 @@ def _puback(code: int) -> tuple[ReasonCode, Properties]:
     if got is None:
         got = _PUBACKS[code] = (
             ReasonCode(PacketTypes.PUBACK, identifier=code),
-            Properties(PacketTypes.PUBACK),
+            Properties(PacketTypes.PUBACK),  # type: ignore[no-untyped-call]
         )
     return got
