@@ -33,6 +33,7 @@ uses aiomqtt's public API only, and says so once.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import threading
 from collections.abc import Callable
@@ -51,8 +52,9 @@ _warned = False
 _warn_lock = threading.Lock()
 
 
+@functools.cache
 def installed() -> dict[str, str]:
-    """The installed version of each pinned package ("" when it cannot be read)."""
+    """The installed version of each pinned package ("" when it cannot be read); read once per process."""
     out = {}
     for name in PINNED:
         try:
