@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 from tests.conftest import fast_config, tiny_scenario
-from voicepipe.bus import BrokerAddress, BrokerHealth, MqttBus, negotiate_protocol
+from voicepipe.bus import BrokerHealth
+from voicepipe.bus.mqtt import BrokerAddress, MqttBus, negotiate_protocol
 from voicepipe.messages import Envelope, UserUtterance, UserWord, topic
 from voicepipe.runner import run_pipeline
 

@@ -240,7 +240,7 @@ def account(records: Iterable[TurnRecord], expected: int, dropped: int = 0) -> A
     lost: dict[str, int] = {}
     for r in recs:
         # a turn that ran out of time: the client's own timeout, or the run's deadline watch naming the stage
-        # that held it (voicepipe.liveness)
+        # that held it (voicepipe.bus.liveness)
         timed_out = r.status == "timeout" or (r.status == "failed" and r.error.startswith("timeout"))
         if timed_out and dropped:
             why = f"timeout while the broker dropped {dropped} message(s) in this run (a queue limit?)"

@@ -6,8 +6,8 @@ modelled time only, as fast as the CPU goes. Both play sessions through :func:`p
 
 Live runs can spread stages over processes: ``external`` stages served by ``voicepipe stage``
 (:func:`serve_stages`), or ``workers`` processes this run spawns (:class:`Workers`, replicas with session
-affinity per :mod:`voicepipe.partition`). Stage processes announce themselves and are watched per
-:mod:`voicepipe.liveness`; :class:`Failer` turns a death or a missed deadline into failed turns with a reason,
+affinity per :mod:`voicepipe.bus.partition`). Stage processes announce themselves and are watched per
+:mod:`voicepipe.bus.liveness`; :class:`Failer` turns a death or a missed deadline into failed turns with a reason,
 so every expected turn is recorded.
 """
 
@@ -28,27 +28,25 @@ from typing import Any, TypeVar
 
 import structlog
 
-from voicepipe.brokers import EmbeddedBroker, quiet_amqtt
-from voicepipe.bus import (
+from voicepipe.bus import BrokerHealth, BrokerOutage, Bus
+from voicepipe.bus.brokers import EmbeddedBroker, quiet_amqtt
+from voicepipe.bus.liveness import Presence, Progress, Watch, turn_deadline_ns
+from voicepipe.bus.memory import MemoryBroker
+from voicepipe.bus.mqtt import (
     BrokerAddress,
-    BrokerHealth,
-    BrokerOutage,
-    Bus,
     MqttBus,
     MqttLink,
     check_run_topics,
     negotiate_protocol,
     probe_round_trip,
 )
+from voicepipe.bus.partition import Membership, PartitionedBus, kind_of, plan_workers, replica_id
 from voicepipe.clock import is_virtual, now_ns, run_virtual
 from voicepipe.clock.gc import during_run, tune_for_runs
-from voicepipe.config import PipelineConfig, check_speech
+from voicepipe.config import PipelineConfig, broker_address, check_speech
 from voicepipe.errors import UserError, check_run_id
-from voicepipe.liveness import Presence, Progress, Watch, turn_deadline_ns
 from voicepipe.measure import LAG_TRUST_P99_MS, LagProbe, LoopLag
-from voicepipe.membus import MemoryBroker
 from voicepipe.messages import Cancel, CancelReason, Envelope
-from voicepipe.partition import Membership, PartitionedBus, kind_of, plan_workers, replica_id
 from voicepipe.records import Accounting, TurnRecord, account
 from voicepipe.scenario import Scenario, session_id
 from voicepipe.stages.agent import Agent
@@ -206,7 +204,7 @@ def mqtt_connector(
     health: BrokerHealth | None = None,
     link: MqttLink | None = None,
 ) -> Callable[[str], Bus]:
-    """Buses for the stages of this process, all on one MQTT connection (:class:`~voicepipe.bus.MqttLink`:
+    """Buses for the stages of this process, all on one MQTT connection (:class:`~voicepipe.bus.mqtt.link.MqttLink`:
     a message several of them subscribe to crosses the wire once; one ``send`` per event-loop batch)."""
     shared = link or process_link(addr, ctx, protocol, health)
     return lambda name: MqttBus(addr, ctx.run, name, qos=ctx.cfg.broker.qos, link=shared)
@@ -264,7 +262,7 @@ async def serve_stages(
 
     ``replicas``: the replica ids served here (default ``{name}.0`` each); ``planned``: every replica of the
     run (default: these). A kind with several planned replicas serves only the sessions its replica owns
-    (:mod:`voicepipe.partition`). The process announces itself with a :class:`~voicepipe.liveness.Presence`.
+    (:mod:`voicepipe.bus.partition`). The process announces itself with a :class:`~voicepipe.bus.liveness.Presence`.
     ``on_stages`` sees the stages once built (an observer, for tests). ``token``: the run's secret (a
     ``--workers`` process gets it from its parent; ``voicepipe stage`` reads ``VOICEPIPE_RUN_TOKEN``).
     """
@@ -274,7 +272,7 @@ async def serve_stages(
         raise ValueError("broker.url: stages in separate processes need a broker (--broker URL)")
     if token is None:
         require_shared_token("voicepipe stage")
-    addr = BrokerAddress.from_config(cfg.broker)
+    addr = broker_address(cfg.broker)
     ctx = RunContext(run=run, cfg=cfg) if token is None else RunContext(run=run, cfg=cfg, token=token)
     protocol = await negotiate_protocol(addr, cfg.broker.protocol)
     await check_run_topics(addr, run)
@@ -366,7 +364,7 @@ async def until_signalled(
 
 
 class Workers:
-    """``--workers N``: N stage processes spawned for one run (see :func:`~voicepipe.partition.plan_workers`)."""
+    """``--workers N``: N stage processes spawned for one run (see :func:`~voicepipe.bus.partition.plan_workers`)."""
 
     def __init__(self, cfg: PipelineConfig, run: str, plan: list[list[str]], token: bytes) -> None:
         self.cfg, self.run, self.plan, self.token = cfg, run, plan, token
@@ -474,9 +472,9 @@ async def run_pipeline(
 ) -> RunResult:
     """Play the scenarios and collect their turn records. Stages named in ``external`` run in other
     processes (``voicepipe stage``) against the same broker, run id and config; the run waits for them.
-    ``workers`` > 0 spawns that many stage processes (replicas, :mod:`voicepipe.partition`); only the client
-    stays here. ``plan`` (replica ids per process, e.g. from :func:`~voicepipe.partition.plan_workers`) says
-    which replicas other processes serve when they are started by someone else (``serve_stages``). Either way a :class:`~voicepipe.liveness.Watch` fails the turns of a stage process that dies,
+    ``workers`` > 0 spawns that many stage processes (replicas, :mod:`voicepipe.bus.partition`); only the client
+    stays here. ``plan`` (replica ids per process, e.g. from :func:`~voicepipe.bus.partition.plan_workers`) says
+    which replicas other processes serve when they are started by someone else (``serve_stages``). Either way a :class:`~voicepipe.bus.liveness.Watch` fails the turns of a stage process that dies,
     and every turn not heard by its deadline fails naming the stage that held it."""
     quiet_amqtt()
     if external:
@@ -493,7 +491,7 @@ async def run_pipeline(
     async with contextlib.AsyncExitStack() as stack:
         stack.enter_context(during_run())  # collector pauses would show as tax (if the program opted in)
         if cfg.broker.url:
-            addr = BrokerAddress.from_config(cfg.broker)
+            addr = broker_address(cfg.broker)
             protocol = await negotiate_protocol(addr, cfg.broker.protocol)
             await check_run_topics(addr, run)  # an ACL that refuses them would only show as timeouts
             shown = f"{addr.host}:{addr.port} (MQTT {protocol})"

@@ -21,7 +21,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from voicepipe import gate
-from voicepipe.bus import BrokerOutage, RunTopicsUnreachable
+from voicepipe.bus import BrokerOutage
+from voicepipe.bus.mqtt import RunTopicsUnreachable
 from voicepipe.config import PipelineConfig, check_speech
 from voicepipe.errors import UserError, redact_url
 from voicepipe.records import TurnRecord
