@@ -155,3 +155,25 @@ def test_the_readme_lists_every_exit_code_and_no_other():
     table = readme[readme.index("## Exit codes") :].split("\n## ", 1)[0]
     documented = {int(m) for m in re.findall(r"^\|\s*`?(\d+)`?\s*\|", table, re.M)}
     assert documented == {int(c) for c in ExitCode}
+
+
+def test_sigterm_stops_a_live_compare_with_what_it_measured_written(tmp_path):
+    out, table, report = tmp_path / "a.jsonl", tmp_path / "a.csv", tmp_path / "a.html"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "voicepipe", "compare", str(_scenario(tmp_path, 6)),
+         "--vary", "agent.backend=cerebras-llama-3.1-8b,groq-llama-3.1-8b", "--json", str(out), "--csv", str(table),
+         "--report", str(report), "--set", "client.playout=first_audio", "--set", "broker.probe=false"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not (out.exists() and out.read_text().strip()):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == ExitCode.TERMINATED, stderr
+    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "SIGTERM" in errors[0] and "Traceback" not in stderr, stderr
+    recs = out.read_text().splitlines()
+    assert 1 <= len(recs) < 12 and len(table.read_text().splitlines()) == len(recs) + 1
+    assert 'id="incidents"' in report.read_text()
