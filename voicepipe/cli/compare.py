@@ -174,9 +174,9 @@ def compare(
                         stop_on_signals(run_pipeline(cfg, scs, sessions, on_record=on_record))
                     )
                 except BaseException as exc:  # keep what was measured, write it, then exit saying why
-                    got, ending = stopped_by(cfg, exc, sum(len(v) for v in runs.values()))
-                    if got is not None:
-                        results[label] = got
+                    partial, ending = stopped_by(cfg, exc, sum(len(v) for v in runs.values()))
+                    if partial is not None:
+                        results[label] = partial
                     break
     except KeyboardInterrupt:  # between two runs
         ending = Ending(ExitCode.INTERRUPTED, "interrupted by SIGINT", signum=int(signal.SIGINT))
