@@ -122,7 +122,7 @@ class BrokerConfig(Strict):
     # 3.1.1 for the embedded amqtt (it speaks nothing else)
     protocol: Literal["auto", "3.1.1", "5"] = "auto"
     # a lost broker connection is retried (backoff + jitter) this long; turns meanwhile carry the outage in
-    # their latency (broker_outage_ms); longer ends the run with exit code 3, what was measured kept
+    # their latency (broker_outage_ms); longer ends the run with exit code 4, what was measured kept
     outage_window_s: float = Field(30.0, gt=0, le=MAX_TURN_TIMEOUT_S)
 
     @field_validator("protocol", mode="before")

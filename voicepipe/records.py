@@ -225,6 +225,12 @@ class Accounting(BaseModel):
         )
 
 
+def unmeasured(r: TurnRecord) -> str:
+    """What a turn with no latency shows in its place: its status — ``timeout`` (no reply in time),
+    ``failed`` (a stage or endpoint failed it: ``error`` says why) or ``lost`` (messages dropped)."""
+    return r.status if r.status != "ok" else "timeout"
+
+
 def reason_of(r: TurnRecord) -> str:
     """A turn's failure reason, short enough to group by (the first clause of its error)."""
     if r.status == "timeout":

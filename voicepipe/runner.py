@@ -45,6 +45,8 @@ from voicepipe.clock import is_virtual, now_ns, run_virtual
 from voicepipe.clock.gc import during_run, tune_for_runs
 from voicepipe.config import PipelineConfig, broker_address, check_speech
 from voicepipe.errors import UserError, check_run_id
+from voicepipe.exitcodes import signal_name
+from voicepipe.incidents import Incidents, spans_ms
 from voicepipe.measure import LAG_TRUST_P99_MS, LagProbe, LoopLag
 from voicepipe.messages import Cancel, CancelReason, Envelope
 from voicepipe.records import Accounting, TurnRecord, account
@@ -58,6 +60,8 @@ from voicepipe.stages.council import Council
 from voicepipe.stages.guard import Counters, require_shared_token
 from voicepipe.stages.router import Router
 from voicepipe.stages.tts import TTS
+from voicepipe.stopping import Interrupted
+from voicepipe.stopping import current as current_stop
 
 log = structlog.get_logger("voicepipe.run")
 T = TypeVar("T")
@@ -82,6 +86,12 @@ class RunResult:
     open_tasks_after: int = 0
     duplicates: int = 0  # redelivered bus messages dropped by envelope id (after reconnects)
     outage: str | None = None  # the run ended early: the broker stayed away longer than the window
+    signalled: int | None = None  # the run ended early: this signal stopped it (voicepipe.stopping)
+    ended: str | None = None  # the run ended early for another reason (an internal error)
+    # the broker's absences this process's clients saw, (start, end) monotonic ns, and their reconnects
+    broker_outages: list[tuple[int, int]] = field(default_factory=list)
+    broker_stalls: list[tuple[int, int]] = field(default_factory=list)
+    reconnects: int = 0
     # what the stages did with what they received (received, dead-lettered by reason, late, lost in
     # transit, handler errors), the turns the run was asked to play, and its own event-loop lag (live only)
     counters: Counters = field(default_factory=Counters)
@@ -98,6 +108,16 @@ class RunResult:
     def accounting(self) -> Accounting:
         return account(self.records, self.expected_turns, self.counters.lost)
 
+    def incidents(self) -> Incidents:
+        """Outages, stalls, stage deaths and what ended the run early (:mod:`voicepipe.incidents`)."""
+        ended = f"broker outage: {self.outage}" if self.outage else self.ended
+        if self.signalled is not None:
+            ended = signal_name(self.signalled)
+        return Incidents(
+            outages_ms=spans_ms(self.broker_outages), stalls_ms=spans_ms(self.broker_stalls),
+            reconnects=self.reconnects, deaths=list(self.deaths), ended_by=ended,
+        ).add_turns(self.records)  # fmt: skip
+
     def summary_json(self) -> dict[str, object]:
         """The run's counters as one JSON object (the last line of ``--json``); never the run's token."""
         c = self.counters
@@ -105,6 +125,7 @@ class RunResult:
             "type": "run.summary",
             "run": self.run,
             "turns": self.accounting().model_dump(),
+            "incidents": self.incidents().to_json(),
             "bus": {
                 "received": c.received,
                 "dead_lettered": dict(c.dead),
@@ -558,6 +579,8 @@ async def run_pipeline(
             result.outage = str(exc)
         finally:
             result.warnings += health.summary()
+            result.broker_outages, result.broker_stalls = list(health.outages), list(health.stalls)
+            result.reconnects = health.reconnects
             result.duplicates = sum(getattr(s.bus, "duplicates", 0) for s in stages)
             failer.closing = True
             if procs:
@@ -571,6 +594,10 @@ async def run_pipeline(
                 result.remote_skipped = totals.skipped
         result.local_published = sum(s.bus.published for s in stages)
         result.local_received = sum(s.bus.received for s in stages)
+    stop = current_stop()
+    if stop is not None and stop.signum is not None:  # a signal ended the run (or came as it finished)
+        result.signalled = stop.signum
+        raise Interrupted(stop.signum, result)
     if result.outage:
         raise RunAborted(result.outage, result)
     return result
@@ -616,6 +643,8 @@ async def play_sessions(
     result.expected_turns = sum(len(sc.turns) for _, convs in slots for sc, _ in convs)
     probe = None if is_virtual() else LagProbe()
     probing = asyncio.create_task(probe.run()) if probe else None
+    stop = current_stop()  # a live run under voicepipe.stopping: a signal stops the sessions, not the run
+    stopping: asyncio.Task[bool] | None = None
     try:
         tasks = await start_stages(stack, stages)
         if before is not None:
@@ -624,7 +653,15 @@ async def play_sessions(
         play = asyncio.ensure_future(asyncio.gather(*(_slot(client, at, convs) for at, convs in slots)))
         # a stage's receive loop ends only when its bus gave up (the broker away past the outage window)
         waiting: list[asyncio.Future[Any]] = [play, *tasks]
+        if stop is not None:
+            stopping = asyncio.create_task(stop.event.wait(), name="stop-on-signal")
+            waiting.append(stopping)
+            stop.watch()
         await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        if stop is not None and stop.signum is not None and not play.done():  # the turns in flight stay unrecorded
+            for name, exc in await cancel_and_wait(play, what="the sessions"):
+                result.task_failed(name, exc)
+            return
         if not play.done():
             for name, exc in await cancel_and_wait(play, what="the sessions"):
                 result.task_failed(name, exc)
@@ -635,6 +672,8 @@ async def play_sessions(
         await asyncio.sleep(0.05)  # let session.end reach every stage
         result.open_tasks_after = sum(s.open_tasks() for s in stages)
     finally:
+        if stopping is not None:
+            stopping.cancel()
         if probing is not None:
             probing.cancel()
             result.lag = probe.result() if probe else None

@@ -78,7 +78,7 @@ class Bus(abc.ABC):
 
 
 class BrokerOutage(RuntimeError):
-    """The broker stayed unreachable longer than ``broker.outage_window_s``: the run ends (exit code 3)."""
+    """The broker stayed unreachable longer than ``broker.outage_window_s``: the run ends (exit code 4)."""
 
 
 @dataclass

@@ -28,6 +28,7 @@ from voicepipe.cli import calibrate, capacity, compare, hardware, predict, run, 
 from voicepipe.cli.common import err, out
 from voicepipe.clock.gc import tune_for_runs
 from voicepipe.errors import UserError
+from voicepipe.exitcodes import ExitCode
 
 app = typer.Typer(
     add_completion=True,
@@ -118,16 +119,19 @@ def main() -> None:
     except _ClickError as exc:
         if type(exc).__name__ == "NoArgsIsHelpError":  # a group run bare: its help, as click prints it
             exc.show()  # type: ignore[attr-defined]
-            sys.exit(getattr(exc, "exit_code", 2))
+            sys.exit(getattr(exc, "exit_code", ExitCode.USAGE))
         ctx = getattr(exc, "ctx", None)
         where = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
         message = exc.format_message()  # type: ignore[attr-defined]
         err.print(f"error: {message}{where}", highlight=False, markup=False, soft_wrap=True)
-        sys.exit(getattr(exc, "exit_code", 2))
+        sys.exit(getattr(exc, "exit_code", ExitCode.USAGE))
     except typer.Abort:
         err.print("aborted")
-        sys.exit(130)
+        sys.exit(ExitCode.INTERRUPTED)
+    except KeyboardInterrupt:  # Ctrl-C where no command catches it (a live run keeps what it measured)
+        err.print("interrupted")
+        sys.exit(ExitCode.INTERRUPTED)
     except UserError as exc:  # pragma: no cover - commands catch their own
         err.print(f"error: {exc}")
-        sys.exit(2)
+        sys.exit(ExitCode.USAGE)
     sys.exit(rc if isinstance(rc, int) else 0)

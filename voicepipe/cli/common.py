@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,9 @@ from voicepipe.bus import BrokerOutage
 from voicepipe.bus.mqtt import RunTopicsUnreachable
 from voicepipe.config import PipelineConfig, check_speech
 from voicepipe.errors import UserError, redact_url
-from voicepipe.records import TurnRecord
+from voicepipe.exitcodes import ExitCode
+from voicepipe.incidents import Incidents
+from voicepipe.records import TurnRecord, unmeasured
 from voicepipe.report.export import push_otlp, write_csv, write_otel
 from voicepipe.report.html import render_html
 from voicepipe.report.term import SafeConsole
@@ -40,7 +42,7 @@ err = SafeConsole(stderr=True)
 def fail(msg: str) -> typer.Exit:
     """Print ``error: msg`` on stderr; the caller raises the returned exit (status 2)."""
     err.print(f"[bold red]error:[/] {escape(msg)}", highlight=False, soft_wrap=True)
-    return typer.Exit(2)
+    return typer.Exit(ExitCode.USAGE)
 
 
 @contextmanager
@@ -145,10 +147,11 @@ def turn_line(r: TurnRecord, done: int, total: int) -> str:
     """The one stderr line per finished turn printed when stderr is not a terminal (no progress bar)."""
     from voicepipe.report.table import top_parts  # lazy: start-up time
 
-    lat = "timeout" if r.measured_ms is None else f"{r.measured_ms:,.0f} ms"
+    lat = unmeasured(r) if r.measured_ms is None else f"{r.measured_ms:,.0f} ms"
     ok = "ok" if r.within_budget else "miss"
     who = f"{r.label}: " if r.label else ""
-    return printable(f"[{done}/{total}] {who}{r.session} #{r.turn} {lat} {ok} ({top_parts(r, 1)})", False)
+    why = r.error if r.error and not r.breakdown else top_parts(r, 1)  # a failed turn: its reason
+    return printable(f"[{done}/{total}] {who}{r.session} #{r.turn} {lat} {ok} ({why})", False)
 
 
 def progress_sink(
@@ -178,11 +181,15 @@ def write_outputs(
     budget_ms: float,
     otlp_endpoint: str | None = None,
     fixes: Callable[[], dict[str, Any]] | None = None,
+    incidents: Mapping[str, Incidents] | None = None,
 ) -> None:
-    """Write the requested exports; ``fixes`` (only called for a report) gives label → advice."""
+    """Write the requested exports; ``fixes`` (only called for a report) gives label → advice;
+    ``incidents`` (label → outages, stage deaths, early end) go in the report's Incidents section."""
     records = [r for rs in runs.values() for r in rs]
     if report:
-        html = render_html(runs, configs, budget_ms=budget_ms, fixes=fixes() if fixes else None)
+        html = render_html(
+            runs, configs, budget_ms=budget_ms, fixes=fixes() if fixes else None, incidents=incidents
+        )
         report.write_text(html, encoding="utf-8")
         err.print(f"report: {report}")
     if csv:
@@ -203,7 +210,7 @@ def gate_exit(reqs: list[gate.Requirement], records: list[TurnRecord]) -> None:
     for line in lines:
         err.print(f"[bold red]error:[/] {line}", highlight=False, soft_wrap=True)
     if lines:
-        raise typer.Exit(1)
+        raise typer.Exit(ExitCode.REQUIREMENT_MISSED)
 
 
 def run_error(cfg: PipelineConfig, exc: BaseException) -> typer.Exit | None:
@@ -219,7 +226,7 @@ def run_error(cfg: PipelineConfig, exc: BaseException) -> typer.Exit | None:
         return fail(str(exc))
     if isinstance(exc, BrokerOutage):  # the broker stayed away past broker.outage_window_s
         fail(str(exc))
-        return typer.Exit(3)
+        return typer.Exit(ExitCode.BROKER_OUTAGE)
     return None
 
 
