@@ -34,6 +34,7 @@ from voicepipe.audio.record import LEFT, RIGHT, Recorder, recording_path
 from voicepipe.audio.wer import wer
 from voicepipe.audio.wire import AudioPort
 from voicepipe.clock import now_ns, sleep_until_ns
+from voicepipe.config import PipelineConfig
 from voicepipe.measure import measure
 from voicepipe.messages import Audio, CacheAnswer, Cancel, CancelReason, Envelope, Final, TurnScript
 from voicepipe.records import TurnRecord
@@ -67,7 +68,9 @@ class Call:
 
 
 class Caller(_Client):
-    channels = ("tts/audio", "control/cancel", "asr/final")
+    @classmethod
+    def channels_for(cls, cfg: PipelineConfig) -> tuple[str, ...]:
+        return (*cls.channels, "asr/final")  # the transcript, for the turn's word error rate
 
     def __init__(self, *a, **kw) -> None:
         super().__init__(*a, **kw)
@@ -226,9 +229,10 @@ class Caller(_Client):
             return TurnRecord(**base, status=exc.status, error=str(exc), premature_endpoint=call.premature)
         onset, seg = call.onset_ns, call.onset_seg
         assert onset is not None
-        for _ in range(100):  # the clause's tts.audio left just before its frames: it is here or nearly
-            if seg in call.audio:
-                break
+        # the clause's tts.audio left just before its frames, but at QoS 1 behind a busy broker it can trail
+        # them: wait for it (it carries the chain and the metadata) up to the turn's timeout
+        waited = now_ns() + round(cfg.client.turn_timeout_s * 1e9)
+        while seg not in call.audio and now_ns() < waited:
             await asyncio.sleep(0.01)
         env = call.audio.get(seg)
         spans = list(env.spans) if env is not None else []
