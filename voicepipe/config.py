@@ -163,7 +163,17 @@ class TransportConfig(Strict):
     stop_ms: Ms = 27.0
 
 
+class VADConfig(Strict):
+    """Voice activity detection (real audio only): ``model`` is the modelled path (no audio flows)."""
+
+    engine: Literal["model", "silero", "webrtc"] = "model"
+    threshold: float = Field(0.5, gt=0, lt=1)  # Silero: speech probability counted as speech
+    webrtc_mode: int = Field(2, ge=0, le=3)  # WebRTC VAD aggressiveness
+    min_speech_ms: Ms = 40.0  # speech this long (consecutive frames) starts a segment: a click does not
+
+
 class ASRConfig(Strict):
+    engine: Literal["model", "pocketsphinx"] = "model"
     endpointing: Literal["silence", "smart"] = "silence"
     # Pipecat VAD stop_secs 0.2 s (2026 default); LiveKit/OpenAI use 0.5 s. reference-figures.md
     silence_ms: Ms = 200.0
@@ -291,6 +301,8 @@ class AgentConfig(Strict):
 
 
 class TTSConfig(Strict):
+    engine: Literal["model", "espeak-ng"] = "model"
+    voice: str = Field("en-us", pattern=r"^[A-Za-z0-9_+-]{1,40}$")  # espeak-ng voice of the reply
     # Cartesia Sonic-3 p50 188 ms time to first audio (Coval independent benchmark, May 2026); p90 assumed.
     ttfb_ms: Dist = Dist(median=188.0, p90=260.0)
     aggregate: Literal["clause", "sentence"] = "clause"
@@ -301,6 +313,10 @@ class TTSConfig(Strict):
 
 
 class ClientConfig(Strict):
+    # how the caller speaks: ``model`` sends timed words (no audio), ``espeak-ng`` speaks real audio frames
+    voice: Literal["model", "espeak-ng"] = "model"
+    espeak_voice: str = Field("en-us", pattern=r"^[A-Za-z0-9_+-]{1,40}$")
+    record: str | None = Field(None, max_length=4096)  # real audio: write one stereo WAV per session here
     playout: Literal["full", "first_audio"] = "full"  # listen to whole replies, or move on at first audio
     turn_timeout_s: float = Field(20.0, gt=0, le=MAX_TURN_TIMEOUT_S)
     words_per_minute: Wpm = 150.0  # default user speaking rate when a turn gives none
@@ -313,6 +329,7 @@ class PipelineConfig(Strict):
     seed: int = Field(0, ge=-MAX_SEED, le=MAX_SEED)
     broker: BrokerConfig = BrokerConfig()
     transport: TransportConfig = TransportConfig()
+    vad: VADConfig = VADConfig()
     asr: ASRConfig = ASRConfig()
     router: RouterConfig = RouterConfig()
     agent: AgentConfig = AgentConfig()
@@ -347,6 +364,23 @@ class PipelineConfig(Strict):
                 f"{where}: {dest!r} is not cache, council, agent or agent:NAME (agents: {', '.join(names)})"
             )
         return self
+
+    @model_validator(mode="after")
+    def _audio_all_or_none(self) -> PipelineConfig:
+        """Real audio flows from the caller through VAD and ASR and back from the TTS: a mix of real and
+        modelled speech stages is not supported yet (``--audio real`` sets all four)."""
+        real = {
+            "client.voice": self.client.voice != "model", "vad.engine": self.vad.engine != "model",
+            "asr.engine": self.asr.engine != "model", "tts.engine": self.tts.engine != "model",
+        }  # fmt: skip
+        if any(real.values()) and not all(real.values()):
+            model = ", ".join(k for k, v in real.items() if not v)
+            raise ValueError(f"{model}: real audio needs every speech stage real (or use --audio real)")
+        return self
+
+    @property
+    def real_audio(self) -> bool:
+        return self.client.voice != "model"
 
     @model_validator(mode="after")
     def _answers_speakable(self) -> PipelineConfig:

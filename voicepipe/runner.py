@@ -28,6 +28,9 @@ from typing import Any, TypeVar
 
 import structlog
 
+from voicepipe.audio.asr import RealASR
+from voicepipe.audio.caller import Caller
+from voicepipe.audio.tts import RealTTS
 from voicepipe.bus import BrokerHealth, BrokerOutage, Bus
 from voicepipe.bus.brokers import EmbeddedBroker, quiet_amqtt
 from voicepipe.bus.liveness import Presence, Progress, Watch, turn_deadline_ns
@@ -188,6 +191,9 @@ STAGES: dict[str, type[Stage]] = {
 }  # fmt: skip
 
 
+REAL_STAGES: dict[str, type[Stage]] = {"asr": RealASR, "tts": RealTTS, "client": Caller}
+
+
 def needed_stages(cfg: PipelineConfig) -> list[str]:
     """The diagram's boxes this config uses; the cache and the council only when configured."""
     ctx = RunContext(run="", cfg=cfg)
@@ -204,7 +210,15 @@ def build_stages(
 ) -> list[Stage]:
     """One stage per name, each with its own bus ``connect(name)`` (not yet connected; live buses of one process
     share its MQTT connection, :func:`mqtt_connector`)."""
-    return [STAGES[n](connect(n), ctx, **(client_kw if n == "client" else {})) for n in names]
+    return [stage_class(n, ctx.cfg)(connect(n), ctx, **(client_kw if n == "client" else {})) for n in names]
+
+
+def stage_class(name: str, cfg: PipelineConfig) -> type[Stage]:
+    """The stage that plays ``name`` under ``cfg``: the real-audio caller, ASR and TTS when its speech
+    engines are real (issue 25), else the modelled ones."""
+    if cfg.real_audio:
+        return REAL_STAGES.get(name, STAGES[name])
+    return STAGES[name]
 
 
 def process_link(

@@ -18,6 +18,7 @@ from typing import Annotated
 import typer
 
 from voicepipe import gate
+from voicepipe.audio.engines import REAL_AUDIO_SETS, check_engines
 from voicepipe.cli.common import (
     RecordSink,
     err,
@@ -151,12 +152,33 @@ def run(
         ),
     ] = 0,
     require: RequireOpt = None,
+    audio: Annotated[
+        str,
+        typer.Option(
+            "--audio",
+            help="model: words as timed messages; real: a synthesized caller speaks real audio through "
+            "Silero VAD, PocketSphinx and espeak-ng (pip install 'voicepipe[audio]', apt-get install espeak-ng).",
+        ),
+    ] = "model",
+    record: Annotated[
+        Path | None,
+        typer.Option("--record", metavar="DIR", help="Real audio: one stereo WAV per session (caller left)."),
+    ] = None,
 ) -> None:
     """Play scenarios through the pipeline over MQTT and measure every turn against the budget."""
     from voicepipe.report.table import print_paths, print_summary, print_turns  # lazy: start-up time
 
     with user_errors():
-        cfg = load_config(config, set_ or [], broker)
+        if audio not in ("model", "real"):
+            raise UserError("--audio", f"{audio!r}: expected model or real")
+        sets = [*(REAL_AUDIO_SETS if audio == "real" else ()), *(set_ or [])]
+        if record is not None:
+            sets.append(f"client.record={json.dumps(str(record))}")
+        cfg = load_config(config, sets, broker)
+        if cfg.real_audio:
+            check_engines(cfg.vad.engine, cfg.asr.engine, cfg.tts.engine, cfg.client.voice)
+        elif record is not None:
+            raise UserError("--record", "recordings need real audio (--audio real)")
         scs = load_scenarios(scenario)
         check_speech(cfg, scs)
         reqs = gate.parse(require)

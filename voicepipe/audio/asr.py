@@ -1,0 +1,170 @@
+"""Real ASR stage: VAD endpointing and PocketSphinx streaming on the caller's audio frames.
+
+Frames arrive on ``audio/up`` (:class:`~voicepipe.audio.wire.AudioPort`). Each session's frames are handled
+in order by one task: every frame goes through the VAD (``vad.engine``) and into the session's PocketSphinx
+decoder. The endpointing strategies of the modelled ASR run on the VAD's output in media time (frames, not
+arrival): speech for ``vad.min_speech_ms`` opens a stretch of speech; a run of non-speech frames as long as
+the endpoint wait (``silence``: ``asr.silence_ms``; ``smart``: ``smart_complete_ms`` or
+``smart_incomplete_ms`` by :func:`~voicepipe.stages.asr.looks_complete` on the live hypothesis) ends the
+turn. Then the decoder closes the utterance and the final transcript goes out as ``asr.final`` — the same
+messages the modelled ASR sends, so router, cache and council act on what was really recognised. Partials
+(``asr.partial``) go out when the hypothesis changes, at most every 100 ms of audio.
+
+Speech after an endpoint means the user was not done: the segment is withdrawn (``control.cancel``, reason
+``user resumed``) and the turn goes on as the next segment, whose transcript is everything recognised in the
+turn so far. Spans are measured (not modelled): ``endpoint wait`` from the arrival of the first silent frame
+to the endpoint decision, ``finalise`` the decoder's own time to close the utterance.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from voicepipe.audio import FRAME_MS
+from voicepipe.audio.engines import Recognizer, Vad, make_vad
+from voicepipe.audio.frames import UP, Frame
+from voicepipe.audio.wire import AudioPort
+from voicepipe.clock import now_ns
+from voicepipe.messages import Cancel, CancelReason, Envelope, Final, Partial
+from voicepipe.spans import Span
+from voicepipe.stages.asr import looks_complete
+from voicepipe.stages.base import Stage
+
+PARTIAL_EVERY = 5  # frames (100 ms) between partial hypotheses
+
+
+def measured_span(stage: str, what: str, start_ns: int, dur_ns: int) -> Span:
+    return Span(stage=stage, what=what, start_ns=start_ns, dur_ns=max(0, dur_ns), modelled=False)
+
+
+@dataclass
+class Ear:
+    """One session's listening state for its current turn."""
+
+    turn: int
+    vad: Vad
+    rec: Recognizer
+    queue: asyncio.Queue[tuple[Frame, int]] = field(default_factory=asyncio.Queue)
+    segment: int = 0
+    speech_run: int = 0  # consecutive speech frames
+    silence_run: int = 0  # consecutive non-speech frames since speech
+    in_speech: bool = False
+    finalised: bool = False
+    silence_from_ns: int = 0  # arrival of the first non-speech frame after speech
+    before: list[str] = field(default_factory=list)  # text of the turn's earlier (withdrawn) segments
+    since_partial: int = 0
+    last_partial: str = ""
+    closed: str = ""  # the hypothesis of the segment last endpointed
+
+    def text(self, hyp: str) -> str:
+        return " ".join([*self.before, hyp]).strip()
+
+
+class RealASR(Stage):
+    name = "asr"
+    channels = ("turn/script",)
+
+    def __init__(self, *a, **kw) -> None:
+        super().__init__(*a, **kw)
+        self.ears: dict[str, Ear] = {}
+        self.recognizers: list[Recognizer] = []  # idle decoders, reused across sessions (loading costs ~0.3 s)
+        make_vad(self.cfg.vad.engine, self.cfg.vad.threshold, self.cfg.vad.webrtc_mode)  # engine present?
+        self.recognizers.append(Recognizer())
+        self.port = AudioPort(self.bus, self.ctx.run, self.ctx.token)
+
+    async def run(self) -> None:
+        await self.port.listen(UP, self._frame)
+        await super().run()
+
+    def forget(self, session: str) -> None:
+        ear = self.ears.pop(session, None)
+        if ear is not None:
+            ear.rec.finish()
+            self.recognizers.append(ear.rec)
+        self.port.gate.end(session)
+
+    def _frame(self, session: str, frame: Frame, arrived: int) -> None:
+        if session in self.guard.ended:
+            return
+        ear = self.ears.get(session)
+        if ear is None or frame.turn > ear.turn:
+            if ear is not None:
+                ear.rec.finish()
+                self.recognizers.append(ear.rec)
+                self.cancel(session, lambda k: True)
+            rec = self.recognizers.pop() if self.recognizers else Recognizer()
+            vad = make_vad(self.cfg.vad.engine, self.cfg.vad.threshold, self.cfg.vad.webrtc_mode)
+            ear = self.ears[session] = Ear(turn=frame.turn, vad=vad, rec=rec)
+            self.spawn(session, (frame.turn, "listen"), self._listen(session, ear))
+        elif frame.turn < ear.turn:
+            return  # audio of a turn already over
+        ear.queue.put_nowait((frame, arrived))
+
+    async def _listen(self, session: str, ear: Ear) -> None:
+        cfg = self.cfg
+        min_speech = max(1, round(cfg.vad.min_speech_ms / FRAME_MS))
+        while True:
+            frame, arrived = await ear.queue.get()
+            speech = ear.vad.speech(frame.pcm)
+            ear.rec.feed(frame.pcm)
+            if speech:
+                ear.speech_run += 1
+                if ear.speech_run >= min_speech:
+                    if ear.finalised:  # the user went on after we endpointed: that endpoint was premature
+                        await self._resumed(session, ear)
+                    ear.in_speech = True
+                    ear.silence_run = 0
+            else:
+                ear.speech_run = 0
+                if ear.in_speech:
+                    if ear.silence_run == 0:
+                        ear.silence_from_ns = arrived
+                    ear.silence_run += 1
+                    hyp = ear.rec.partial()
+                    wait = self._wait_ms(ear.text(hyp))
+                    if ear.silence_run * FRAME_MS >= wait:
+                        await self._endpoint(session, ear)
+                        continue
+            ear.since_partial += 1
+            if ear.in_speech and ear.since_partial >= PARTIAL_EVERY:
+                ear.since_partial = 0
+                await self._partial(session, ear)
+
+    def _wait_ms(self, text: str) -> float:
+        a = self.cfg.asr
+        if a.endpointing == "silence":
+            return a.silence_ms
+        return (a.smart_complete_ms if looks_complete(text) else a.smart_incomplete_ms) + a.smart_inference_ms
+
+    async def _partial(self, session: str, ear: Ear) -> None:
+        text = ear.text(ear.rec.partial())
+        if text == ear.last_partial or not text:
+            return
+        ear.last_partial = text
+        payload = Partial(text=text, words=len(text.split()), segment=ear.segment)
+        await self.publish(Envelope.of(payload, self.ctx.run, session, ear.turn), qos=0)
+
+    async def _endpoint(self, session: str, ear: Ear) -> None:
+        decided = now_ns()
+        hyp = ear.rec.finish()  # the decoder's own finalisation (blocking, measured)
+        done = now_ns()
+        ear.in_speech, ear.finalised, ear.silence_run = False, True, 0
+        text = ear.text(hyp)
+        ear.closed = hyp
+        spans = [
+            measured_span("asr", "endpoint wait", ear.silence_from_ns, decided - ear.silence_from_ns),
+            measured_span("asr", "finalise", decided, done - decided),
+        ]
+        final = Final(text=text, words=len(text.split()), segment=ear.segment)
+        await self.publish(Envelope.of(final, self.ctx.run, session, ear.turn, spans))
+
+    async def _resumed(self, session: str, ear: Ear) -> None:
+        cancel = Cancel(segment=ear.segment, reason=CancelReason.USER_RESUMED)
+        await self.publish(Envelope.of(cancel, self.ctx.run, session, ear.turn))
+        if ear.closed:
+            ear.before.append(ear.closed)
+        ear.closed = ""
+        ear.segment += 1
+        ear.finalised = False
+        ear.last_partial = ""
