@@ -31,6 +31,10 @@ if MISSING:
         raise RuntimeError(f"real-audio tests need {', '.join(MISSING)} (.ci/run installs them)")
     pytest.skip(f"real speech engines missing: {', '.join(MISSING)}", allow_module_level=True)
 
+# real time end to end (100 frames/s through the broker, real decoders): alone on the CPU, not beside the
+# parallel suite (`-m audio -n 0`, as .ci/run runs them), so a loaded box cannot turn lateness into verdicts
+pytestmark = pytest.mark.audio
+
 PAUSED = "I would like [1200] a cup of tea."
 REAL = ("client.voice=espeak-ng", "vad.engine=silero", "asr.engine=pocketsphinx", "tts.engine=espeak-ng")
 
