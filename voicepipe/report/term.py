@@ -71,6 +71,13 @@ class Parts:
         return "\n".join(out) or "—"
 
 
+def hyphenated(name: str) -> Parts:
+    """An id such as ``trtllm05-h100-gptj-fp8-b1`` as a cell that breaks only after a hyphen (the hyphen
+    kept at the line's end), never inside a part of the id."""
+    pieces = name.split("-")
+    return Parts((*(p + "-" for p in pieces[:-1]), pieces[-1]), sep="")
+
+
 Cell = str | Text | Parts
 SEP = 1  # SIMPLE_HEAD draws a one-space column separator; no outer edge, no padding
 
