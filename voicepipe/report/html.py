@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import yaml
@@ -36,6 +37,7 @@ from voicepipe.report.svg import (
     fmt_num,
     hbar_chart,
     label_max,
+    note_width,
     scatter_chart,
     series_colour,
     stage_colour,
@@ -97,7 +99,8 @@ svg.chart { display:block; margin:6px 0; }
   table.reflow .said { max-width:60vw; }
 }
 details { margin:8px 0; } details summary { cursor:pointer; color:#1f5fa8; }
-table.diff td { overflow-wrap:anywhere; } table.diff td.absent { color:var(--muted); }
+table.diff td { overflow-wrap:anywhere; } table.diff td:first-child { overflow-wrap:normal; }
+.absent { color:var(--muted); }
 footer { color:var(--muted); font-size:12.5px; text-align:center; }
 """
 
@@ -333,7 +336,7 @@ def _waterfall(
         if len(recs) > len(shown):
             cut.append(f"{name} {len(shown)} of {len(recs)}")
     every = [b for _, bars in drawn for b in bars]
-    note_w = max([0.0, *(text_width(b.note, 11) + 10 for b in every)])
+    note_w = note_width(b.note for b in every)
 
     def chart(name: str, bars: list[Bar], width: float) -> str:
         return hbar_chart(
@@ -352,7 +355,7 @@ def _waterfall(
     for name, bars in drawn:
         if len(runs) > 1:
             parts.append(f"<h3>{esc(name)}</h3>")
-        parts.append(_charts(lambda width, name=name, bars=bars: chart(name, bars, width)))
+        parts.append(_charts(partial(chart, name, bars)))
     if len(drawn) > 1:
         notes.insert(0, "All configurations are drawn on one x scale, so bar lengths compare directly.")
     if cut:
@@ -666,6 +669,11 @@ def _setting(v: Any) -> str:
     return esc(v if isinstance(v, str) else json.dumps(v, default=str))
 
 
+def _key(k: str) -> str:
+    """A dotted setting that may break after a dot, never inside a name."""
+    return "<code>" + ".<wbr>".join(esc(p) for p in k.split(".")) + "</code>"
+
+
 def config_diff(configs: Sequence[Mapping[str, Any]]) -> tuple[list[str], int]:
     """The dotted settings whose values differ between ``configs`` (in first-seen order), and how many
     settings are the same in all of them."""
@@ -686,7 +694,7 @@ def _config(names: Sequence[str], labels: Sequence[str], configs: Mapping[str, M
         flats = [flat_settings(c) for _, c in recorded]
         if differ:
             head = [("setting", False), *((n, False) for n, _ in recorded)]
-            rows = [[f"<code>{esc(k)}</code>", *(_setting(f.get(k, _ABSENT)) for f in flats)] for k in differ]
+            rows = [[_key(k), *(_setting(f.get(k, _ABSENT)) for f in flats)] for k in differ]
             parts.append(
                 f'<p>{len(differ)} setting{"s" if len(differ) != 1 else ""} differ between the configurations; '
                 f"the other {same} are the same in all of them.</p>"

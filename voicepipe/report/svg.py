@@ -241,6 +241,11 @@ def _hi(values: Iterable[float], refs: Sequence[RefLine], floor: float = 1.0) ->
 NOTE_SLACK = 1.15  # rendered text may run wider than text_width's estimate; keep this much more clear
 
 
+def note_width(notes: Iterable[str]) -> float:
+    """The room right of the plot that bar notes (11 px) need, with slack for wider real fonts."""
+    return max([0.0, *(text_width(n, 11) * NOTE_SLACK + 10 for n in notes if n)])
+
+
 def clear_of(x: float, w: float, lines: Sequence[float], pad: float = 4) -> float:
     """A left edge at or right of ``x`` for text ``w`` wide that crosses none of the vertical ``lines``."""
     for line in sorted(lines):
@@ -270,7 +275,7 @@ def hbar_chart(
     Charts meant to be compared side by side pass the same ``x_max``, ``label_w`` and ``note_w`` so that
     a millisecond falls at the same pixel in each."""
     label_w = label_w if label_w is not None else bar_label_width((b.label for b in bars), label_max(width))
-    note_w = note_w if note_w is not None else max([0.0, *(text_width(b.note, 11) + 10 for b in bars)])
+    note_w = note_w if note_w is not None else note_width(b.note for b in bars)
     x0, x1 = label_w, width - max(16.0, note_w)
     leg_svg, leg_h = legend(legend_items, x0, 8, x1 - x0)
     top = 8 + leg_h + 16  # room for reference-line labels
