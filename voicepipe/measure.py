@@ -117,7 +117,7 @@ class LoopLag:
                 "trusts (this run, or other processes, kept the CPU busy): the measured latency and tax "
                 "include that delay; use fewer sessions, stages in other processes, or a quieter machine"
             )
-        return f"{head}: within the {LAG_TRUST_P99_MS:g} ms p99 the numbers are trusted at"
+        return f"{head}: within the {LAG_TRUST_P99_MS:g} ms p99 at which the numbers are trusted"
 
 
 class LagProbe:

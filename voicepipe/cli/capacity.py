@@ -24,7 +24,17 @@ from voicepipe.compare import display_names, plan_variants
 from voicepipe.config import load_config
 from voicepipe.executors import EXECUTOR_HELP, executor_for
 from voicepipe.parallel import ItemFailed
-from voicepipe.report.svg import HALO, MUTED, budget_ref, esc, fmt_num, nice_ticks, series_colour
+from voicepipe.report.svg import (
+    HALO,
+    MUTED,
+    budget_ref,
+    esc,
+    fit_middle,
+    fmt_num,
+    nice_ticks,
+    series_colour,
+    text_width,
+)  # fmt: skip
 from voicepipe.report.term import Cell, Col, print_fitted
 
 COST_NOTE = (
@@ -108,12 +118,14 @@ def write_csv(path: Path, levels: Sequence[Level]) -> None:
                 w.writerow([row[c] for c in cols] + dev)
 
 
-def p90_chart(levels: Sequence[Level], budget_ms: float, width: float = 900, height: float = 420) -> str:
-    """p90 voice-to-voice against load, one line per configuration, with the budget line (SVG)."""
+def p90_chart(levels: Sequence[Level], budget_ms: float, width: float = 640, height: float = 400) -> str:
+    """p90 voice-to-voice against load, one line per configuration labelled at its end, with the budget
+    line (SVG; 640 px wide, so that a half-screen window shows it unscaled)."""
     labels = list(dict.fromkeys(lv.label for lv in levels))
     loads = sorted({lv.load.value for lv in levels})
     log_x = len(loads) > 1 and loads[-1] / loads[0] >= 20
-    x0, x1, top, bot = 70.0, width - 20, 30.0 + 18 * len(labels), height - 50
+    room = min(width * 0.3, max([0.0, *(text_width(lb) for lb in labels)]) + 14)
+    x0, x1, top, bot = 60.0, width - 16 - room, 24.0, height - 50
     lo, hi = (math.log10(loads[0]), math.log10(loads[-1])) if log_x else (0.0, loads[-1])
     hi = hi if hi > lo else lo + 1
 
@@ -147,23 +159,40 @@ def p90_chart(levels: Sequence[Level], budget_ms: float, width: float = 900, hei
     ref = budget_ref(budget_ms)
     out.append(f'<line class="budget-line" x1="{x0}" x2="{x1}" y1="{sy(budget_ms):.1f}" y2="{sy(budget_ms):.1f}" '
                f'stroke="{ref.colour}" stroke-width="1.8" stroke-dasharray="{ref.dash}"/>'
-               f'<text x="{x1 - 4}" y="{sy(budget_ms) - 5:.1f}" text-anchor="end" fill="{ref.colour}" '
+               f'<text class="budget-label" x="{x0 + 4}" y="{sy(budget_ms) - 5:.1f}" fill="{ref.colour}" '
                f'font-weight="600" {HALO}>{esc(ref.label)}</text>')  # fmt: skip
+    ends: list[tuple[float, str, str]] = []  # (y of the line's last point, label, colour)
     for i, label in enumerate(labels):
         c = series_colour(i)
-        pts = [
-            (sx(lv.load.value), sy(lv.p90_ms)) for lv in levels if lv.label == label and lv.p90_ms is not None
-        ]
-        out.append(f'<text x="{x0}" y="{16 + 18 * i}" fill="{c}" font-weight="600">— {esc(label)}</text>')
-        out.append(f'<polyline class="series" fill="none" stroke="{c}" stroke-width="2" '
+        mine = [lv for lv in levels if lv.label == label and lv.p90_ms is not None]
+        pts = [(sx(lv.load.value), sy(lv.p90_ms or 0.0)) for lv in mine]
+        dash = ("", ' stroke-dasharray="7 3"', ' stroke-dasharray="2 3"')[i % 3]
+        out.append(f'<polyline class="series" fill="none" stroke="{c}" stroke-width="2"{dash} '
                    f'points="{" ".join(f"{x:.1f},{y:.1f}" for x, y in pts)}"/>')  # fmt: skip
-        for (x, y), lv in zip(
-            pts, [lv for lv in levels if lv.label == label and lv.p90_ms is not None], strict=True
-        ):
+        for (x, y), lv in zip(pts, mine, strict=True):
             out.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="4" fill="{c}"><title>{esc(label)} · '
                        f"{esc(lv.load.label)}: p90 {lv.p90_ms:.0f} ms</title></circle>")  # fmt: skip
+        ends.append((pts[-1][1] if pts else top, label if pts else f"{label} (no answers)", c))
+    for y, label, c in end_label_ys(ends, 15.0, top, bot):
+        out.append(f'<text class="end-label" x="{x1 + 8:.1f}" y="{y + 4:.1f}" fill="{c}" font-weight="600" '
+                   f'{HALO}>{esc(fit_middle(label, room - 10))}</text>')  # fmt: skip
     out.append("</svg>")
     return "".join(out)
+
+
+def end_label_ys(
+    ends: Sequence[tuple[float, str, str]], gap: float, top: float, bot: float
+) -> list[tuple[float, str, str]]:
+    """The end labels' heights: each at its line's last point, pushed apart to ``gap`` px, inside the plot."""
+    placed = sorted(ends)
+    ys = [y for y, _, _ in placed]
+    for i in range(1, len(ys)):
+        ys[i] = max(ys[i], ys[i - 1] + gap)
+    if ys and ys[-1] > bot:  # pushed off the bottom: shift the stack up
+        ys[-1] = bot
+        for i in range(len(ys) - 2, -1, -1):
+            ys[i] = min(ys[i], ys[i + 1] - gap)
+    return [(max(y, top), lb, c) for y, (_, lb, c) in zip(ys, placed, strict=True)]
 
 
 def report_html(levels: Sequence[Level], limits: Sequence[Limit], budget_ms: float, title: str) -> str:
@@ -184,7 +213,8 @@ def report_html(levels: Sequence[Level], limits: Sequence[Limit], budget_ms: flo
         "table{border-collapse:collapse;font-size:13px}td,th{padding:3px 8px;border-bottom:1px solid #ddd;"
         "text-align:right}td:first-child,th:first-child,td:nth-child(2){text-align:left}"
         f".note{{color:{MUTED}}}</style></head><body><h1>{esc(title)}</h1><ul>{answers}</ul>"
-        f"{p90_chart(levels, budget_ms)}<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
+        f"{p90_chart(levels, budget_ms)}<div style='overflow-x:auto'><table><thead><tr>{head}</tr></thead>"
+        f"<tbody>{rows}</tbody></table></div>"
         f"<p class='note'>{esc(modelled_caption(levels[0].hop_ms if levels else 0.0))}.</p></body></html>"
     )
 

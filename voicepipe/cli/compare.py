@@ -201,7 +201,7 @@ def compare(
         for w in res.warnings:
             if w not in seen:
                 seen.add(w)
-                err.print(f"[bold yellow]warning:[/] {label}: {w}", soft_wrap=True)
+                err.print(f"[bold yellow]warning:[/] {label}: {w}")
         if res.deadletters:
             err.print(f"[yellow]{label}: {res.deadletters} malformed bus message(s) dead-lettered[/]")
     cfgs = dict(variants)

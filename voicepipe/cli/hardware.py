@@ -10,6 +10,7 @@ dropped lowest priority first. ``--format json`` prints JSON to stdout; ``--json
 from __future__ import annotations
 
 import json
+import math
 import sys
 from collections.abc import Callable
 from contextlib import closing
@@ -30,7 +31,7 @@ from voicepipe.hardware.model import DoesNotFit, Prediction, Speculative
 from voicepipe.hardware.model import predict as model_predict
 from voicepipe.hardware.sweep import SweepJob, sweep_rows
 from voicepipe.parallel import ItemFailed
-from voicepipe.report.term import Col, SafeConsole, print_fitted
+from voicepipe.report.term import Col, SafeConsole, hyphenated, print_fitted
 from voicepipe.safeprint import printable
 
 if TYPE_CHECKING:
@@ -265,6 +266,9 @@ PrecisionOpt = typer.Option(None, "--precision", help="weights: bf16|fp16|fp8|in
 KvOpt = typer.Option(None, "--kv-precision", help="KV cache: bf16|fp16|fp8|int8|fp4 (default: the model's)")
 StackOpt = typer.Option(None, "--stack", help="serving stack profile (`hardware list`; default vllm)")
 FormatOpt = typer.Option("table", "--format", help="table or json (stdout)")
+VALIDATE_ROWS = 20  # rows `hardware validate` shows by default: its largest errors
+
+
 JsonOpt = typer.Option(None, "--json", help="also write the result as JSON to this file")
 
 
@@ -441,6 +445,9 @@ def validate(
         None, "--match", help="only rows whose id, device, model, stack, source or group contains this text"
     ),
     worst: int | None = typer.Option(None, "--worst", min=1, help="only the N largest errors, largest first"),
+    all_: bool = typer.Option(
+        False, "--all", help=f"every row in the table (default: the {VALIDATE_ROWS} largest errors)"
+    ),
     device: str | None = typer.Option(None, "--device", help="only rows of this device (exact key)"),
     model: str | None = typer.Option(None, "--model", help="only rows of this model (exact key)"),
     stack: str | None = typer.Option(None, "--stack", help="only rows of this stack profile (exact key)"),
@@ -451,7 +458,8 @@ def validate(
 ) -> None:
     """Published measurements vs the model: leave-one-source-out residuals, median / worst error.
 
-    The filters choose the rows shown; the summary lines are always over every point."""
+    The filters choose the rows shown; the summary lines are always over every point. The table shows the
+    largest errors of those rows unless --all (JSON always has every chosen row)."""
     from voicepipe.hardware import validate as val  # lazy: start-up time
 
     rep = _guard(val.run)
@@ -507,20 +515,31 @@ def validate(
     }
     if _emit_json(payload, fmt, json_out):
         return
+    chosen = rows
+    if worst is None and not all_ and len(rows) > VALIDATE_ROWS:
+        rows = sorted(rows, key=lambda r: -abs(r.error) if r.error is not None else -math.inf)[:VALIDATE_ROWS]
     cols = [Col("id", justify="left", text=True, min_width=12), Col("tier", 3), Col("metric", 2, "left"),
             Col("published"), Col("held out"), Col("error", text=True, min_width=6)]  # fmt: skip
     cells = [
-        [r.point.id, str(r.point.tier), r.point.metric, f"{r.point.value:,.6g}",
+        [hyphenated(r.point.id), str(r.point.tier), r.point.metric, f"{r.point.value:,.6g}",
          _num(r.predicted) if r.predicted is not None else "—",
          f"{r.error * 100:+.0f} %" if r.error is not None else f"n/a: {r.reason}"]
         for r in rows
     ]  # fmt: skip
     con = _console()
-    shown = "" if len(rows) == len(rep.rows) else f" — {len(rows)} of {len(rep.rows)} rows"
+    capped = len(rows) < len(chosen)
+    shown = "" if len(chosen) == len(rep.rows) else f" — {len(chosen)} of {len(rep.rows)} rows"
     title = f"Published vs modelled (predicted with the point's source held out){shown}"
+    if capped:
+        title = f"{title} — the {len(rows)} largest errors"
     print_fitted(con, cols, cells, wide=wide, title=title)
-    if shown and any(r.error is not None for r in rows):
-        e = val.evidence(rows)
+    if capped:
+        con.print(
+            f"{len(chosen) - len(rows)} more rows not shown: --all lists every row, --worst N the N largest",
+            style="dim", highlight=False,
+        )  # fmt: skip
+    if shown and any(r.error is not None for r in chosen):
+        e = val.evidence(chosen)
         con.print(
             f"these {e.points} rows: median error {e.median_error_pct:g} %, {e.within_30_pct} % within ±30 %, "
             f"median speed {e.speed_ratio:.2f}× the measured (> 1× reads fast; {e.faster_pct} % of them do)"

@@ -86,21 +86,21 @@ def run_live(
 
 
 def print_run_counters(result: RunResult) -> None:
-    """Every expected turn accounted for, what the stages refused, and whether the load let us measure."""
+    """Every expected turn accounted for, what the stages refused, and whether the load let us measure
+    (wrapped between words at the console width)."""
     acc = result.accounting()
     style = "" if acc.completed == acc.expected else "yellow"
-    err.print(f"[{style}]{acc.line()}[/]" if style else acc.line(), highlight=False, soft_wrap=True)
+    err.print(f"[{style}]{acc.line()}[/]" if style else acc.line(), highlight=False)
     c = result.counters
     dead = sum(c.dead.values())
     why = "; ".join(f"{n} {r}" for r, n in c.dead.most_common())
     err.print(
         f"bus: {c.received} received, {dead} dead-lettered{f' ({why})' if why else ''}, {c.late} late, "
         f"{c.lost} lost in transit, {c.handler_errors} handler errors",
-        style="yellow" if dead or c.lost or c.handler_errors else None, highlight=False, soft_wrap=True,
+        style="yellow" if dead or c.lost or c.handler_errors else None, highlight=False,
     )  # fmt: skip
     if result.lag is not None:
-        err.print(result.lag.verdict(), style="bold red" if result.lag.overloaded else None, highlight=False,
-                  soft_wrap=True)  # fmt: skip
+        err.print(result.lag.verdict(), style="bold red" if result.lag.overloaded else None, highlight=False)
 
 
 @broker_block
@@ -214,12 +214,6 @@ def run(
         held.ended = None if ending.signum is not None else ending.why or "a failure of the run"
     if summary_json:  # the run's counters (the turn records stay one per line in --json)
         summary_json.write_text(json.dumps(held.summary_json(), indent=2) + "\n", encoding="utf-8")
-    if result:
-        for w in result.warnings:
-            err.print(f"[bold yellow]warning:[/] {w}", soft_wrap=True)
-        print_run_counters(result)
-        for d in result.deaths:
-            err.print(f"[bold yellow]stage process died:[/] {d}", soft_wrap=True, highlight=False)
     if not as_json:
         if not quiet:
             print_turns(out, sink.records, cfg.budget_ms, wide=wide)
@@ -231,6 +225,12 @@ def run(
                 if result.probe_ms is not None
                 else f"[dim]run {result.run} on {result.broker}[/]"
             )
+    if result:  # the notes after the tables, so that they are the last thing read
+        for w in result.warnings:
+            err.print(f"[bold yellow]warning:[/] {w}")
+        print_run_counters(result)
+        for d in result.deaths:
+            err.print(f"[bold yellow]stage process died:[/] {d}", highlight=False)
     fix = advice(sink.records, cfg, scenario, base_command("run", scenario, config, set_ or []))
     if fix:
         print_advice(err if as_json else out, fix)

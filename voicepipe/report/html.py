@@ -2,13 +2,20 @@
 
 One file, inline CSS and SVG only: no scripts, stylesheets, fonts or images fetched from anywhere, so it
 can be mailed, archived or opened offline. Sections: summary, per-turn waterfall, latency CDF, budget
-breakdown, missed-budget turns, measured vs predicted, configuration.
+breakdown, missed-budget turns, measured vs predicted, configuration (what differs between the
+configurations, each one's full YAML folded).
+
+Every chart is drawn twice, at the width of a wide page and of a narrow one (a half-screen window), and
+CSS shows the one that fits, so that chart text is never scaled below ``MIN_FONT_PX``; wide tables reflow
+into one card per row on a narrow page.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import yaml
@@ -28,8 +35,11 @@ from voicepipe.report.svg import (
     budget_ref,
     cdf_chart,
     esc,
+    fit_middle,
     fmt_num,
     hbar_chart,
+    label_max,
+    note_width,
     scatter_chart,
     series_colour,
     stage_colour,
@@ -78,6 +88,21 @@ td.num { white-space:nowrap; }
 pre { background:#f3f4f6; padding:12px 14px; border-radius:6px; overflow:auto; font-size:12.5px;
   line-height:1.4; }
 svg.chart { display:block; margin:6px 0; }
+.chart-narrow { display:none; }
+@media (max-width: 1040px) { .chart-wide { display:none; } .chart-narrow { display:block; } }
+@media (max-width: 760px) {
+  table.reflow thead { display:none; }
+  table.reflow, table.reflow tbody, table.reflow tr, table.reflow td { display:block; width:100%; }
+  table.reflow tr { border:1px solid var(--line); border-radius:6px; margin:0 0 10px; padding:4px 0; }
+  table.reflow td { display:flex; justify-content:space-between; gap:12px; border:none; padding:2px 10px;
+    text-align:right; white-space:normal; overflow-wrap:anywhere; }
+  table.reflow td::before { content:attr(data-label); color:var(--muted); text-align:left; flex:none; }
+  table.reflow td:first-child { font-weight:600; }
+  table.reflow .said { max-width:60vw; }
+}
+details { margin:8px 0; } details summary { cursor:pointer; color:#1f5fa8; }
+table.diff td { overflow-wrap:anywhere; } table.diff td:first-child { overflow-wrap:normal; }
+.absent { color:var(--muted); }
 footer { color:var(--muted); font-size:12.5px; text-align:center; }
 """
 
@@ -119,19 +144,32 @@ def _section(sid: str, title: str, caption: str, body: str) -> str:
     return f'<section id="{sid}"><h2>{esc(title)}</h2><p class="caption">{esc(caption)}</p>{body}</section>'
 
 
-def _table(head: Sequence[tuple[str, bool]], rows: Sequence[Sequence[str]]) -> str:
-    """``head`` is (title, numeric); cells are already-escaped HTML."""
+def _table(head: Sequence[tuple[str, bool]], rows: Sequence[Sequence[str]], reflow: bool = False) -> str:
+    """``head`` is (title, numeric); cells are already-escaped HTML. ``reflow``: on a narrow page each row
+    becomes a card of "title: value" lines instead of a table that scrolls sideways."""
     th = "".join(f'<th class="num">{esc(h)}</th>' if num else f"<th>{esc(h)}</th>" for h, num in head)
     body = []
     for row in rows:
         tds = "".join(
-            f'<td class="num">{c}</td>' if num else f"<td>{c}</td>"
-            for c, (_, num) in zip(row, head, strict=True)
+            "<td" + (' class="num"' if num else "") + (f' data-label="{esc(h)}"><span>{c}</span></td>' if reflow
+                                                          else f">{c}</td>")
+            for c, (h, num) in zip(row, head, strict=True)
         )
         body.append(f"<tr>{tds}</tr>")
+    cls = ' class="reflow"' if reflow else ""
     return (
-        f'<div class="scroll"><table><thead><tr>{th}</tr></thead><tbody>{"".join(body)}</tbody></table></div>'
+        f'<div class="scroll"><table{cls}><thead><tr>{th}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+        "</div>"
     )
+
+
+WIDE_W = 940.0  # fits the page's widest content box (1040 px less padding) unscaled
+NARROW_W = 640.0  # fits a 700 px window's content box unscaled
+
+
+def _charts(draw: Callable[[float], str]) -> str:
+    """The chart drawn at both widths; CSS shows the one that fits the page (see the module docstring)."""
+    return f'<div class="chart-wide">{draw(WIDE_W)}</div><div class="chart-narrow">{draw(NARROW_W)}</div>'
 
 
 # --- sections --------------------------------------------------------------------------------------------
@@ -200,8 +238,9 @@ def _summary(
         )
         note = f"p50 {s.p50_ms:.0f} · p90 {s.p90_ms:.0f} · p99 {s.p99_ms:.0f} ms"
         bars.append(Bar(name, segs, note, "#b00020" if s.p90_ms > budget_ms else "#444"))
-    chart = hbar_chart(
+    chart = _charts(lambda width: hbar_chart(
         bars,
+        width=width,
         x_label="voice-to-voice latency, ms (end of user speech → first reply audio)",
         refs=[budget_ref(budget_ms), _fast_ref()],
         legend_items=[
@@ -214,14 +253,14 @@ def _summary(
         x_max=_x_cap(runs, budget_ms),
         bar_h=22,
         gap=10,
-    )
+    ))  # fmt: skip
     return _section(
         "summary",
         "Summary",
         "Voice-to-voice latency per configuration: each bar runs to the p99, shaded at the median and p90; "
         "the red dashed line is the turn budget. Percentiles are over answered turns; shares are over all "
         "turns (a timeout counts as a miss).",
-        _table(head, rows) + chart,
+        _table(head, rows, reflow=True) + chart,
     )
 
 
@@ -299,24 +338,26 @@ def _waterfall(
         if len(recs) > len(shown):
             cut.append(f"{name} {len(shown)} of {len(recs)}")
     every = [b for _, bars in drawn for b in bars]
-    label_w = bar_label_width(b.label for b in every)
-    note_w = max([0.0, *(text_width(b.note, 11) + 10 for b in every)])
+    note_w = note_width(b.note for b in every)
+
+    def chart(name: str, bars: list[Bar], width: float) -> str:
+        return hbar_chart(
+            bars,
+            width=width,
+            x_label="ms after the end of the user's speech",
+            refs=[budget_ref(budget_ms)],
+            legend_items=_stage_legend(stages, any_measured),
+            aria=f"per-turn latency waterfall for {name}",
+            x_max=x_max,
+            label_w=bar_label_width((b.label for b in every), label_max(width)),
+            note_w=note_w,
+        )
+
     parts: list[str] = []
     for name, bars in drawn:
         if len(runs) > 1:
             parts.append(f"<h3>{esc(name)}</h3>")
-        parts.append(
-            hbar_chart(
-                bars,
-                x_label="ms after the end of the user's speech",
-                refs=[budget_ref(budget_ms)],
-                legend_items=_stage_legend(stages, any_measured),
-                aria=f"per-turn latency waterfall for {name}",
-                x_max=x_max,
-                label_w=label_w,
-                note_w=note_w,
-            )
-        )
+        parts.append(_charts(partial(chart, name, bars)))
     if len(drawn) > 1:
         notes.insert(0, "All configurations are drawn on one x scale, so bar lengths compare directly.")
     if cut:
@@ -345,13 +386,14 @@ def _cdf(
         )
         for i, (name, recs, s) in enumerate(zip(names, runs, sums, strict=True))
     ]
-    chart = cdf_chart(
+    chart = _charts(lambda width: cdf_chart(
         series,
+        width=width,
         x_label="voice-to-voice latency, ms",
         refs=[budget_ref(budget_ms), _fast_ref()],
         aria="cumulative distribution of voice-to-voice latency per configuration",
         x_max=x_max,
-    )
+    ))  # fmt: skip
     return _section(
         "cdf",
         "Latency distribution (CDF)",
@@ -378,15 +420,16 @@ def _breakdown(names: Sequence[str], sums: Sequence[Summary], stages: Sequence[s
             + [f"{s.mean_stage_ms[st]:.0f}" if st in s.mean_stage_ms else "—" for st in stages]
             + [f"{total:.0f}"]
         )
-    chart = hbar_chart(
+    chart = _charts(lambda width: hbar_chart(
         bars,
+        width=width,
         x_label="mean ms per answered turn",
         refs=[budget_ref(budget_ms)],
         legend_items=_stage_legend(stages, False),
         aria="mean latency per stage per configuration",
         bar_h=24,
         gap=10,
-    )
+    ))  # fmt: skip
     head = [("configuration", False), *((f"{st} ms", True) for st in stages), ("total ms", True)]
     return _section(
         "breakdown",
@@ -440,6 +483,21 @@ def _fixes(
     )
 
 
+def _missed_label(r: TurnRecord, config: str, width: float) -> str:
+    """``session · tN`` (`` · config`` with several): the session and configuration names each cut in the
+    middle so that the whole label fits ``width`` px and the turn number is never cut off."""
+    turn = f" · t{r.turn}"
+    rest = width - text_width(turn + (" · " if config else ""))
+    if not config:
+        return fit_middle(r.session, rest) + turn
+    # share the room, giving what one name does not need to the other
+    half = rest / 2
+    cw, sw = text_width(config), text_width(r.session)
+    s_room = max(half, rest - cw) if cw < half else (rest - min(half, cw) if sw > half else sw)
+    c_room = rest - min(sw, s_room)
+    return f"{fit_middle(r.session, s_room)}{turn} · {fit_middle(config, c_room)}"
+
+
 def _missed(
     names: Sequence[str], runs: Sequence[Sequence[TurnRecord]], stages: Sequence[str], budget_ms: float
 ) -> str:
@@ -479,16 +537,25 @@ def _missed(
             "—" if big is None else f"{big.ms:,.0f}",
         ]
         rows.append(row)
-    bars = [_turn_bar(r, budget_ms, f" · {n}" if multi else "") for n, r in missed[:MISSED_MAX_BARS]]
     any_measured = any(not p.modelled for _, r in missed for p in r.breakdown)
-    chart = hbar_chart(
-        bars,
-        x_label="ms after the end of the user's speech",
-        refs=[budget_ref(budget_ms)],
-        legend_items=_stage_legend(stages, any_measured),
-        aria="waterfall of the turns that missed the budget",
-        x_max=x_max,
-    )
+
+    def chart(width: float) -> str:
+        label_w = label_max(width)
+        bars = [
+            replace(_turn_bar(r, budget_ms), label=_missed_label(r, n if multi else "", label_w - 12))
+            for n, r in missed[:MISSED_MAX_BARS]
+        ]
+        return hbar_chart(
+            bars,
+            width=width,
+            x_label="ms after the end of the user's speech",
+            refs=[budget_ref(budget_ms)],
+            legend_items=_stage_legend(stages, any_measured),
+            aria="waterfall of the turns that missed the budget",
+            x_max=x_max,
+            label_w=bar_label_width((b.label for b in bars), label_w),
+        )
+
     notes = []
     if len(missed) > MISSED_MAX_ROWS:
         notes.append(f"Table shows the {MISSED_MAX_ROWS} slowest of {len(missed)} missed turns.")
@@ -499,7 +566,7 @@ def _missed(
         "Turns that missed the budget",
         f"{len(missed)} of {total} turns went past {fmt_num(budget_ms)} ms or timed out, slowest first; "
         "the largest part is the single stretch of work that held the turn longest.",
-        chart + _table(head, rows) + "".join(f'<p class="note">{esc(n)}</p>' for n in notes),
+        _charts(chart) + _table(head, rows, reflow=True) + "".join(f'<p class="note">{esc(n)}</p>' for n in notes),
     )
 
 
@@ -527,14 +594,15 @@ def _tax(names: Sequence[str], runs: Sequence[Sequence[TurnRecord]], budget_ms: 
                 esc(_ms(max(tax) if tax else None)),
             ]
         )
-    chart = scatter_chart(
+    chart = _charts(lambda width: scatter_chart(
         series,
+        width=width,
         x_label="predicted ms (sum of modelled spans after end of speech)",
         y_label="measured ms (client clock)",
         refs_y=[budget_ref(budget_ms)],
         diagonal="measured = predicted (no tax)",
         aria="measured versus predicted latency per turn",
-    )
+    ))  # fmt: skip
     tax_bars = []
     for i, (name, recs) in enumerate(zip(names, runs, strict=True)):
         tax = [r.tax_ms for r in recs if r.tax_ms is not None]
@@ -549,14 +617,15 @@ def _tax(names: Sequence[str], runs: Sequence[Sequence[TurnRecord]], budget_ms: 
         )
         note = f"p50 {p50:.1f} · p99 {p99:.1f} ms ({p50 / budget_ms:.1%} of the budget at p50)"
         tax_bars.append(Bar(name, segs, note))
-    tax_chart = hbar_chart(
+    tax_chart = _charts(lambda width: hbar_chart(
         tax_bars,
+        width=width,
         x_label="pipeline tax per turn, ms (measured − predicted)",
         legend_items=[LegendItem("0 → tax p50", "#555"), LegendItem("p50 → p99", "#555", faded=True)],
         aria="pipeline tax per configuration",
         bar_h=20,
         gap=8,
-    )
+    ))  # fmt: skip
     head = [
         ("configuration", False),
         ("turns", True),
@@ -581,17 +650,72 @@ def _config_dump(cfg: Mapping[str, Any]) -> str:
         return json.dumps(cfg, indent=2, default=str)
 
 
+def flat_settings(cfg: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested configuration as dotted keys → leaf values (``{"asr": {"model": "x"}}`` → ``asr.model``)."""
+    out: dict[str, Any] = {}
+    for k, v in cfg.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping) and v:
+            out.update(flat_settings(v, f"{key}."))
+        else:
+            out[key] = v
+    return out
+
+
+_ABSENT = object()
+
+
+def _setting(v: Any) -> str:
+    if v is _ABSENT:
+        return '<span class="absent">not set</span>'
+    return esc(v if isinstance(v, str) else json.dumps(v, default=str))
+
+
+def _key(k: str) -> str:
+    """A dotted setting that may break after a dot, never inside a name."""
+    return "<code>" + ".<wbr>".join(esc(p) for p in k.split(".")) + "</code>"
+
+
+def config_diff(configs: Sequence[Mapping[str, Any]]) -> tuple[list[str], int]:
+    """The dotted settings whose values differ between ``configs`` (in first-seen order), and how many
+    settings are the same in all of them."""
+    flats = [flat_settings(c) for c in configs]
+    keys = list(dict.fromkeys(k for f in flats for k in f))
+    differ = [
+        k for k in keys if len({json.dumps(f[k], sort_keys=True, default=str) if k in f else None for f in flats}) > 1
+    ]
+    return differ, len(keys) - len(differ)
+
+
 def _config(names: Sequence[str], labels: Sequence[str], configs: Mapping[str, Mapping[str, Any]]) -> str:
+    recorded = [(n, configs[lb]) for n, lb in zip(names, labels, strict=True) if configs.get(lb)]
+    missing = [n for n, lb in zip(names, labels, strict=True) if not configs.get(lb)]
     parts = []
-    for name, label in zip(names, labels, strict=True):
-        cfg = configs.get(label)
-        if len(names) > 1:
-            parts.append(f"<h3>{esc(name)}</h3>")
-        parts.append(f"<pre>{esc(_config_dump(cfg))}</pre>" if cfg else '<p class="note">not recorded</p>')
+    if len(recorded) > 1:
+        differ, same = config_diff([c for _, c in recorded])
+        flats = [flat_settings(c) for _, c in recorded]
+        if differ:
+            head = [("setting", False), *((n, False) for n, _ in recorded)]
+            rows = [[_key(k), *(_setting(f.get(k, _ABSENT)) for f in flats)] for k in differ]
+            parts.append(
+                f'<p>{len(differ)} setting{"s" if len(differ) != 1 else ""} differ between the configurations; '
+                f"the other {same} are the same in all of them.</p>"
+            )
+            parts.append(_table(head, rows).replace("<table>", '<table class="diff">', 1))
+        else:
+            parts.append(f"<p>The configurations are the same in all {same} settings.</p>")
+    for name, cfg in recorded:
+        what = f"full configuration: {name}" if len(names) > 1 else "full configuration (YAML)"
+        parts.append(f"<details><summary>{esc(what)}</summary><pre>{esc(_config_dump(cfg))}</pre></details>")
+    if missing:
+        parts.append(f'<p class="note">not recorded: {esc(", ".join(missing))}</p>')
     return _section(
         "config",
         "Configuration",
-        "The pipeline configuration each run used, after overrides.",
+        "What differs between the configurations (after overrides); each one's full configuration folds "
+        "out below."
+        if len(recorded) > 1
+        else "The pipeline configuration the run used, after overrides (click to unfold).",
         "".join(parts),
     )
 

@@ -98,12 +98,29 @@ def fit_text(text: str, width: float, size: float = 12) -> str:
     return text[:n].rstrip() + "…"
 
 
+def fit_middle(text: str, width: float, size: float = 12) -> str:
+    """``text`` cut in the middle with an ellipsis so that it fits ``width`` pixels: the start and the end,
+    where names and turn numbers differ, both stay."""
+    if text_width(text, size) <= width:
+        return text
+    n = max(2, int(width / (size * 0.56)) - 1)
+    head = (n + 1) // 2
+    return text[:head].rstrip() + "…" + text[len(text) - (n - head) :].lstrip()
+
+
 LABEL_MAX_W = 230.0
+LABEL_SHARE = 0.24  # the label column's widest, as a share of the chart's width
+MIN_FONT_PX = 10  # no chart text is drawn smaller (charts are drawn at the width they are shown at)
 
 
-def bar_label_width(labels: Iterable[str]) -> float:
-    """The label column of an :func:`hbar_chart`: wide enough for the longest label, at most 230 px."""
-    return min(LABEL_MAX_W, max([60.0, *(text_width(t) + 12 for t in labels)]))
+def label_max(width: float) -> float:
+    """The widest label column of an :func:`hbar_chart` ``width`` pixels wide."""
+    return min(LABEL_MAX_W, width * LABEL_SHARE)
+
+
+def bar_label_width(labels: Iterable[str], widest: float = LABEL_MAX_W) -> float:
+    """The label column of an :func:`hbar_chart`: wide enough for the longest label, at most ``widest``."""
+    return min(widest, max([60.0, *(text_width(t) + 12 for t in labels)]))
 
 
 @dataclass(frozen=True)
@@ -221,6 +238,22 @@ def _hi(values: Iterable[float], refs: Sequence[RefLine], floor: float = 1.0) ->
     return max([floor, *values, *(r.value * 1.08 for r in refs)])
 
 
+NOTE_SLACK = 1.15  # rendered text may run wider than text_width's estimate; keep this much more clear
+
+
+def note_width(notes: Iterable[str]) -> float:
+    """The room right of the plot that bar notes (11 px) need, with slack for wider real fonts."""
+    return max([0.0, *(text_width(n, 11) * NOTE_SLACK + 10 for n in notes if n)])
+
+
+def clear_of(x: float, w: float, lines: Sequence[float], pad: float = 4) -> float:
+    """A left edge at or right of ``x`` for text ``w`` wide that crosses none of the vertical ``lines``."""
+    for line in sorted(lines):
+        if x - pad < line < x + w * NOTE_SLACK + pad:
+            x = line + pad + 1
+    return x
+
+
 def hbar_chart(
     bars: Sequence[Bar],
     *,
@@ -237,11 +270,12 @@ def hbar_chart(
 ) -> str:
     """Stacked horizontal bars, one per row, segments left to right, with vertical reference lines.
 
-    Labels longer than the label column are cut with an ellipsis (the bar's tooltip keeps the whole text).
+    Labels longer than the label column are cut in the middle with an ellipsis (the bar's tooltip keeps the
+    whole text). A bar's note (its latency) that would cross a reference line moves to just past it.
     Charts meant to be compared side by side pass the same ``x_max``, ``label_w`` and ``note_w`` so that
     a millisecond falls at the same pixel in each."""
-    label_w = label_w if label_w is not None else bar_label_width(b.label for b in bars)
-    note_w = note_w if note_w is not None else max([0.0, *(text_width(b.note, 11) + 10 for b in bars)])
+    label_w = label_w if label_w is not None else bar_label_width((b.label for b in bars), label_max(width))
+    note_w = note_w if note_w is not None else note_width(b.note for b in bars)
     x0, x1 = label_w, width - max(16.0, note_w)
     leg_svg, leg_h = legend(legend_items, x0, 8, x1 - x0)
     top = 8 + leg_h + 16  # room for reference-line labels
@@ -265,7 +299,7 @@ def hbar_chart(
     for i, b in enumerate(bars):
         y = top + gap + i * (bar_h + gap)
         out.append('<g class="bar">')
-        shown = fit_text(b.label, x0 - 12)
+        shown = fit_middle(b.label, x0 - 12)
         tip = b.tip or (b.label if shown != b.label else "")
         if tip:
             out.append(f"<title>{esc(tip)}</title>")
@@ -295,8 +329,9 @@ def hbar_chart(
                 )
         out.append("</g>")
         if b.note:  # drawn after the reference lines so they stay legible
+            nx = clear_of(sx(acc) + 5, text_width(b.note, 11), [sx(r.value) for r in refs])
             notes.append(
-                f'<text class="note" x="{sx(acc) + 5:.1f}" y="{y + bar_h * 0.72:.1f}" font-size="11" '
+                f'<text class="note" x="{nx:.1f}" y="{y + bar_h * 0.72:.1f}" font-size="11" '
                 f'fill="{b.note_colour}" {HALO}>{esc(b.note)}</text>'
             )
     for r in refs:

@@ -14,6 +14,7 @@ from voicepipe.records import TurnRecord, summarise, unmeasured
 from voicepipe.report.svg import stage_sort_key
 from voicepipe.report.term import Cell, Col, Parts, print_fitted
 
+SAID_LINES = 3  # a long utterance is cut to this many lines in a turn table (the JSON keeps it whole)
 CAPTION = "measured on the client's clock over the real MQTT bus; predicted = modelled spans"
 
 
@@ -52,11 +53,13 @@ def print_turns(
     by_label: dict[str, list[TurnRecord]] = {}
     for r in records:
         by_label.setdefault(r.label, []).append(r)
-    show_path = any(r.path != "agent" for r in records)
+    # the path column also carries the premature-endpoint (!) and false-hit (✗) marks
+    show_path = any(r.path != "agent" or r.premature_endpoint or r.false_hit for r in records)
     cols = [
         Col("session", priority=5, justify="left", text=True, min_width=6, max_width=24),
         Col("#"),
-        Col("user said", priority=6, justify="left", text=True, min_width=10, max_width=48),
+        Col("user said", priority=6, justify="left", text=True, min_width=10, max_width=48,
+            max_lines=SAID_LINES),
         Col("meas\nms"),
         Col("pred\nms", priority=2),
         Col("tax\nms", priority=3),
@@ -225,7 +228,8 @@ def print_predictions(
     cols = [
         Col("session", priority=5, justify="left", text=True, min_width=6, max_width=24),
         Col("#"),
-        Col("user said", priority=6, justify="left", text=True, min_width=10, max_width=48),
+        Col("user said", priority=6, justify="left", text=True, min_width=10, max_width=48,
+            max_lines=SAID_LINES),
         Col("pred\nms"),
         Col("ok", justify="center"),
         Col("path", priority=3, justify="left", text=True, min_width=5),

@@ -10,6 +10,8 @@ quantity/value tables of ``hardware show`` and ``predict`` are plain rich tables
   ``min_width`` characters and its longest word (up to ``WORD_CAP``: a longer token, a URL, folds). When
   the columns that are never dropped cannot keep their words whole, the words fold instead: a number is
   never cut to keep a word.
+* A text column with ``max_lines`` shows at most that many wrapped lines of a cell, the last ending in
+  "…" when the text was longer (a long utterance stays a few lines; the JSON keeps the whole text).
 * When even that does not fit, whole columns are dropped, the highest ``priority`` number first (0 = never
   dropped), and a dim note under the table names what was hidden and that ``--wide`` shows it.
 * ``wide=True`` keeps every column on one line each and renders at the table's natural width, wider than
@@ -18,6 +20,7 @@ quantity/value tables of ``hardware show`` and ``predict`` are plain rich tables
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -68,6 +71,13 @@ class Parts:
         return "\n".join(out) or "—"
 
 
+def hyphenated(name: str) -> Parts:
+    """An id such as ``trtllm05-h100-gptj-fp8-b1`` as a cell that breaks only after a hyphen (the hyphen
+    kept at the line's end), never inside a part of the id."""
+    pieces = name.split("-")
+    return Parts((*(p + "-" for p in pieces[:-1]), pieces[-1]), sep="")
+
+
 Cell = str | Text | Parts
 SEP = 1  # SIMPLE_HEAD draws a one-space column separator; no outer edge, no padding
 
@@ -80,6 +90,7 @@ class Col:
     text: bool = False  # free text: may wrap; numbers (text=False) are shown whole
     min_width: int = 8  # a text column's narrowest width
     max_width: int | None = None  # a text column's widest (None: as wide as its longest cell)
+    max_lines: int | None = None  # a text column's tallest cell, in wrapped lines (None: no limit)
 
 
 def _cell_width(c: Cell) -> int:
@@ -179,10 +190,30 @@ def _safe(c: Cell) -> Cell:
     return printable(c)
 
 
-def _render(c: Cell, w: int | None) -> str | Text:
+def capped(text: str, width: int, max_lines: int) -> str:
+    """``text`` wrapped at word boundaries to ``width`` (a longer word folds) and cut to ``max_lines``
+    lines, the last ending in "…" when something was left out."""
+    lines = textwrap.wrap(text, max(1, width), break_long_words=True, break_on_hyphens=False)
+    if len(lines) <= max_lines:
+        return "\n".join(lines)
+    kept = lines[:max_lines]
+    last = kept[-1]
+    if len(last) >= width:  # no room for the ellipsis: drop the last word (or, a single word, a letter)
+        last = last.rsplit(" ", 1)[0] if " " in last else last[: max(0, width - 1)]
+    kept[-1] = last.rstrip() + "…"
+    return "\n".join(kept)
+
+
+def _render(c: Cell, w: int | None, max_lines: int | None = None) -> str | Text:
     if isinstance(c, Parts):
         return c.one_line() if w is None else c.lines(w)
-    return c
+    if w is None or max_lines is None:
+        return c
+    plain = c.plain if isinstance(c, Text) else c
+    short = capped(plain, w, max_lines)
+    if short.replace("\n", " ") == " ".join(plain.split()):
+        return c  # fits as it is: rich wraps it the same way, styles kept
+    return Text(short, style=c.style) if isinstance(c, Text) else short
 
 
 def fitted_table(
@@ -230,7 +261,7 @@ def fitted_table(
                 min_width=natural_width(c, [r[i] for r in rows]) if not c.text else None,
             )
     for r in rows:
-        t.add_row(*(_render(r[i], text_w.get(i)) for i in keep))
+        t.add_row(*(_render(r[i], text_w.get(i), cols[i].max_lines) for i in keep))
     hidden = [cols[i].header.replace("\n", " ") for i in range(len(cols)) if i not in keep]
     return t, hidden
 
