@@ -24,6 +24,7 @@ from voicepipe import gate
 from voicepipe.bus import BrokerOutage, RunTopicsUnreachable
 from voicepipe.config import PipelineConfig, check_speech
 from voicepipe.errors import UserError, redact_url
+from voicepipe.modelled import on_virtual_time
 from voicepipe.records import TurnRecord
 from voicepipe.report.export import push_otlp, write_csv, write_otel
 from voicepipe.report.html import render_html
@@ -60,6 +61,15 @@ def check_variants_speech(variants: list[tuple[str, PipelineConfig]], scs: list[
             if len(variants) == 1:
                 raise
             raise UserError(f"configuration {label!r}", str(exc)) from None
+
+
+def virtual_variants(
+    variants: list[tuple[str, PipelineConfig]], source: str = ""
+) -> list[tuple[str, PipelineConfig]]:
+    """The configurations as virtual time runs them (:func:`voicepipe.modelled.on_virtual_time`): an endpoint
+    becomes its calibrated profile, one without a profile is a UserError (naming the configuration when there
+    are several, else ``source``). Called before any work starts, so the refusal is the only line."""
+    return [(label, on_virtual_time(cfg, label if len(variants) > 1 else source)) for label, cfg in variants]
 
 
 def load_scenarios(names: list[str]) -> list[Scenario]:

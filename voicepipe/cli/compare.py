@@ -24,6 +24,7 @@ from voicepipe.cli.common import (
     progress_sink,
     run_error,
     user_errors,
+    virtual_variants,
     write_outputs,
 )
 from voicepipe.cli.options import (
@@ -67,6 +68,7 @@ def compare_predicted(
 
     runs: dict[str, list[TurnRecord]] = {}
     with user_errors():
+        variants = virtual_variants(variants)
         ex = executor_for(executor)
     try:  # the configurations in parallel (processes or a Ray cluster): same results as one by one
         each = predict_each([cfg for _, cfg in variants], scs, sessions, executor=ex)
