@@ -32,8 +32,8 @@ from benchinfo import code_rev
 from rich.console import Console
 from rich.table import Table
 
-from voicepipe.brokers import Mosquitto
-from voicepipe.bus import BrokerAddress, probe_round_trip
+from voicepipe.bus.brokers import Mosquitto
+from voicepipe.bus.mqtt import BrokerAddress, probe_round_trip
 from voicepipe.capacity import Level, Load, conversation_s, level_of, plan, run_level
 from voicepipe.clock import now_ns
 from voicepipe.clock.gc import tune_for_runs

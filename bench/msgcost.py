@@ -45,8 +45,13 @@ from pathlib import Path
 
 from benchinfo import code_rev
 
-from voicepipe.brokers import Mosquitto
-from voicepipe.bus import BrokerAddress, MqttBus
+try:
+    from voicepipe.bus.brokers import Mosquitto
+    from voicepipe.bus.mqtt import BrokerAddress, MqttBus
+except ImportError:  # a checkout from before the bus package (--against an older one)
+    from voicepipe.brokers import Mosquitto  # type: ignore[no-redef]
+
+    from voicepipe.bus import BrokerAddress, MqttBus  # type: ignore[no-redef,attr-defined]
 from voicepipe.clock.gc import tune_for_runs
 from voicepipe.config import PipelineConfig, load_config
 from voicepipe.messages import Envelope, Span, UserUtterance, UserWord

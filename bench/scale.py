@@ -36,8 +36,8 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from voicepipe.brokers import Mosquitto
-from voicepipe.bus import BrokerAddress
+from voicepipe.bus.brokers import Mosquitto
+from voicepipe.bus.mqtt import BrokerAddress
 from voicepipe.clock.gc import tune_for_runs
 from voicepipe.config import load_config
 from voicepipe.runner import run_live_loop, run_pipeline

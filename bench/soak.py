@@ -25,7 +25,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from voicepipe.brokers import Mosquitto
+from voicepipe.bus.brokers import Mosquitto
 from voicepipe.clock.gc import tune_for_runs
 from voicepipe.config import load_config
 from voicepipe.records import TurnRecord

@@ -11,7 +11,7 @@ import signal
 
 import pytest
 
-from voicepipe.brokers import Mosquitto, MosquittoMissing
+from voicepipe.bus.brokers import Mosquitto, MosquittoMissing
 from voicepipe.config import load_config
 from voicepipe.scenario import Scenario, Turn
 

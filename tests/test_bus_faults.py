@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 from tests.conftest import fast_config, tiny_scenario
-from voicepipe.bus import BrokerAddress, BrokerHealth, MqttBus, negotiate_protocol
+from voicepipe.bus import BrokerHealth
+from voicepipe.bus.mqtt import BrokerAddress, MqttBus, negotiate_protocol
 from voicepipe.messages import Envelope, UserUtterance, UserWord, topic
 from voicepipe.runner import run_pipeline
 
@@ -82,7 +83,7 @@ async def test_paused_broker_is_survived_with_a_warning_that_the_stall_is_in_the
     assert max(r.tax_ms for r in stalled) > 3000
 
 
-def test_outage_longer_than_the_window_exits_3_with_what_was_measured_written(make_mosquitto, tmp_path):
+def test_outage_longer_than_the_window_exits_4_with_what_was_measured_written(make_mosquitto, tmp_path):
     mq = make_mosquitto()
     sc = tmp_path / "tiny.yaml"
     sc.write_text(yaml.safe_dump(tiny_scenario(turns=6).model_dump(mode="json")))
@@ -101,7 +102,7 @@ def test_outage_longer_than_the_window_exits_3_with_what_was_measured_written(ma
     mq.kill()
     t0 = time.monotonic()
     _, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 3, stderr
+    assert proc.returncode == 4, stderr
     assert time.monotonic() - t0 < 20  # the window (2 s) and the backoff, not a turn timeout per turn
     errors = [line for line in stderr.splitlines() if "error:" in line]
     assert len(errors) == 1 and "outage_window_s" in errors[0] and "Traceback" not in stderr

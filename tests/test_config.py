@@ -166,7 +166,7 @@ def test_bad_broker_settings_name_the_field_and_never_the_password(tmp_path, yam
 
 
 def test_broker_address_hides_the_password():
-    from voicepipe.bus import BrokerAddress
+    from voicepipe.bus.mqtt import BrokerAddress
 
     a = BrokerAddress.parse("mqtt://u:hunter2@h:1")
     assert a.password == "hunter2" and "hunter2" not in repr(a)

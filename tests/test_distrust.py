@@ -11,7 +11,7 @@ import random
 import pytest
 
 from tests.conftest import fast_config, tiny_scenario
-from voicepipe.bus import BrokerAddress
+from voicepipe.bus.mqtt import BrokerAddress
 from voicepipe.limits import MAX_TEXT
 from voicepipe.messages import (
     SCHEMA_VERSION,

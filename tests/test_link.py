@@ -1,5 +1,5 @@
-"""One MQTT connection per process (bus.MqttLink) and the lean reader of PUBLISH and PUBACK packets
-(bus.LeanClient._take): shared deliveries, packets split across reads, MQTT 5 properties, paho's packets."""
+"""One MQTT connection per process (voicepipe.bus.mqtt.link.MqttLink) and the lean reader of PUBLISH and PUBACK packets
+(voicepipe.bus.mqtt.lean.LeanClient._take): shared deliveries, packets split across reads, MQTT 5 properties, paho's packets."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import asyncio
 
 import pytest
 
-from voicepipe.bus import BrokerAddress, LeanClient, MqttBus, MqttLink, _BufferedSocket
+from voicepipe.bus.mqtt import BrokerAddress, LeanClient, MqttBus, MqttLink
+from voicepipe.bus.mqtt.lean import _BufferedSocket
 from voicepipe.messages import Envelope, UserUtterance, UserWord
 
 
@@ -54,7 +55,7 @@ async def test_stages_of_a_process_share_one_connection_and_each_parses_its_own_
 async def test_lean_reader_takes_large_and_small_messages_intact_and_in_order(mosquitto):
     addr = BrokerAddress.parse(mosquitto.url)
     sizes = [10, 70_000, 3, 200_000, 1, 65_536, 65_535, 5] * 3  # bodies across the 64 KiB reads
-    lean = addr.client(identifier="lean-big", lean=True, protocol="5")
+    lean = addr.client(identifier="lean-big", factory=LeanClient, persistent=True, protocol="5")
     assert isinstance(lean, LeanClient)
     async with lean, addr.client(identifier="raw-pub") as raw:
         await lean.subscribe("big/#", qos=1)
@@ -104,7 +105,7 @@ def _publish(t: str, body: bytes, qos: int, mid: int, props: bytes | None) -> by
 @pytest.mark.parametrize("step", [1, 3, 4096, 65536])
 async def test_lean_reader_reassembles_packets_split_anywhere(protocol, step):
     addr = BrokerAddress.parse("mqtt://127.0.0.1:1")
-    client = addr.client("unit", lean=True, protocol=protocol)  # never connected
+    client = addr.client("unit", factory=LeanClient, persistent=True, protocol=protocol)  # never connected
     assert isinstance(client, LeanClient)
     v5 = protocol == "5"
     props = (b"\x01\x01" + b"\x23\x00\x07") if v5 else None  # payload format, a topic alias number
@@ -141,7 +142,7 @@ async def test_lean_reader_reassembles_packets_split_anywhere(protocol, step):
 
 
 async def test_lean_reader_leaves_unusual_packets_to_paho():
-    client = BrokerAddress.parse("mqtt://127.0.0.1:1").client("unit", lean=True)
+    client = BrokerAddress.parse("mqtt://127.0.0.1:1").client("unit", factory=LeanClient, persistent=True)
     assert isinstance(client, LeanClient)
     for packet in (
         bytes([0x40, 3, 0x00, 0x07, 0x80]),  # PUBACK with an error code
@@ -160,7 +161,7 @@ async def test_lean_reader_leaves_unusual_packets_to_paho():
 async def test_lean_reader_drops_a_topic_that_is_not_utf8_and_reads_on():
     """paho raises on such a topic at every read of the same packet (a wedged connection): the lean reader
     acknowledges it, counts it and goes on to the next packet."""
-    client = BrokerAddress.parse("mqtt://127.0.0.1:1").client("unit", lean=True)
+    client = BrokerAddress.parse("mqtt://127.0.0.1:1").client("unit", factory=LeanClient, persistent=True)
     assert isinstance(client, LeanClient)
     got: list[tuple[str, bytes]] = []
     client.sink = lambda t, b: got.append((t, bytes(b)))
@@ -176,7 +177,7 @@ async def test_lean_reader_drops_a_topic_that_is_not_utf8_and_reads_on():
 async def test_a_filter_is_subscribed_once_and_no_stage_goes_on_before_its_suback():
     """Two stages of one process subscribe the same channel at once: one SUBSCRIBE goes out, and the second
     stage's subscribe returns only after the broker acknowledged it (it may set `ready` right after)."""
-    from voicepipe.bus import MqttLink
+    from voicepipe.bus.mqtt import MqttLink
 
     link = MqttLink(BrokerAddress.parse("mqtt://127.0.0.1:1"), "r", "unit")
     suback = asyncio.Event()

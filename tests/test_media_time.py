@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from tests.conftest import _mosquitto, fast_config, tiny_scenario
-from voicepipe.brokers import Mosquitto
+from voicepipe.bus.brokers import Mosquitto
 from voicepipe.measure import LAG_TRUST_P99_MS, LoopLag
 from voicepipe.messages import Envelope
 from voicepipe.predict import predict

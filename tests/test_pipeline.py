@@ -13,7 +13,7 @@ import yaml
 from tests.conftest import fast_config, tiny_scenario
 from voicepipe.backends import BackendPool
 from voicepipe.backends.base import LLMRequest
-from voicepipe.bus import BrokerAddress
+from voicepipe.bus.mqtt import BrokerAddress
 from voicepipe.clock import rng_for
 from voicepipe.messages import SCHEMA_VERSION
 from voicepipe.runner import run_pipeline

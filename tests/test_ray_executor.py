@@ -116,6 +116,7 @@ def _levels(executor) -> tuple[list[dict], int]:
     return [{**lv.to_json(), "wall_s": 0, "cpu_s": 0} for lv in levels], sum(counted)
 
 
+@pytest.mark.ray
 def test_sweeps_on_a_ray_cluster_return_exactly_the_local_results(ray_head, tmp_path):
     from voicepipe.cli.hardware import app as hardware_app
     from voicepipe.predict import predict_each

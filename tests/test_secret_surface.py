@@ -176,7 +176,7 @@ def test_no_typer_app_shows_exception_locals():
         assert a.pretty_exceptions_show_locals is False, name
 
 
-def test_an_uncaught_exception_is_one_line_and_exit_1(tmp_path):
+def test_an_uncaught_exception_is_one_line_and_exit_5(tmp_path):
     """A bug inside a command (forced here by a scenario loader that raises) prints one line, no frames."""
     code = (
         "import sys, voicepipe.cli.common as c\n"
@@ -188,7 +188,7 @@ def test_an_uncaught_exception_is_one_line_and_exit_1(tmp_path):
         "main()\n"
     )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert p.returncode == 1, p.stderr
+    assert p.returncode == 5, p.stderr  # ExitCode.INTERNAL_ERROR
     assert p.stderr.strip().splitlines() == [
         "error: internal error (RuntimeError: kaput xxx); please report it (`-vv` logs the traceback)"
     ]

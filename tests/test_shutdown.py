@@ -10,8 +10,8 @@ from structlog.testing import capture_logs
 
 from tests.conftest import fast_config, tiny_scenario
 from voicepipe import runner
+from voicepipe.bus.memory import MemoryBroker
 from voicepipe.clock import run_virtual
-from voicepipe.membus import MemoryBroker
 from voicepipe.messages import Envelope
 from voicepipe.runner import build_stages, simulate, start_stages, stop_stages
 from voicepipe.stages.base import RunContext, cancel_and_wait

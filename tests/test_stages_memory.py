@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 
 from tests.conftest import fast_config
+from voicepipe.bus.memory import MemoryBroker
 from voicepipe.clock import now_ns, run_virtual
-from voicepipe.membus import MemoryBroker
 from voicepipe.messages import (
     CancelReason,
     Envelope,

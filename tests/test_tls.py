@@ -26,8 +26,8 @@ import yaml
 from typer.testing import CliRunner
 
 from tests.conftest import fast_config, tiny_scenario
-from voicepipe.brokers import ServerTLS
-from voicepipe.bus import BrokerAddress
+from voicepipe.bus.brokers import ServerTLS
+from voicepipe.bus.mqtt import BrokerAddress
 from voicepipe.cli import app
 from voicepipe.config import BrokerOverrides
 from voicepipe.runner import run_pipeline

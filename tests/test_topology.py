@@ -17,11 +17,11 @@ from collections import Counter
 import pytest
 
 from tests.conftest import fast_config, tiny_scenario
-from voicepipe.brokers import Bridge
-from voicepipe.bus import BrokerAddress
+from voicepipe.bus.brokers import Bridge
+from voicepipe.bus.liveness import alive_topic, holder, turn_deadline_ns
+from voicepipe.bus.mqtt import BrokerAddress
+from voicepipe.bus.partition import REPLICATED, Membership, PartitionedBus, kind_of, owner, plan_workers
 from voicepipe.clock import now_ns
-from voicepipe.liveness import alive_topic, holder, turn_deadline_ns
-from voicepipe.partition import REPLICATED, Membership, PartitionedBus, kind_of, owner, plan_workers
 from voicepipe.runner import RunResult, needed_stages, run_pipeline, serve_stages
 from voicepipe.scenario import session_id
 from voicepipe.stages.base import Stage
@@ -214,7 +214,7 @@ async def test_stages_on_a_second_broker_joined_by_a_mosquitto_bridge(make_mosqu
 
 
 def test_bridge_config_has_the_settings_that_matter(tmp_path):
-    from voicepipe.brokers import Mosquitto
+    from voicepipe.bus.brokers import Mosquitto
 
     text = Mosquitto(port=1, bridge=Bridge(address="10.0.0.2:1883")).config_text(tmp_path)
     for line in ("connection voicepipe-bridge", "address 10.0.0.2:1883", "topic voicepipe/# both 1",
@@ -227,7 +227,7 @@ def test_bridge_config_has_the_settings_that_matter(tmp_path):
 async def test_a_stale_retained_marker_without_heartbeat_does_not_start_a_run(mosquitto, monkeypatch):
     monkeypatch.setenv("VOICEPIPE_RUN_TOKEN", "a shared test secret")  # the run and its stages sign alike
     """A marker left behind (a broker that never fired a hung client's will) is not "ready": no beat."""
-    from voicepipe.liveness import Marker
+    from voicepipe.bus.liveness import Marker
     from voicepipe.runner import StagesMissing
 
     run = "stale"
@@ -243,7 +243,7 @@ async def test_a_stale_retained_marker_without_heartbeat_does_not_start_a_run(mo
 
 async def test_a_replica_drops_foreign_sessions_by_topic_before_parsing():
     """The MQTT bus asks the replica's filter on the topic alone; other replicas' sessions are never parsed."""
-    from voicepipe.bus import BrokerAddress, MqttBus
+    from voicepipe.bus.mqtt import BrokerAddress, MqttBus
 
     members = Membership(["asr.0", "asr.1"])
     inner = MqttBus(BrokerAddress.parse("mqtt://127.0.0.1:1"), "r", "asr.0")  # never connected

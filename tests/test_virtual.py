@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
+from voicepipe.bus.memory import MemoryBroker
 from voicepipe.clock import VirtualDeadlock, now_ns, run_virtual, sleep_until_ns
-from voicepipe.membus import MemoryBroker
 from voicepipe.messages import Cancel, CancelReason, Envelope, SessionEnd
 
 

@@ -10,7 +10,7 @@ import math
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 from urllib.parse import unquote
 
 import numpy as np
@@ -26,7 +26,7 @@ from pydantic import (
 )
 
 from voicepipe.backends import UnknownBackend, build_backend, resolve_named, validate_spec
-from voicepipe.bus import BrokerAddress
+from voicepipe.bus.mqtt import BrokerAddress
 from voicepipe.errors import UserError, from_validation, redact_url
 from voicepipe.files import read_text, read_yaml_mapping
 from voicepipe.limits import (
@@ -52,6 +52,9 @@ from voicepipe.safeyaml import YamlRejected, load
 from voicepipe.scenario import CacheEntry, Scenario, reply_speech_ms, too_long
 from voicepipe.shipped import resolve_config
 from voicepipe.text import speak
+
+if TYPE_CHECKING:
+    from voicepipe.bus.mqtt.address import BrokerAddress
 
 Z90 = 1.2815515655446004
 
@@ -119,7 +122,7 @@ class BrokerConfig(Strict):
     # 3.1.1 for the embedded amqtt (it speaks nothing else)
     protocol: Literal["auto", "3.1.1", "5"] = "auto"
     # a lost broker connection is retried (backoff + jitter) this long; turns meanwhile carry the outage in
-    # their latency (broker_outage_ms); longer ends the run with exit code 3, what was measured kept
+    # their latency (broker_outage_ms); longer ends the run with exit code 4, what was measured kept
     outage_window_s: float = Field(30.0, gt=0, le=MAX_TURN_TIMEOUT_S)
 
     @field_validator("protocol", mode="before")
@@ -460,9 +463,24 @@ def _resolve_broker(cfg: PipelineConfig, source: str) -> None:
             raise UserError(source, f"broker.{tls[0]}: TLS options need an mqtts:// broker URL (none given)")
         return
     try:
-        BrokerAddress.from_config(b)
+        broker_address(b)
     except UserError as exc:
         raise UserError(source, str(exc)) from None
+
+
+def broker_address(broker: BrokerConfig) -> BrokerAddress:
+    """The address of a validated ``broker`` config section (``url`` must be set)."""
+    if not broker.url:
+        raise UserError("broker.url", "no broker URL")
+    return BrokerAddress.parse(
+        broker.url,
+        broker.username,
+        broker.password.get_secret_value() if broker.password is not None else None,
+        ca_file=broker.ca_file,
+        cert_file=broker.cert_file,
+        key_file=broker.key_file,
+        insecure=broker.insecure,
+    )
 
 
 def load_config(

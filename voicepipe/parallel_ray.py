@@ -63,7 +63,7 @@ _remote_call = ray.remote(num_cpus=1, max_retries=0)(_call)
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-def connect(address: str | None) -> dict[int, Any] | None:
+def connect(address: str | None) -> dict[signal.Signals, Any] | None:
     """``ray.init`` for ``address`` unless a session is already open. Returns the signal handlers ray.init
     replaces (for :meth:`RayExecutor.close` to put back) when this call opened the session, else None."""
     if ray.is_initialized():

@@ -2,7 +2,7 @@
 
 There is no second model of the pipeline here. :func:`predict` plays the scenarios through the same
 stage code a live run uses (ASR endpointing, router, cache, council, agent, TTS, the client's stopwatch,
-the backends' models including shared-device queueing), on :class:`voicepipe.membus.MemoryBus` with zero
+the backends' models including shared-device queueing), on :class:`voicepipe.bus.memory.MemoryBus` with zero
 hops and :class:`voicepipe.clock.VirtualLoop`, so modelled seconds cost only CPU. Sessions start as the
 live run starts them (``client.start_spread_ms``) and share devices as they do live.
 

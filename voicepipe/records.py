@@ -225,6 +225,12 @@ class Accounting(BaseModel):
         )
 
 
+def unmeasured(r: TurnRecord) -> str:
+    """What a turn with no latency shows in its place: its status — ``timeout`` (no reply in time),
+    ``failed`` (a stage or endpoint failed it: ``error`` says why) or ``lost`` (messages dropped)."""
+    return r.status if r.status != "ok" else "timeout"
+
+
 def reason_of(r: TurnRecord) -> str:
     """A turn's failure reason, short enough to group by (the first clause of its error)."""
     if r.status == "timeout":
@@ -240,7 +246,7 @@ def account(records: Iterable[TurnRecord], expected: int, dropped: int = 0) -> A
     lost: dict[str, int] = {}
     for r in recs:
         # a turn that ran out of time: the client's own timeout, or the run's deadline watch naming the stage
-        # that held it (voicepipe.liveness)
+        # that held it (voicepipe.bus.liveness)
         timed_out = r.status == "timeout" or (r.status == "failed" and r.error.startswith("timeout"))
         if timed_out and dropped:
             why = f"timeout while the broker dropped {dropped} message(s) in this run (a queue limit?)"

@@ -6,8 +6,8 @@ modelled time only, as fast as the CPU goes. Both play sessions through :func:`p
 
 Live runs can spread stages over processes: ``external`` stages served by ``voicepipe stage``
 (:func:`serve_stages`), or ``workers`` processes this run spawns (:class:`Workers`, replicas with session
-affinity per :mod:`voicepipe.partition`). Stage processes announce themselves and are watched per
-:mod:`voicepipe.liveness`; :class:`Failer` turns a death or a missed deadline into failed turns with a reason,
+affinity per :mod:`voicepipe.bus.partition`). Stage processes announce themselves and are watched per
+:mod:`voicepipe.bus.liveness`; :class:`Failer` turns a death or a missed deadline into failed turns with a reason,
 so every expected turn is recorded.
 """
 
@@ -28,28 +28,28 @@ from typing import Any, TypeVar
 
 import structlog
 
-from voicepipe.brokers import EmbeddedBroker, quiet_amqtt
-from voicepipe.bus import (
+from voicepipe.bus import BrokerHealth, BrokerOutage, Bus
+from voicepipe.bus.brokers import EmbeddedBroker, quiet_amqtt
+from voicepipe.bus.liveness import Presence, Progress, Watch, turn_deadline_ns
+from voicepipe.bus.memory import MemoryBroker
+from voicepipe.bus.mqtt import (
     BrokerAddress,
-    BrokerHealth,
-    BrokerOutage,
-    Bus,
     MqttBus,
     MqttLink,
     check_run_topics,
     negotiate_protocol,
     probe_round_trip,
 )
+from voicepipe.bus.partition import Membership, PartitionedBus, kind_of, plan_workers, replica_id
 from voicepipe.clock import is_virtual, now_ns, run_virtual
 from voicepipe.clock.gc import during_run, tune_for_runs
-from voicepipe.config import PipelineConfig, check_speech
+from voicepipe.config import PipelineConfig, broker_address, check_speech
 from voicepipe.errors import UserError, check_run_id
-from voicepipe.liveness import Presence, Progress, Watch, turn_deadline_ns
+from voicepipe.exitcodes import signal_name
+from voicepipe.incidents import Incidents, spans_ms
 from voicepipe.measure import LAG_TRUST_P99_MS, LagProbe, LoopLag
-from voicepipe.membus import MemoryBroker
 from voicepipe.messages import Cancel, CancelReason, Envelope
 from voicepipe.modelled import on_virtual_time
-from voicepipe.partition import Membership, PartitionedBus, kind_of, plan_workers, replica_id
 from voicepipe.records import Accounting, TurnRecord, account
 from voicepipe.scenario import Scenario, session_id
 from voicepipe.stages.agent import Agent
@@ -61,6 +61,8 @@ from voicepipe.stages.council import Council
 from voicepipe.stages.guard import Counters, require_shared_token
 from voicepipe.stages.router import Router
 from voicepipe.stages.tts import TTS
+from voicepipe.stopping import Interrupted
+from voicepipe.stopping import current as current_stop
 
 log = structlog.get_logger("voicepipe.run")
 T = TypeVar("T")
@@ -85,6 +87,12 @@ class RunResult:
     open_tasks_after: int = 0
     duplicates: int = 0  # redelivered bus messages dropped by envelope id (after reconnects)
     outage: str | None = None  # the run ended early: the broker stayed away longer than the window
+    signalled: int | None = None  # the run ended early: this signal stopped it (voicepipe.stopping)
+    ended: str | None = None  # the run ended early for another reason (an internal error)
+    # the broker's absences this process's clients saw, (start, end) monotonic ns, and their reconnects
+    broker_outages: list[tuple[int, int]] = field(default_factory=list)
+    broker_stalls: list[tuple[int, int]] = field(default_factory=list)
+    reconnects: int = 0
     # what the stages did with what they received (received, dead-lettered by reason, late, lost in
     # transit, handler errors), the turns the run was asked to play, and its own event-loop lag (live only)
     counters: Counters = field(default_factory=Counters)
@@ -101,6 +109,16 @@ class RunResult:
     def accounting(self) -> Accounting:
         return account(self.records, self.expected_turns, self.counters.lost)
 
+    def incidents(self) -> Incidents:
+        """Outages, stalls, stage deaths and what ended the run early (:mod:`voicepipe.incidents`)."""
+        ended = f"broker outage: {self.outage}" if self.outage else self.ended
+        if self.signalled is not None:
+            ended = signal_name(self.signalled)
+        return Incidents(
+            outages_ms=spans_ms(self.broker_outages), stalls_ms=spans_ms(self.broker_stalls),
+            reconnects=self.reconnects, deaths=list(self.deaths), ended_by=ended,
+        ).add_turns(self.records)  # fmt: skip
+
     def summary_json(self) -> dict[str, object]:
         """The run's counters as one JSON object (the last line of ``--json``); never the run's token."""
         c = self.counters
@@ -108,6 +126,7 @@ class RunResult:
             "type": "run.summary",
             "run": self.run,
             "turns": self.accounting().model_dump(),
+            "incidents": self.incidents().to_json(),
             "bus": {
                 "received": c.received,
                 "dead_lettered": dict(c.dead),
@@ -207,7 +226,7 @@ def mqtt_connector(
     health: BrokerHealth | None = None,
     link: MqttLink | None = None,
 ) -> Callable[[str], Bus]:
-    """Buses for the stages of this process, all on one MQTT connection (:class:`~voicepipe.bus.MqttLink`:
+    """Buses for the stages of this process, all on one MQTT connection (:class:`~voicepipe.bus.mqtt.link.MqttLink`:
     a message several of them subscribe to crosses the wire once; one ``send`` per event-loop batch)."""
     shared = link or process_link(addr, ctx, protocol, health)
     return lambda name: MqttBus(addr, ctx.run, name, qos=ctx.cfg.broker.qos, link=shared)
@@ -265,7 +284,7 @@ async def serve_stages(
 
     ``replicas``: the replica ids served here (default ``{name}.0`` each); ``planned``: every replica of the
     run (default: these). A kind with several planned replicas serves only the sessions its replica owns
-    (:mod:`voicepipe.partition`). The process announces itself with a :class:`~voicepipe.liveness.Presence`.
+    (:mod:`voicepipe.bus.partition`). The process announces itself with a :class:`~voicepipe.bus.liveness.Presence`.
     ``on_stages`` sees the stages once built (an observer, for tests). ``token``: the run's secret (a
     ``--workers`` process gets it from its parent; ``voicepipe stage`` reads ``VOICEPIPE_RUN_TOKEN``).
     """
@@ -275,7 +294,7 @@ async def serve_stages(
         raise ValueError("broker.url: stages in separate processes need a broker (--broker URL)")
     if token is None:
         require_shared_token("voicepipe stage")
-    addr = BrokerAddress.from_config(cfg.broker)
+    addr = broker_address(cfg.broker)
     ctx = RunContext(run=run, cfg=cfg) if token is None else RunContext(run=run, cfg=cfg, token=token)
     protocol = await negotiate_protocol(addr, cfg.broker.protocol)
     await check_run_topics(addr, run)
@@ -367,7 +386,7 @@ async def until_signalled(
 
 
 class Workers:
-    """``--workers N``: N stage processes spawned for one run (see :func:`~voicepipe.partition.plan_workers`)."""
+    """``--workers N``: N stage processes spawned for one run (see :func:`~voicepipe.bus.partition.plan_workers`)."""
 
     def __init__(self, cfg: PipelineConfig, run: str, plan: list[list[str]], token: bytes) -> None:
         self.cfg, self.run, self.plan, self.token = cfg, run, plan, token
@@ -475,9 +494,9 @@ async def run_pipeline(
 ) -> RunResult:
     """Play the scenarios and collect their turn records. Stages named in ``external`` run in other
     processes (``voicepipe stage``) against the same broker, run id and config; the run waits for them.
-    ``workers`` > 0 spawns that many stage processes (replicas, :mod:`voicepipe.partition`); only the client
-    stays here. ``plan`` (replica ids per process, e.g. from :func:`~voicepipe.partition.plan_workers`) says
-    which replicas other processes serve when they are started by someone else (``serve_stages``). Either way a :class:`~voicepipe.liveness.Watch` fails the turns of a stage process that dies,
+    ``workers`` > 0 spawns that many stage processes (replicas, :mod:`voicepipe.bus.partition`); only the client
+    stays here. ``plan`` (replica ids per process, e.g. from :func:`~voicepipe.bus.partition.plan_workers`) says
+    which replicas other processes serve when they are started by someone else (``serve_stages``). Either way a :class:`~voicepipe.bus.liveness.Watch` fails the turns of a stage process that dies,
     and every turn not heard by its deadline fails naming the stage that held it."""
     quiet_amqtt()
     if external:
@@ -494,7 +513,7 @@ async def run_pipeline(
     async with contextlib.AsyncExitStack() as stack:
         stack.enter_context(during_run())  # collector pauses would show as tax (if the program opted in)
         if cfg.broker.url:
-            addr = BrokerAddress.from_config(cfg.broker)
+            addr = broker_address(cfg.broker)
             protocol = await negotiate_protocol(addr, cfg.broker.protocol)
             await check_run_topics(addr, run)  # an ACL that refuses them would only show as timeouts
             shown = f"{addr.host}:{addr.port} (MQTT {protocol})"
@@ -561,6 +580,8 @@ async def run_pipeline(
             result.outage = str(exc)
         finally:
             result.warnings += health.summary()
+            result.broker_outages, result.broker_stalls = list(health.outages), list(health.stalls)
+            result.reconnects = health.reconnects
             result.duplicates = sum(getattr(s.bus, "duplicates", 0) for s in stages)
             failer.closing = True
             if procs:
@@ -574,6 +595,10 @@ async def run_pipeline(
                 result.remote_skipped = totals.skipped
         result.local_published = sum(s.bus.published for s in stages)
         result.local_received = sum(s.bus.received for s in stages)
+    stop = current_stop()
+    if stop is not None and stop.signum is not None:  # a signal ended the run (or came as it finished)
+        result.signalled = stop.signum
+        raise Interrupted(stop.signum, result)
     if result.outage:
         raise RunAborted(result.outage, result)
     return result
@@ -619,6 +644,8 @@ async def play_sessions(
     result.expected_turns = sum(len(sc.turns) for _, convs in slots for sc, _ in convs)
     probe = None if is_virtual() else LagProbe()
     probing = asyncio.create_task(probe.run()) if probe else None
+    stop = current_stop()  # a live run under voicepipe.stopping: a signal stops the sessions, not the run
+    stopping: asyncio.Task[bool] | None = None
     try:
         tasks = await start_stages(stack, stages)
         if before is not None:
@@ -627,7 +654,15 @@ async def play_sessions(
         play = asyncio.ensure_future(asyncio.gather(*(_slot(client, at, convs) for at, convs in slots)))
         # a stage's receive loop ends only when its bus gave up (the broker away past the outage window)
         waiting: list[asyncio.Future[Any]] = [play, *tasks]
+        if stop is not None:
+            stopping = asyncio.create_task(stop.event.wait(), name="stop-on-signal")
+            waiting.append(stopping)
+            stop.watch()
         await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        if stop is not None and stop.signum is not None and not play.done():  # the turns in flight stay unrecorded
+            for name, exc in await cancel_and_wait(play, what="the sessions"):
+                result.task_failed(name, exc)
+            return
         if not play.done():
             for name, exc in await cancel_and_wait(play, what="the sessions"):
                 result.task_failed(name, exc)
@@ -638,6 +673,8 @@ async def play_sessions(
         await asyncio.sleep(0.05)  # let session.end reach every stage
         result.open_tasks_after = sum(s.open_tasks() for s in stages)
     finally:
+        if stopping is not None:
+            stopping.cancel()
         if probing is not None:
             probing.cancel()
             result.lag = probe.result() if probe else None

@@ -29,6 +29,7 @@ from voicepipe.cli import calibrate, capacity, compare, hardware, predict, run, 
 from voicepipe.cli.common import err, out
 from voicepipe.clock.gc import tune_for_runs
 from voicepipe.errors import UserError
+from voicepipe.exitcodes import ExitCode
 from voicepipe.safeprint import printable
 
 app = typer.Typer(
@@ -122,7 +123,7 @@ def internal_error_line(exc: BaseException) -> str:
 def main() -> None:
     """The console entry point. Click's own errors (an unknown command or option, a bad option value)
     print as one line naming the option, with where to look, and exit 2, like every other bad input; any
-    other uncaught exception is one line and exit 1 (:func:`internal_error_line`).
+    other uncaught exception is one line and exit 5, ``ExitCode.INTERNAL_ERROR`` (:func:`internal_error_line`).
     The command line is a program of its own, so it opts in to the runs' GC tuning (a library caller keeps
     its process's settings: :mod:`voicepipe.clock.gc`)."""
     tune_for_runs()
@@ -131,20 +132,23 @@ def main() -> None:
     except _ClickError as exc:
         if type(exc).__name__ == "NoArgsIsHelpError":  # a group run bare: its help, as click prints it
             exc.show()  # type: ignore[attr-defined]
-            sys.exit(getattr(exc, "exit_code", 2))
+            sys.exit(getattr(exc, "exit_code", ExitCode.USAGE))
         ctx = getattr(exc, "ctx", None)
         where = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
         message = exc.format_message()  # type: ignore[attr-defined]
         err.print(f"error: {message}{where}", highlight=False, markup=False, soft_wrap=True)
-        sys.exit(getattr(exc, "exit_code", 2))
+        sys.exit(getattr(exc, "exit_code", ExitCode.USAGE))
     except typer.Abort:
         err.print("aborted")
-        sys.exit(130)
+        sys.exit(ExitCode.INTERRUPTED)
+    except KeyboardInterrupt:  # Ctrl-C where no command catches it (a live run keeps what it measured)
+        err.print("interrupted")
+        sys.exit(ExitCode.INTERRUPTED)
     except UserError as exc:  # a library path that raised it past its command's user_errors()
         err.print(f"error: {exc}", highlight=False, markup=False, soft_wrap=True)
-        sys.exit(2)
-    except Exception as exc:  # a bug: one line (never a traceback, whose frames could hold secrets), exit 1
+        sys.exit(ExitCode.USAGE)
+    except Exception as exc:  # a bug: one line (never a traceback, whose frames could hold secrets)
         logging.getLogger("voicepipe.cli").debug("uncaught exception", exc_info=True)
         err.print(internal_error_line(exc), highlight=False, markup=False, soft_wrap=True)
-        sys.exit(1)
+        sys.exit(ExitCode.INTERNAL_ERROR)
     sys.exit(rc if isinstance(rc, int) else 0)

@@ -29,6 +29,7 @@ from voicepipe.backends.openai import config_from_spec
 from voicepipe.backends.profile import Point, dump_profile, profile_from_points
 from voicepipe.cli.common import err, out
 from voicepipe.errors import UserError
+from voicepipe.exitcodes import ExitCode
 
 profile_app = typer.Typer(
     help="User profiles: import a `vllm bench serve` result.",
@@ -113,7 +114,7 @@ def _write(path: Path, text: str) -> None:
 
 def _fail(exc: UserError) -> typer.Exit:
     err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
-    return typer.Exit(2)
+    return typer.Exit(ExitCode.USAGE)
 
 
 def calibrate_cmd(

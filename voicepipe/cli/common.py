@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,11 +23,14 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from voicepipe import gate
-from voicepipe.bus import BrokerOutage, RunTopicsUnreachable
+from voicepipe.bus import BrokerOutage
+from voicepipe.bus.mqtt import RunTopicsUnreachable
 from voicepipe.config import PipelineConfig, check_speech, config_dict
 from voicepipe.errors import UserError, redact_url
+from voicepipe.exitcodes import ExitCode
+from voicepipe.incidents import Incidents
 from voicepipe.modelled import on_virtual_time
-from voicepipe.records import TurnRecord
+from voicepipe.records import TurnRecord, unmeasured
 from voicepipe.report.export import push_otlp, write_csv, write_otel
 from voicepipe.report.html import render_html
 from voicepipe.report.term import SafeConsole
@@ -45,7 +48,7 @@ err = SafeConsole(stderr=True)
 def fail(msg: str) -> typer.Exit:
     """Print ``error: msg`` on stderr; the caller raises the returned exit (status 2)."""
     err.print(f"[bold red]error:[/] {escape(msg)}", highlight=False, soft_wrap=True)
-    return typer.Exit(2)
+    return typer.Exit(ExitCode.USAGE)
 
 
 @contextmanager
@@ -159,10 +162,11 @@ def turn_line(r: TurnRecord, done: int, total: int) -> str:
     """The one stderr line per finished turn printed when stderr is not a terminal (no progress bar)."""
     from voicepipe.report.table import top_parts  # lazy: start-up time
 
-    lat = "timeout" if r.measured_ms is None else f"{r.measured_ms:,.0f} ms"
+    lat = unmeasured(r) if r.measured_ms is None else f"{r.measured_ms:,.0f} ms"
     ok = "ok" if r.within_budget else "miss"
     who = f"{r.label}: " if r.label else ""
-    return printable(f"[{done}/{total}] {who}{r.session} #{r.turn} {lat} {ok} ({top_parts(r, 1)})", False)
+    why = r.error if r.error and not r.breakdown else top_parts(r, 1)  # a failed turn: its reason
+    return printable(f"[{done}/{total}] {who}{r.session} #{r.turn} {lat} {ok} ({why})", False)
 
 
 def progress_sink(
@@ -192,14 +196,17 @@ def write_outputs(
     budget_ms: float,
     otlp_endpoint: str | None = None,
     fixes: Callable[[], dict[str, Any]] | None = None,
+    incidents: Mapping[str, Incidents] | None = None,
     predicted: bool = False,
 ) -> None:
-    """Write the requested exports; ``fixes`` (only called for a report) gives label → advice; ``predicted``:
-    the records are predictions (the report says so)."""
+    """Write the requested exports; ``fixes`` (only called for a report) gives label → advice;
+    ``incidents`` (label → outages, stage deaths, early end) go in the report's Incidents section;
+    ``predicted``: the records are predictions (the report says so)."""
     records = [r for rs in runs.values() for r in rs]
     if report:
         html = render_html(
-            runs, configs, budget_ms=budget_ms, fixes=fixes() if fixes else None, predicted=predicted
+            runs, configs, budget_ms=budget_ms, fixes=fixes() if fixes else None, incidents=incidents,
+            predicted=predicted,
         )
         report.write_text(html, encoding="utf-8")
         err.print(f"report: {report}")
@@ -261,7 +268,7 @@ def gate_exit(reqs: list[gate.Requirement], records: list[TurnRecord]) -> None:
     for line in lines:
         err.print(f"[bold red]error:[/] {line}", highlight=False, soft_wrap=True)
     if lines:
-        raise typer.Exit(1)
+        raise typer.Exit(ExitCode.REQUIREMENT_MISSED)
 
 
 def run_error(cfg: PipelineConfig, exc: BaseException) -> typer.Exit | None:
@@ -277,7 +284,7 @@ def run_error(cfg: PipelineConfig, exc: BaseException) -> typer.Exit | None:
         return fail(str(exc))
     if isinstance(exc, BrokerOutage):  # the broker stayed away past broker.outage_window_s
         fail(str(exc))
-        return typer.Exit(3)
+        return typer.Exit(ExitCode.BROKER_OUTAGE)
     return None
 
 

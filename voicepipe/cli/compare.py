@@ -1,13 +1,15 @@
 """``voicepipe compare``: the same scenarios under several configurations, one row each.
 
 Configurations are planned by :func:`voicepipe.compare.plan_variants` (whole files, one varied field, or a
-grid of two). Live runs are sequential and real time with the same seed, and Ctrl-C keeps what was
-measured; ``--predict`` puts every configuration on virtual time instead (in parallel processes, the same
+grid of two). Live runs are sequential and real time with the same seed; SIGINT, SIGTERM or a broker
+outage stops the comparison with what was measured written and the exit code of :mod:`voicepipe.exitcodes`
+(130, 143, 4; 3 when a configuration's turns were not all measured); ``--predict`` puts every configuration on virtual time instead (in parallel processes, the same
 results as one by one), and its table says PREDICTED.
 """
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 from typing import Annotated
 
@@ -24,11 +26,11 @@ from voicepipe.cli.common import (
     predicted_exports,
     progress_bar,
     progress_sink,
-    run_error,
     user_errors,
     virtual_variants,
     write_outputs,
 )
+from voicepipe.cli.ending import Ending, finish, stopped_by
 from voicepipe.cli.options import (
     ConfigsOpt,
     CsvOpt,
@@ -48,11 +50,13 @@ from voicepipe.compare import compare_rows, display_names, plan_variants, verdic
 from voicepipe.config import BrokerOverrides, PipelineConfig, config_dict
 from voicepipe.errors import UserError
 from voicepipe.executors import EXECUTOR_HELP, executor_for
+from voicepipe.exitcodes import ExitCode
 from voicepipe.parallel import ItemFailed
-from voicepipe.records import TurnRecord
+from voicepipe.records import TurnRecord, account
 from voicepipe.report.advice import advice
 from voicepipe.runner import RunResult, run_live_loop, run_pipeline
 from voicepipe.scenario import Scenario
+from voicepipe.stopping import stop_on_signals
 
 
 def compare_predicted(
@@ -158,7 +162,7 @@ def compare(
     per_run = sum(len(s.turns) for s in scs) * sessions
     runs: dict[str, list[TurnRecord]] = {}
     results: dict[str, RunResult] = {}
-    interrupted = False
+    ending: Ending | None = None  # a signal, an outage or a failure stopped the comparison
     done = [0]
     try:
         with progress_bar(per_run * len(variants), "comparing") as prog:
@@ -174,21 +178,23 @@ def compare(
 
                 on_record = progress_sink(prog, per_run * len(variants), keep, done)
                 try:
-                    results[label] = run_live_loop(run_pipeline(cfg, scs, sessions, on_record=on_record))
-                except Exception as exc:
-                    failure = run_error(cfg, exc)
-                    if failure is None:
-                        raise
-                    raise failure from None
-    except KeyboardInterrupt:
-        interrupted = True
-        n = sum(len(v) for v in runs.values())
-        err.print(f"interrupted: keeping {n} measured turns")
+                    results[label] = run_live_loop(
+                        stop_on_signals(run_pipeline(cfg, scs, sessions, on_record=on_record))
+                    )
+                except BaseException as exc:  # keep what was measured, write it, then exit saying why
+                    partial, ending = stopped_by(cfg, exc, sum(len(v) for v in runs.values()))
+                    if partial is not None:
+                        results[label] = partial
+                    break
+    except KeyboardInterrupt:  # between two runs
+        ending = Ending(ExitCode.INTERRUPTED, "interrupted by SIGINT", signum=int(signal.SIGINT))
     finally:
         sink.close()
+    interrupted = ending is not None
 
     runs = {k: v for k, v in runs.items() if v}
     if not runs:
+        finish(ending, [], [], [])
         return
     rows = compare_rows(runs)
     heading, names = display_names(list(runs))
@@ -211,4 +217,10 @@ def compare(
     write_outputs(
         runs, {k: config_dict(cfgs[k]) for k in runs}, report, csv, otel, budget, otlp_endpoint,
         lambda: {k: advice(runs[k], cfgs[k], scenario) for k in runs},
+        {k: res.incidents() for k, res in results.items()},
     )  # fmt: skip
+    # every configuration's turns accounted for: one never started counts all its turns unmeasured
+    accounts = [
+        results[k].accounting() if k in results else account(runs.get(k, []), per_run) for k, _ in variants
+    ]
+    finish(ending, [], [r for rs in runs.values() for r in rs], accounts)

@@ -24,6 +24,7 @@ from voicepipe.backends.empirical import profiles
 from voicepipe.backends.hardware import FAST_MAX_BATCH, deploy, make_hardware_backend
 from voicepipe.errors import UserError
 from voicepipe.executors import EXECUTOR_HELP, executor_for
+from voicepipe.exitcodes import ExitCode
 from voicepipe.hardware import catalog
 from voicepipe.hardware.model import DoesNotFit, Prediction, Speculative
 from voicepipe.hardware.model import predict as model_predict
@@ -85,7 +86,7 @@ T = TypeVar("T")
 
 def _fail(message: str) -> NoReturn:
     typer.echo(f"error: {printable(message, newlines=False)}", err=True)
-    raise typer.Exit(2)
+    raise typer.Exit(ExitCode.USAGE)
 
 
 def _guard(fn: Callable[[], T]) -> T:

@@ -1,8 +1,11 @@
 """``voicepipe run``: play scenarios through the pipeline over MQTT and measure every turn against the budget.
 
-Turn records are written as they are measured (``--json FILE``, ``--format json``), so an interrupted run
-keeps what it had. Exit 0, 1 when a ``--require`` is missed, 2 on bad input or an unreachable broker, 3 when
-the broker stayed away mid-run (what was measured is still written).
+Turn records are written as they are measured (``--json FILE``, ``--format json``). However the run ends —
+finished, SIGINT, SIGTERM, a broker outage past its window, an internal error — every output asked for
+(``--json``, ``--csv``, ``--report``, ``--otel``, ``--summary-json``) is written with the turns measured so
+far, then one line says why and the exit code (:mod:`voicepipe.exitcodes`) says it too: 0 ok, 1 a
+``--require`` missed, 2 bad input or a broker unreachable at the start, 3 expected turns not measured,
+4 a broker outage ended the run, 5 an internal error, 130 SIGINT, 143 SIGTERM.
 """
 
 from __future__ import annotations
@@ -13,22 +16,20 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.markup import escape as rich_escape
 
 from voicepipe import gate
 from voicepipe.cli.common import (
     RecordSink,
     err,
-    gate_exit,
     load_scenarios,
     out,
     progress_bar,
     progress_sink,
-    run_error,
     stage_names,
     user_errors,
     write_outputs,
 )
+from voicepipe.cli.ending import Ending, finish, stopped_by
 from voicepipe.cli.options import (
     ConfigOpt,
     CsvOpt,
@@ -48,9 +49,10 @@ from voicepipe.config import BrokerOverrides, PipelineConfig, check_speech, conf
 from voicepipe.errors import UserError, check_run_id
 from voicepipe.records import TurnRecord
 from voicepipe.report.advice import advice, base_command, print_advice
-from voicepipe.runner import WORKERS_NEED_BROKER, RunAborted, RunResult, run_live_loop, run_pipeline
+from voicepipe.runner import WORKERS_NEED_BROKER, RunResult, run_live_loop, run_pipeline
 from voicepipe.scenario import Scenario
 from voicepipe.stages.guard import require_shared_token
+from voicepipe.stopping import stop_on_signals
 
 
 def run_live(
@@ -68,14 +70,16 @@ def run_live(
     with progress_bar(total, label) as prog:
         on_record = progress_sink(prog, total, sink)
         return run_live_loop(
-            run_pipeline(
-                cfg,
-                scenarios,
-                sessions,
-                on_record=on_record,
-                run_id=run_id,
-                external=external,
-                workers=workers,
+            stop_on_signals(  # SIGINT / SIGTERM: the run winds down and raises Interrupted with its result
+                run_pipeline(
+                    cfg,
+                    scenarios,
+                    sessions,
+                    on_record=on_record,
+                    run_id=run_id,
+                    external=external,
+                    workers=workers,
+                )
             )
         )
 
@@ -172,23 +176,22 @@ def run(
 
     as_json = fmt == OutputFormat.json
     sink = RecordSink(json_out, stdout=as_json)
-    result = None
-    aborted = None
+    result: RunResult | None = None
+    ending: Ending | None = None
     try:
         result = run_live(cfg, scs, sessions, sink, "running", run_id, frozenset(ext), workers)
-    except RunAborted as exc:  # the broker stayed away: keep and write what was measured, then exit 3
-        result, aborted = exc.result, exc
-    except KeyboardInterrupt:
-        err.print(f"interrupted: keeping {len(sink.records)} measured turns")
-    except Exception as exc:
-        failure = run_error(cfg, exc)
-        if failure is None:
-            raise
-        raise failure from None
+    except BaseException as exc:  # a signal, an outage, a failure: keep and write what was measured
+        result, ending = stopped_by(cfg, exc, len(sink.records))
     finally:
         sink.close()
-        if result and summary_json:  # the run's counters (the turn records stay one per line in --json)
-            summary_json.write_text(json.dumps(result.summary_json(), indent=2) + "\n", encoding="utf-8")
+    expected = sum(len(s.turns) for s in scs) * sessions
+    # what the outputs describe: the run's result, or (stopped before it had one) the turns that arrived
+    held = result or RunResult(run=run_id or "", broker="", records=list(sink.records), expected_turns=expected)
+    if result is None and ending is not None:  # stopped before the run had a result
+        held.signalled = ending.signum
+        held.ended = None if ending.signum is not None else ending.why or "a failure of the run"
+    if summary_json:  # the run's counters (the turn records stay one per line in --json)
+        summary_json.write_text(json.dumps(held.summary_json(), indent=2) + "\n", encoding="utf-8")
     if result:
         for w in result.warnings:
             err.print(f"[bold yellow]warning:[/] {w}", soft_wrap=True)
@@ -212,13 +215,6 @@ def run(
     name = config.stem if config else "default config"  # the report names a run by its configuration
     write_outputs(
         {name: sink.records}, {name: config_dict(cfg)}, report, csv, otel, cfg.budget_ms, otlp_endpoint,
-        lambda: {name: fix},
+        lambda: {name: fix}, {name: held.incidents()},
     )  # fmt: skip
-    if aborted is not None:
-        err.print(
-            f"[bold red]error:[/] {rich_escape(str(aborted))}: run ended after {len(sink.records)} measured turns",
-            highlight=False,
-            soft_wrap=True,
-        )
-        raise typer.Exit(3)
-    gate_exit(reqs, sink.records)
+    finish(ending, reqs, sink.records, [held.accounting()])

@@ -14,8 +14,10 @@ from typing import Any
 import yaml
 
 from voicepipe.compare import display_names, fmt_usd
-from voicepipe.records import BreakdownPart, Summary, TurnRecord, percentile, summarise
+from voicepipe.incidents import Incidents
+from voicepipe.records import BreakdownPart, Summary, TurnRecord, percentile, summarise, unmeasured
 from voicepipe.report.advice import Advice, largest_part
+from voicepipe.report.incidents import incidents_section
 from voicepipe.report.svg import (
     Bar,
     LegendItem,
@@ -140,7 +142,7 @@ def _findings(names: Sequence[str], sums: Sequence[Summary], budget_ms: float) -
     for name, s in zip(names, sums, strict=True):
         cls = "good" if s.within_budget >= 0.9 else "bad" if s.within_budget < 0.5 else ""
         timeouts = s.turns - s.answered
-        extra = f", {timeouts} timed out" if timeouts else ""
+        extra = f", {timeouts} not answered (timed out, failed or lost)" if timeouts else ""
         out.append(
             f'<div class="finding {cls}"><b>{esc(name)}</b>: {_pct(s.within_budget)} of {s.turns} turns '
             f"answered within the {fmt_num(budget_ms)} ms budget (median {esc(_ms(s.p50_ms))}, "
@@ -259,7 +261,7 @@ def _turn_bar(r: TurnRecord, budget_ms: float, suffix: str = "") -> Bar:
         for p in r.breakdown
     ]
     if r.measured_ms is None:
-        note, colour = "timeout — no reply", "#b00020"
+        note, colour = f"{unmeasured(r)} — no reply", "#b00020"
     else:
         over = r.measured_ms > budget_ms
         note = f"{r.measured_ms:.0f} ms{' ✗' if over else ''}"
@@ -468,7 +470,7 @@ def _missed(
             f'<span class="nowrap">{esc(r.session)}</span>',
             str(r.turn),
             f'<span class="said" title="{esc(r.user_text)}">{esc(said)}</span>',
-            '<span class="miss">timeout</span>' if r.measured_ms is None else esc(_ms(r.measured_ms)),
+            f'<span class="miss">{esc(unmeasured(r))}</span>' if r.measured_ms is None else esc(_ms(r.measured_ms)),
             "—" if r.measured_ms is None else esc(_ms(r.measured_ms - budget_ms)),
             "—"
             if big is None
@@ -600,10 +602,12 @@ def render_html(
     title: str = "voicepipe report",
     budget_ms: float = 800.0,
     fixes: Mapping[str, Advice | None] | None = None,
+    incidents: Mapping[str, Incidents] | None = None,
     predicted: bool = False,
 ) -> str:
     """Render one self-contained HTML page; ``runs`` maps configuration label → its turn records;
-    ``fixes`` (label → :func:`voicepipe.report.advice.advice`) adds predicted fixes to the misses panel.
+    ``fixes`` (label → :func:`voicepipe.report.advice.advice`) adds predicted fixes to the misses panel;
+    ``incidents`` (label → its run's outages, stage deaths, early end) adds an Incidents section.
     ``predicted``: the records are predictions on virtual time (``compare --predict``), nothing was run
     live: the page says so, and has no measured-vs-predicted panel (there is no measurement)."""
     labels = list(runs)
@@ -628,6 +632,7 @@ def render_html(
         _findings(names, sums, budget_ms),
         "</header>",
         _summary(names, recs, sums, budget_ms),
+        incidents_section(names, labels, runs, incidents or {}),
         _fixes(names, labels, recs, fixes or {}, budget_ms),
         _waterfall(names, recs, stages, budget_ms),
         _cdf(names, recs, sums, budget_ms),

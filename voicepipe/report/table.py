@@ -10,7 +10,7 @@ from rich.text import Text
 
 from voicepipe.compare import Row as CompareRow
 from voicepipe.compare import fmt_usd
-from voicepipe.records import TurnRecord, summarise
+from voicepipe.records import TurnRecord, summarise, unmeasured
 from voicepipe.report.svg import stage_sort_key
 from voicepipe.report.term import Cell, Col, Parts, print_fitted
 
@@ -72,13 +72,13 @@ def print_turns(
     for label, recs in by_label.items():
         rows = []
         for r in recs:
-            meas: Cell = Text("timeout", style="red") if r.measured_ms is None else _ms(r.measured_ms)
+            meas: Cell = Text(unmeasured(r), style="red") if r.measured_ms is None else _ms(r.measured_ms)
             row: list[Cell] = [r.session, str(r.turn), r.user_text, meas]
             row += [_ms(r.predicted_ms), _ms(r.tax_ms), _ok(r.measured_ms, budget_ms)]
             if show_path:
                 path = r.path + ("!" if r.premature_endpoint else "") + ("✗" if r.false_hit else "")
                 row += [path, str(r.wasted_tokens), "–" if r.quality is None else f"{r.quality:.2f}"]
-            row.append(largest_parts(r, 2))
+            row.append(r.error if r.error and not r.breakdown else largest_parts(r, 2))  # failed: why
             rows.append(row)
         title = f"Turns{f' — {label}' if label else ''} (budget {budget_ms:.0f} ms)"
         c, rw, t = _one_session(cols, rows, recs, title)

@@ -340,7 +340,8 @@ async def cancel_and_wait(*tasks: asyncio.Future[Any], what: str = "task") -> li
         if t.cancelled():
             continue
         exc = t.exception()
-        if exc is not None:
+        # a cancelled gather is not cancelled() itself: it ends with its children's CancelledError
+        if exc is not None and not isinstance(exc, asyncio.CancelledError):
             name = t.get_name() if isinstance(t, asyncio.Task) else what
             log.error("task had failed when it was stopped", task=name, error=repr(exc))
             failed.append((name, exc))

@@ -21,7 +21,7 @@ message only when all of these hold, in this order:
    broker can race the bridge to the other) or for a message a restarted broker lost and voicepipe
    re-sends (an attacker who captured it can publish a changed copy first). Known limit; a MAC over the
    body bytes would close it. The one exception: the in-process bus of a virtual run (``predict``,
-   ``capacity``; :attr:`voicepipe.bus.Bus.trusted`) carries no MACs, since nothing outside the run's own
+   ``capacity``; :attr:`voicepipe.bus.base.Bus.trusted`) carries no MACs, since nothing outside the run's own
    stages can reach it; checks 2-6 still apply there.
 2. **the right sender**: each channel has owners (``user.utterance`` only from the client, ``tts.audio`` only from
    the TTS or the cache...), and each cancel reason its own (only the ASR withdraws a segment).
@@ -203,7 +203,7 @@ class Guard:
         self.sessions: dict[str, SessionState] = {}
         self.ended: set[str] = set()
         self.counters = Counters()
-        # a replica that takes over the sessions of a dead peer (voicepipe.partition) first sees them
+        # a replica that takes over the sessions of a dead peer (voicepipe.bus.partition) first sees them
         # mid-stream: it adopts each session and each sender's sequence where it finds them
         self.adopt = False
         self._kinds: dict[str, str] = {}  # sender instance -> its stage kind (kind/replica)
@@ -350,7 +350,7 @@ _utterance_verdicts: dict[int, tuple[UserUtterance, str]] = {}
 
 def out_of_range(env: Envelope, trusted: bool = False) -> str:
     """What in ``env`` no real turn could produce ("" when nothing). ``trusted``: the message came over a
-    trusted bus (:attr:`voicepipe.bus.Bus.trusted`), where an utterance's verdict is kept per payload object."""
+    trusted bus (:attr:`voicepipe.bus.base.Bus.trusted`), where an utterance's verdict is kept per payload object."""
     d = env.__dict__
     turn, spans = d["turn"], d["spans"]
     if turn < -1 or (turn == -1) != (d["type"] == "session.end"):

@@ -21,7 +21,7 @@ stateless but every message larger. The price of HRW on plain subscriptions is f
 receives each of its messages once per replica and drops the ones it does not own (``bench/scale.py`` shows
 what that costs).
 
-:class:`Membership` is the live replica set (planned at start, shrunk when :mod:`voicepipe.liveness` reports
+:class:`Membership` is the live replica set (planned at start, shrunk when :mod:`voicepipe.bus.liveness` reports
 a death; a dead replica never comes back within a run). :class:`PartitionedBus` wraps a stage's bus and
 yields only the messages of sessions its replica owns (plus ``session.end``, which every replica obeys).
 """
@@ -31,7 +31,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import AsyncIterator, Iterable, Sequence
 
-from voicepipe.bus import Bus
+from voicepipe.bus.base import Bus
 from voicepipe.messages import Envelope
 
 REPLICATED = ("asr", "router", "tts")  # per-session state only: safe to split by session
@@ -115,7 +115,7 @@ class PartitionedBus(Bus):
         self.served: set[str] = set()  # sessions this replica acted on
         self.skipped = 0  # messages of sessions another replica owns
         if hasattr(inner, "accept"):  # the MQTT bus drops them by topic, before parsing their bodies
-            inner.accept = self._accept  # type: ignore[attr-defined]
+            inner.accept = self._accept
 
     def _accept(self, session: str, channel: str) -> bool:
         if channel == "session/end" or self.members.owner(self.kind, session) == self.replica:

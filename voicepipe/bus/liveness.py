@@ -32,12 +32,15 @@ from dataclasses import dataclass, field
 
 import paho.mqtt.client as mqtt
 import structlog
+from paho.mqtt.enums import CallbackAPIVersion
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from voicepipe.bus import BrokerAddress, MqttLink
+from voicepipe.bus.base import stop_task
+from voicepipe.bus.mqtt.address import BrokerAddress
+from voicepipe.bus.mqtt.link import MqttLink
 from voicepipe.messages import BadMessage, split_topic, topic
 
-log = structlog.get_logger("voicepipe.liveness")
+log = structlog.get_logger("voicepipe.bus.liveness")
 
 HEARTBEAT_S = 0.5  # a beat every half second ...
 DEAD_AFTER_S = 1.5  # ... and three missed beats mean dead: detection (plus a 0.1 s check) stays under 2 s
@@ -86,7 +89,7 @@ class Presence:
         self.addr = addr
         self.topic = alive_topic(run, process)
         self.hb_topic = heartbeat_topic(run, process)
-        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"vp-{run}-{process}-alive")
+        self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"vp-{run}-{process}-alive")
         self.client.will_set(self.topic, payload=b"", qos=1, retain=True)
         if addr.username:
             self.client.username_pw_set(addr.username, addr.password)
@@ -187,15 +190,14 @@ class Watch:
         await self.client.__aenter__()
         await self.client.subscribe(alive_topic(self.run, "+"), qos=1)
         await self.client.subscribe(heartbeat_topic(self.run, "+"), qos=0)
-        self._tasks = [asyncio.create_task(self._read()), asyncio.create_task(self._check())]
+        self._tasks = [asyncio.create_task(self._read(), name="read"), asyncio.create_task(self._check(), name="check")]
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+            await stop_task(t, f"liveness-watch-{t.get_name()}")
         with contextlib.suppress(Exception):
             await self.client.__aexit__(None, None, None)
 
@@ -271,7 +273,7 @@ class Watch:
         peers = [p for p in self.peers.values() if p.beat is not None and p.first is not None]
         beats = [p.beat for p in peers if p.beat is not None]
         return Beat(
-            cpu_s=sum(p.beat.cpu_s - p.first.cpu_s for p in peers),  # type: ignore[union-attr]
+            cpu_s=sum(b.cpu_s - f.cpu_s for p in peers if (b := p.beat) is not None and (f := p.first) is not None),
             published=sum(b.published for b in beats),
             received=sum(b.received for b in beats),
             skipped=sum(b.skipped for b in beats),
@@ -323,10 +325,7 @@ class Progress:
         if self.link is not None:
             await self.link.exit()
             return
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+        await stop_task(self._task, "liveness-progress")
         with contextlib.suppress(Exception):
             await self.client.__aexit__(None, None, None)  # type: ignore[union-attr]
 

@@ -59,8 +59,8 @@ class EmbeddedBroker:
             "listeners": {"default": {"type": "tcp", "bind": f"127.0.0.1:{self.port}", "max_connections": 0}},
             "plugins": {"amqtt.plugins.authentication.AnonymousAuthPlugin": {"allow_anonymous": True}},
         }
-        self._broker = Broker(cfg)
-        await self._broker.start()
+        self._broker = broker = Broker(cfg)
+        await broker.start()
 
     async def stop(self) -> None:
         if self._broker is not None:

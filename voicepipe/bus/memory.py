@@ -7,7 +7,7 @@ subscriber (the publisher too) gets every message exactly once, in publish order
 envelope object itself is passed — no JSON round trip (the payloads were validated when they were built).
 A broker made for one virtual run (``trusted=True``, as :func:`voicepipe.runner.simulate` makes it) is
 reachable by nothing but that run's own stages, so messages on it are neither signed nor authenticated
-(:attr:`voicepipe.bus.Bus.trusted`; the guard's other checks stay). Unlike a broker, it knows who listens: :meth:`MemoryBus.wanted` tells a stage that a message on a channel no
+(:attr:`voicepipe.bus.base.Bus.trusted`; the guard's other checks stay). Unlike a broker, it knows who listens: :meth:`MemoryBus.wanted` tells a stage that a message on a channel no
 one subscribes to (and no tap watches) would reach nobody, so it need not be built at all.
 
 A stage's receive loop (:meth:`MemoryBus.serve`) has no queue and no task per message: a delivery puts the
@@ -29,7 +29,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator
 from typing import Any
 
-from voicepipe.bus import Bus
+from voicepipe.bus.base import Bus
 from voicepipe.clock import now_ns
 from voicepipe.messages import Envelope, channel_of
 
@@ -81,7 +81,8 @@ class MemoryBus(Bus):
         self.inbox: asyncio.Queue[tuple[str, Envelope]] = asyncio.Queue()
         self.channels: set[str] = set()
         self.in_flight: deque[tuple[int, tuple[str, Envelope]]] = deque()
-        self.receive: Callable[[Envelope], Awaitable[None]] | None = None  # set by serve()
+        # set by serve(): a stage's receive is an ``async def``, its coroutine is stepped here directly
+        self.receive: Callable[[Envelope], Coroutine[Any, Any, None]] | None = None
         self.backlog: deque[Envelope] = deque()
         self.draining = False  # a drain is scheduled or running
         self.busy: asyncio.Task[None] | None = None  # a receive that had to wait, continuing as a task
@@ -107,7 +108,7 @@ class MemoryBus(Bus):
                     waits_on = coro.send(None)
                 except StopIteration:
                     continue
-                self.busy = self.loop.create_task(_finish(coro, waits_on))  # type: ignore[union-attr,arg-type]
+                self.busy = self.loop.create_task(_finish(coro, waits_on))  # type: ignore[union-attr]
                 self.busy.add_done_callback(self._resumed)
         except BaseException as exc:  # receive itself failed (not a handler): the stage's loop ends with it
             if self.served is not None and not self.served.done():
@@ -170,7 +171,7 @@ class MemoryBus(Bus):
 
     async def serve(self, receive: Callable[[Envelope], Awaitable[None]]) -> None:
         self.loop = asyncio.get_running_loop()
-        self.receive = receive
+        self.receive = receive  # type: ignore[assignment]  # an async def (see __init__)
         while not self.inbox.empty():  # delivered before serve() began
             self.backlog.append(self.inbox.get_nowait()[1])
         self.served = asyncio.get_running_loop().create_future()

@@ -1,0 +1,56 @@
+"""Stopping the bus's background tasks (voicepipe.bus.base.stop_task): a task that had failed is reported,
+never swallowed; being cancelled is the normal end; the stopper's own cancellation still goes through."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import structlog
+
+from voicepipe.bus.base import stop_task
+
+
+async def test_a_task_that_had_failed_is_logged_as_a_warning_when_stopped():
+    async def broken() -> None:
+        raise ValueError("reader fell over")
+
+    task = asyncio.create_task(broken())
+    await asyncio.sleep(0)
+    with structlog.testing.capture_logs() as logs:
+        await stop_task(task, "bus-reader")
+    assert [(e["log_level"], e["task"]) for e in logs] == [("warning", "bus-reader")]
+    assert "ValueError: reader fell over" in logs[0]["error"]
+
+
+async def test_a_running_task_is_cancelled_quietly_and_an_expected_failure_at_debug():
+    with structlog.testing.capture_logs() as logs:
+        task = asyncio.create_task(asyncio.sleep(60))
+        await stop_task(task, "bus-watch")
+        assert task.cancelled()
+
+        async def outage() -> None:
+            raise TimeoutError("gone")
+
+        failed = asyncio.create_task(outage())
+        await asyncio.sleep(0)
+        await stop_task(failed, "bus-reconnect", quiet=(TimeoutError,))
+        await stop_task(None, "nothing")
+    # a cancelled task says nothing; the expected failure is at most a debug line (the level may be filtered)
+    assert [(e["log_level"], e["task"]) for e in logs] in ([], [("debug", "bus-reconnect")])
+
+
+async def test_the_stoppers_own_cancellation_is_not_swallowed():
+    async def stubborn() -> None:
+        try:
+            await asyncio.sleep(60)
+        finally:
+            await asyncio.sleep(0.2)  # takes a while to wind down
+
+    inner = asyncio.create_task(stubborn())
+    await asyncio.sleep(0)
+    outer = asyncio.create_task(stop_task(inner, "slow"))
+    await asyncio.sleep(0.05)
+    outer.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await outer

@@ -1,0 +1,177 @@
+"""Where the MQTT broker is and how to reach it: :class:`BrokerAddress` (``mqtt://`` / ``mqtts://`` URLs,
+credentials, TLS files), parsed and checked once at start so a bad URL or certificate is one line naming the
+field, never a traceback at connect time.
+
+Every client made here sets TCP_NODELAY (small QoS 1 messages otherwise wait on delayed ACKs). aiomqtt warns on
+every publish once more than 10 are in flight — normal with hundreds of sessions on one client: its logger
+(``voicepipe.mqtt``) keeps errors only.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import socket
+import ssl
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+import aiomqtt
+from paho.mqtt.client import MQTT_CLEAN_START_FIRST_ONLY
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from voicepipe.errors import UserError, redact_url
+from voicepipe.files import check_file
+from voicepipe.limits import MAX_PEM_BYTES
+
+NODELAY = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
+MQTT_LOG = logging.getLogger("voicepipe.mqtt")
+MQTT_LOG.setLevel(logging.ERROR)
+
+@dataclass(frozen=True)
+class BrokerAddress:
+    """Where a stage connects and how: ``mqtt://`` (plain TCP, port 1883) or ``mqtts://`` (TLS, port 8883).
+
+    TLS verifies the broker's certificate against ``ca_file`` (or the system CAs) and its host name;
+    ``insecure`` turns both checks off and is never implied. ``cert_file``/``key_file`` present a client
+    certificate. The password never appears in a repr or an error message.
+    """
+
+    host: str
+    port: int
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    tls: bool = False
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    insecure: bool = False
+
+    @classmethod
+    def parse(
+        cls,
+        url: str,
+        username: str | None = None,
+        password: str | None = None,
+        *,
+        ca_file: str | None = None,
+        cert_file: str | None = None,
+        key_file: str | None = None,
+        insecure: bool = False,
+    ) -> BrokerAddress:
+        shown = redact_url(url)
+        try:
+            u = urlparse(url if "://" in url else f"mqtt://{url}")
+            port = u.port
+        except ValueError:
+            raise UserError("broker.url", f"{shown!r}: bad port") from None
+        if u.scheme not in (*PLAIN, *TLS):
+            raise UserError(
+                "broker.url", f"{shown!r}: scheme must be mqtt:// or mqtts:// (got {u.scheme}://)"
+            )
+        if not u.hostname:
+            raise UserError("broker.url", f"{shown!r}: no host")
+        tls = u.scheme in TLS
+        given = {"ca_file": ca_file, "cert_file": cert_file, "key_file": key_file, "insecure": insecure}
+        if not tls and any(given.values()):
+            opt = next(k for k, v in given.items() if v)
+            raise UserError(f"broker.{opt}", f"TLS options need an mqtts:// broker URL (got {shown!r})")
+        addr = cls(
+            host=u.hostname,
+            port=port or (8883 if tls else 1883),
+            username=username or (unquote(u.username) if u.username else None),
+            password=password or (unquote(u.password) if u.password else None),
+            tls=tls,
+            ca_file=ca_file,
+            cert_file=cert_file,
+            key_file=key_file,
+            insecure=insecure,
+        )
+        addr.ssl_context()  # bad CA or certificate files: one line now, not at connect time
+        return addr
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The TLS context for ``mqtts://`` (None for plain ``mqtt://``); bad files raise UserError."""
+        if not self.tls:
+            return None
+        # the file guard: no FIFO or device reaches ssl (it would block)
+        for name in ("ca_file", "cert_file", "key_file"):
+            if getattr(self, name):
+                check_file(getattr(self, name), MAX_PEM_BYTES, field=f"broker.{name}")
+        try:
+            ctx = ssl.create_default_context(cafile=self.ca_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise UserError(
+                "broker.ca_file", f"{self.ca_file}: not a readable PEM CA file ({_why(exc)})"
+            ) from None
+        if self.insecure:
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        if self.cert_file or self.key_file:
+            if not self.cert_file:
+                raise UserError("broker.key_file", "a client key needs its certificate (cert_file)")
+            try:
+                ctx.load_cert_chain(self.cert_file, self.key_file, password=_no_key_password)
+            except _EncryptedKey:
+                raise UserError(
+                    "broker.key_file", "the key is encrypted; give an unencrypted key file"
+                ) from None
+            except (OSError, ssl.SSLError) as exc:
+                raise UserError(
+                    "broker.cert_file",
+                    f"{self.cert_file}: not a usable PEM certificate and unencrypted key ({_why(exc)})",
+                ) from None
+        return ctx
+
+    def client(
+        self,
+        identifier: str | None = None,
+        *,
+        factory: type[aiomqtt.Client] = aiomqtt.Client,
+        persistent: bool = False,
+        protocol: str = "3.1.1",
+        session_expiry_s: float | None = None,
+        **kw: Any,
+    ) -> aiomqtt.Client:
+        """A ``factory`` client (aiomqtt's, or a subclass) for this address: TCP_NODELAY, TLS as configured.
+        ``persistent``: a session the broker keeps across a reconnect; ``protocol`` "5" speaks MQTT 5 (clean
+        start on the first connect only, session expiry ``session_expiry_s`` when persistent)."""
+        if protocol == "5":
+            props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+            props.SessionExpiryInterval = math.ceil(session_expiry_s or 0) + 5 if persistent else 0
+            kw.update(
+                protocol=aiomqtt.ProtocolVersion.V5, clean_start=MQTT_CLEAN_START_FIRST_ONLY, properties=props
+            )
+        elif persistent:
+            kw["clean_session"] = False
+        return factory(
+            self.host,
+            self.port,
+            username=self.username,
+            password=self.password,
+            identifier=identifier,
+            socket_options=NODELAY,
+            keepalive=30,
+            logger=MQTT_LOG,
+            tls_context=self.ssl_context(),
+            **kw,
+        )
+
+
+PLAIN = ("mqtt", "tcp")
+TLS = ("mqtts", "ssl")
+
+
+class _EncryptedKey(Exception):
+    pass
+
+
+def _no_key_password() -> str:
+    # without a callback OpenSSL would prompt on the terminal for an encrypted key's passphrase
+    raise _EncryptedKey
+
+
+def _why(exc: BaseException) -> str:
+    return str(getattr(exc, "strerror", None) or getattr(exc, "reason", None) or exc).splitlines()[0]
