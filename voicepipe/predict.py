@@ -44,6 +44,8 @@ class TurnPrediction:
     wasted_tokens: int = 0
     # the metric columns users know (ttft_ms, tpot_ms, ...), from the turn's modelled spans
     metrics: dict[str, float | None] = field(default_factory=dict)
+    # the virtual run's own record (spans on the virtual clock, reply, tokens), for exports: export_record
+    virtual: TurnRecord | None = field(default=None, repr=False, compare=False)
 
     @property
     def within_budget(self) -> bool:
@@ -57,7 +59,7 @@ class TurnPrediction:
             scenario=r.scenario, session=r.session, turn=r.turn, user_text=r.user_text, path=r.path,
             route=r.route, backend=r.backend, predicted_ms=r.predicted_ms, budget_ms=r.budget_ms,
             breakdown=r.breakdown, cost_usd=r.cost_usd, quality=r.quality, premature_endpoint=r.premature_endpoint,
-            exact=exact, wasted_tokens=r.wasted_tokens, metrics={k: getattr(r, k) for k in METRICS},
+            exact=exact, wasted_tokens=r.wasted_tokens, metrics={k: getattr(r, k) for k in METRICS}, virtual=r,
         )  # fmt: skip
 
     def as_record(self, label: str = "") -> TurnRecord:
@@ -70,6 +72,18 @@ class TurnPrediction:
             breakdown=self.breakdown, path=self.path, route=self.route, cost_usd=self.cost_usd, quality=self.quality,
             premature_endpoint=self.premature_endpoint, wasted_tokens=self.wasted_tokens, **self.metrics,
         )  # fmt: skip
+
+    def export_record(self, label: str = "", clock_offset_ns: int = 0) -> TurnRecord:
+        """:meth:`as_record` with the virtual run's spans, reply and token counts, for the exports (CSV, HTML,
+        OTel traces): ``run`` is ``predict``, every span is the modelled one on the virtual clock, and
+        ``clock_offset_ns`` places that clock's zero on the wall clock (traces need epoch times)."""
+        rec = self.as_record(label)
+        if self.virtual is None:
+            return rec
+        v = self.virtual
+        keep = ("transcript", "reply_text", "spans", "end_of_speech_ns", "first_audio_ns", "input_tokens",
+                "output_tokens", "false_hit", "barge_in_stop_ms", "status", "error")  # fmt: skip
+        return rec.model_copy(update={**{k: getattr(v, k) for k in keep}, "clock_offset_ns": clock_offset_ns})
 
     def to_json(self) -> dict:
         return {

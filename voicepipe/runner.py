@@ -52,6 +52,7 @@ from voicepipe.exitcodes import signal_name
 from voicepipe.incidents import Incidents, spans_ms
 from voicepipe.measure import LAG_TRUST_P99_MS, LagProbe, LoopLag
 from voicepipe.messages import Cancel, CancelReason, Envelope
+from voicepipe.modelled import on_virtual_time
 from voicepipe.records import Accounting, TurnRecord, account
 from voicepipe.scenario import Scenario, session_id
 from voicepipe.stages.agent import Agent
@@ -720,7 +721,9 @@ async def simulate_async(
     tap: Callable[[str, Envelope], None] | None = None,
 ) -> RunResult:
     """The live stages on the in-memory bus (call on a :class:`~voicepipe.clock.VirtualLoop`). ``slots``
-    replaces the live default (each session once, spread as configured); ``tap`` sees every message."""
+    replaces the live default (each session once, spread as configured); ``tap`` sees every message.
+    A real endpoint runs as its calibrated profile, or is refused (:func:`voicepipe.modelled.on_virtual_time`)."""
+    cfg = on_virtual_time(cfg)
     ctx = RunContext(run=run_id, cfg=cfg)
     broker = MemoryBroker(ctx.run, hop_ns, tap=tap, trusted=True)  # in this process only: no MACs
     result = RunResult(run=ctx.run, broker=f"in-memory ({hop_ns / 1e6:g} ms hops, virtual time)")

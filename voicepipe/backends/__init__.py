@@ -84,6 +84,11 @@ def validate_spec(spec: str | dict[str, Any]) -> None:
     build_backend(spec)
 
 
+def is_endpoint_spec(spec: object) -> bool:
+    """Does ``spec`` name a real OpenAI-compatible endpoint (``openai:URL#model`` or ``{endpoint: ...}``)?"""
+    return (isinstance(spec, str) and spec.startswith("openai:")) or (isinstance(spec, dict) and "endpoint" in spec)
+
+
 def _endpoint(spec: str | dict[str, Any]) -> Backend:
     try:
         mapping = parse_shorthand(spec) if isinstance(spec, str) else spec
@@ -109,9 +114,7 @@ def _profile(spec: str | dict[str, Any]) -> Backend:
 def build_backend(spec: str | dict[str, Any]) -> Backend:
     if isinstance(spec, str) and spec in profiles():
         return make_empirical(spec, _quality_of)
-    if (isinstance(spec, str) and spec.startswith("openai:")) or (
-        isinstance(spec, dict) and "endpoint" in spec
-    ):
+    if is_endpoint_spec(spec):
         return _endpoint(spec)
     if looks_like_profile(spec):
         return _profile(spec)

@@ -17,6 +17,7 @@ every command: ``--json FILE`` writes JSON lines to a file, ``--format json`` wr
 
 from __future__ import annotations
 
+import logging
 import sys
 from enum import StrEnum
 from typing import Annotated
@@ -29,12 +30,14 @@ from voicepipe.cli.common import err, out
 from voicepipe.clock.gc import tune_for_runs
 from voicepipe.errors import UserError
 from voicepipe.exitcodes import ExitCode
+from voicepipe.safeprint import printable
 
 app = typer.Typer(
     add_completion=True,
     no_args_is_help=True,
     help="Does a voice pipeline answer inside the human turn budget (~800 ms), and what would change it?",
     pretty_exceptions_enable=False,
+    pretty_exceptions_show_locals=False,
 )
 
 
@@ -108,9 +111,19 @@ app.command("capacity")(capacity.capacity)
 _ClickError: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
 
 
+def internal_error_line(exc: BaseException) -> str:
+    """The one line an uncaught exception prints: its type and message on one line (`-vv` also logs the
+    traceback, without local variables)."""
+    return printable(
+        f"error: internal error ({type(exc).__name__}: {exc}); please report it (`-vv` logs the traceback)",
+        newlines=False,
+    )
+
+
 def main() -> None:
     """The console entry point. Click's own errors (an unknown command or option, a bad option value)
-    print as one line naming the option, with where to look, and exit 2, like every other bad input.
+    print as one line naming the option, with where to look, and exit 2, like every other bad input; any
+    other uncaught exception is one line and exit 5, ``ExitCode.INTERNAL_ERROR`` (:func:`internal_error_line`).
     The command line is a program of its own, so it opts in to the runs' GC tuning (a library caller keeps
     its process's settings: :mod:`voicepipe.clock.gc`)."""
     tune_for_runs()
@@ -131,7 +144,11 @@ def main() -> None:
     except KeyboardInterrupt:  # Ctrl-C where no command catches it (a live run keeps what it measured)
         err.print("interrupted")
         sys.exit(ExitCode.INTERRUPTED)
-    except UserError as exc:  # pragma: no cover - commands catch their own
-        err.print(f"error: {exc}")
+    except UserError as exc:  # a library path that raised it past its command's user_errors()
+        err.print(f"error: {exc}", highlight=False, markup=False, soft_wrap=True)
         sys.exit(ExitCode.USAGE)
+    except Exception as exc:  # a bug: one line (never a traceback, whose frames could hold secrets)
+        logging.getLogger("voicepipe.cli").debug("uncaught exception", exc_info=True)
+        err.print(internal_error_line(exc), highlight=False, markup=False, soft_wrap=True)
+        sys.exit(ExitCode.INTERNAL_ERROR)
     sys.exit(rc if isinstance(rc, int) else 0)

@@ -31,7 +31,12 @@ from voicepipe.cli.common import err, out
 from voicepipe.errors import UserError
 from voicepipe.exitcodes import ExitCode
 
-profile_app = typer.Typer(help="User profiles: import a `vllm bench serve` result.", no_args_is_help=True)
+profile_app = typer.Typer(
+    help="User profiles: import a `vllm bench serve` result.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    pretty_exceptions_show_locals=False,
+)
 
 
 def _ints(raw: str, where: str) -> tuple[int, ...]:

@@ -18,7 +18,15 @@ import typer
 from rich.text import Text
 
 from voicepipe.capacity import Level, LevelJob, Limit, conversation_s, level_batch, limit, parse_loads
-from voicepipe.cli.common import check_variants_speech, fail, load_scenarios, out, progress_bar, user_errors
+from voicepipe.cli.common import (
+    check_variants_speech,
+    fail,
+    load_scenarios,
+    out,
+    progress_bar,
+    user_errors,
+    virtual_variants,
+)
 from voicepipe.cli.options import ConfigsOpt, ScenariosArg, SetOpt, VaryOpt, WideOpt
 from voicepipe.compare import display_names, plan_variants
 from voicepipe.config import load_config
@@ -278,6 +286,7 @@ def capacity(
         else:  # one configuration is enough here
             one = load_config(config[0] if config else None, set_ or [])
             variants = [(config[0].stem if config else one.backend_label(), one)]
+        variants = virtual_variants(variants, str(config[0]) if config else "")
         scs = load_scenarios(scenario)
         check_variants_speech(variants, scs)
         ex = executor_for(executor, jobs)

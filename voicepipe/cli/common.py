@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Iterator, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from aiomqtt import MqttError
@@ -23,10 +25,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from voicepipe import gate
 from voicepipe.bus import BrokerOutage
 from voicepipe.bus.mqtt import RunTopicsUnreachable
-from voicepipe.config import PipelineConfig, check_speech
+from voicepipe.config import PipelineConfig, check_speech, config_dict
 from voicepipe.errors import UserError, redact_url
 from voicepipe.exitcodes import ExitCode
 from voicepipe.incidents import Incidents
+from voicepipe.modelled import on_virtual_time
 from voicepipe.records import TurnRecord, unmeasured
 from voicepipe.report.export import push_otlp, write_csv, write_otel
 from voicepipe.report.html import render_html
@@ -34,6 +37,9 @@ from voicepipe.report.term import SafeConsole
 from voicepipe.runner import STAGES, StagesMissing
 from voicepipe.safeprint import printable
 from voicepipe.scenario import Scenario, load_scenario
+
+if TYPE_CHECKING:
+    from voicepipe.predict import TurnPrediction
 
 out = SafeConsole()  # control characters in printed text are escaped (voicepipe.safeprint)
 err = SafeConsole(stderr=True)
@@ -63,6 +69,15 @@ def check_variants_speech(variants: list[tuple[str, PipelineConfig]], scs: list[
             if len(variants) == 1:
                 raise
             raise UserError(f"configuration {label!r}", str(exc)) from None
+
+
+def virtual_variants(
+    variants: list[tuple[str, PipelineConfig]], source: str = ""
+) -> list[tuple[str, PipelineConfig]]:
+    """The configurations as virtual time runs them (:func:`voicepipe.modelled.on_virtual_time`): an endpoint
+    becomes its calibrated profile, one without a profile is a UserError (naming the configuration when there
+    are several, else ``source``). Called before any work starts, so the refusal is the only line."""
+    return [(label, on_virtual_time(cfg, label if len(variants) > 1 else source)) for label, cfg in variants]
 
 
 def load_scenarios(names: list[str]) -> list[Scenario]:
@@ -182,13 +197,16 @@ def write_outputs(
     otlp_endpoint: str | None = None,
     fixes: Callable[[], dict[str, Any]] | None = None,
     incidents: Mapping[str, Incidents] | None = None,
+    predicted: bool = False,
 ) -> None:
     """Write the requested exports; ``fixes`` (only called for a report) gives label → advice;
-    ``incidents`` (label → outages, stage deaths, early end) go in the report's Incidents section."""
+    ``incidents`` (label → outages, stage deaths, early end) go in the report's Incidents section;
+    ``predicted``: the records are predictions (the report says so)."""
     records = [r for rs in runs.values() for r in rs]
     if report:
         html = render_html(
-            runs, configs, budget_ms=budget_ms, fixes=fixes() if fixes else None, incidents=incidents
+            runs, configs, budget_ms=budget_ms, fixes=fixes() if fixes else None, incidents=incidents,
+            predicted=predicted,
         )
         report.write_text(html, encoding="utf-8")
         err.print(f"report: {report}")
@@ -202,6 +220,46 @@ def write_outputs(
         with user_errors():
             n = push_otlp(records, otlp_endpoint)
         err.print(f"otlp: {n} spans pushed to {otlp_endpoint}", highlight=False)
+
+
+@dataclass(frozen=True)
+class Outputs:
+    """The export files a command was asked for (``--report``, ``--csv``, ``--otel``, ``--otlp-endpoint``)."""
+
+    report: Path | None = None
+    csv: Path | None = None
+    otel: Path | None = None
+    otlp_endpoint: str | None = None
+
+    def wanted(self) -> bool:
+        return any(v is not None for v in (self.report, self.csv, self.otel, self.otlp_endpoint))
+
+
+def predicted_exports(
+    variants: Sequence[tuple[str, PipelineConfig]],
+    each: Sequence[Sequence[TurnPrediction]],
+    outputs: Outputs | None,
+) -> None:
+    """The exports of a prediction (``compare --predict``), through :func:`write_outputs` like a live run's:
+    records whose latency is the prediction, with the virtual run's modelled spans (run ``predict``; trace
+    times are the virtual clock placed at the moment of export); the report says PREDICTED."""
+    if outputs is None or not outputs.wanted():
+        return
+    at = time.time_ns()
+    runs = {
+        label: [p.export_record(label, at) for p in preds]
+        for (label, _), preds in zip(variants, each, strict=True)
+    }
+    cfgs = dict(variants)
+    configs = {k: config_dict(cfgs[k]) for k in runs}
+    budget = variants[0][1].budget_ms if variants else 800.0
+    # the report's tables read a turn's latency from measured_ms (it is the prediction there, and the page
+    # says PREDICTED); the CSV and traces are rows for other tools: nothing in them claims a measurement
+    write_outputs(runs, configs, outputs.report, None, None, budget, predicted=True)
+    unmeasured = {
+        k: [r.model_copy(update={"measured_ms": None, "tax_ms": None}) for r in rs] for k, rs in runs.items()
+    }
+    write_outputs(unmeasured, configs, None, outputs.csv, outputs.otel, budget, outputs.otlp_endpoint)
 
 
 def gate_exit(reqs: list[gate.Requirement], records: list[TurnRecord]) -> None:

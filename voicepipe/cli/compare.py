@@ -16,15 +16,18 @@ from typing import Annotated
 import typer
 
 from voicepipe.cli.common import (
+    Outputs,
     RecordSink,
     check_variants_speech,
     err,
     fail,
     load_scenarios,
     out,
+    predicted_exports,
     progress_bar,
     progress_sink,
     user_errors,
+    virtual_variants,
     write_outputs,
 )
 from voicepipe.cli.ending import Ending, finish, stopped_by
@@ -64,13 +67,16 @@ def compare_predicted(
     fmt: OutputFormat,
     wide: bool,
     executor: str | None = None,
+    outputs: Outputs | None = None,
 ) -> None:
-    """`compare --predict`: one row per configuration from the stages on virtual time (no live run)."""
+    """`compare --predict`: one row per configuration from the stages on virtual time (no live run);
+    ``outputs`` are the --report/--csv/--otel/--otlp-endpoint files, written from the predictions."""
     from voicepipe.predict import predict_each  # lazy: start-up time
     from voicepipe.report.table import PREDICTED, print_compare  # lazy: start-up time
 
     runs: dict[str, list[TurnRecord]] = {}
     with user_errors():
+        variants = virtual_variants(variants)
         ex = executor_for(executor)
     try:  # the configurations in parallel (processes or a Ray cluster): same results as one by one
         each = predict_each([cfg for _, cfg in variants], scs, sessions, executor=ex)
@@ -85,6 +91,7 @@ def compare_predicted(
         for p in preds:
             sink.write_raw({**p.to_json(), "label": label})
     sink.close()
+    predicted_exports(variants, each, outputs)
     if fmt == OutputFormat.json:
         return
     rows = compare_rows(runs)
@@ -148,7 +155,8 @@ def compare(
     as_json = fmt == OutputFormat.json
     sink = RecordSink(json_out, stdout=as_json)
     if predict:
-        compare_predicted(variants, scs, sessions, sink, fmt, wide, executor)
+        outs = Outputs(report, csv, otel, otlp_endpoint)
+        compare_predicted(variants, scs, sessions, sink, fmt, wide, executor, outs)
         return
 
     per_run = sum(len(s.turns) for s in scs) * sessions

@@ -38,7 +38,9 @@ if TYPE_CHECKING:
     from voicepipe.hardware.validate import NearReport
 
 app = typer.Typer(
-    help="Hardware models: which device/model answers inside the turn budget.", no_args_is_help=True
+    help="Hardware models: which device/model answers inside the turn budget.", no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    pretty_exceptions_show_locals=False,
 )
 MODELLED = "MODELLED by voicepipe.hardware (analytic physics model; not measured)"
 

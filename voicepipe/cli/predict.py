@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from voicepipe import gate
-from voicepipe.cli.common import RecordSink, gate_exit, load_scenarios, out, user_errors
+from voicepipe.cli.common import RecordSink, gate_exit, load_scenarios, out, user_errors, virtual_variants
 from voicepipe.cli.options import (
     ConfigOpt,
     FormatOpt,
@@ -50,6 +50,7 @@ def predict(
 
     with user_errors():
         cfg = load_config(config, set_ or [])
+        cfg = virtual_variants([("", cfg)], str(config or ""))[0][1]
         scs = load_scenarios(scenario)
         check_speech(cfg, scs)
         reqs = gate.parse(require)

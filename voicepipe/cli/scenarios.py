@@ -18,6 +18,8 @@ from voicepipe.shipped import config_summaries
 app = typer.Typer(
     help="Scenarios: list the shipped ones (default), write a starter file (`new NAME`).",
     invoke_without_command=True,
+    pretty_exceptions_enable=False,
+    pretty_exceptions_show_locals=False,
 )
 
 

@@ -13,7 +13,12 @@ from voicepipe.config import PipelineConfig
 from voicepipe.messages import Envelope
 from voicepipe.scenario import Scenario
 
-app = typer.Typer(help="JSON Schemas of the files and messages voicepipe reads.", no_args_is_help=True)
+app = typer.Typer(
+    help="JSON Schemas of the files and messages voicepipe reads.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    pretty_exceptions_show_locals=False,
+)
 
 
 def print_schema(model: type[BaseModel]) -> None:
