@@ -11,6 +11,11 @@ time its modelled spans cover) and cost equal the prediction wherever the modell
 on when bus messages arrive. Where it does — a preemptive attempt overlapping the ASR, a speculative cache
 render started on a partial, sessions that queue on one shared device, a premature endpoint whose cancel
 lands mid-generation — live differs by the bus hops it paid (the measured tax), and ``exact`` is False.
+
+A prediction reports what a run reports: :meth:`TurnPrediction.to_json` writes every field ``run --json``
+writes for a turn (barge-in stop time, wasted tokens, false cache hits, ``talked_over_ms``...) except
+:data:`LIVE_ONLY`, plus :data:`PREDICT_ONLY`. A turn on which the agent talked over the user is a miss
+here as live (``within_budget`` False whatever ``predicted_ms``).
 """
 
 from __future__ import annotations

@@ -267,8 +267,8 @@ def _turn_bar(r: TurnRecord, budget_ms: float, suffix: str = "") -> Bar:
     if r.measured_ms is None:
         note, colour = "timeout — no reply", "#b00020"
     else:
-        over = r.measured_ms > budget_ms
-        note = f"{r.measured_ms:.0f} ms{' ✗' if over else ''}"
+        over = r.measured_ms > budget_ms or r.talked_over
+        note = f"{r.measured_ms:.0f} ms{' ✗' if over else ''}{' talked over the user' if r.talked_over else ''}"
         colour = "#b00020" if over else "#444"
     text = (r.user_text[:80] + "…") if len(r.user_text) > 80 else r.user_text
     tip = f"{r.scenario} / {r.session} turn {r.turn}: {text!r}"
