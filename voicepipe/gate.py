@@ -2,7 +2,9 @@
 
 A requirement is ``NAME OP NUMBER``: NAME one of :data:`METRICS` — ``p50``, ``p90``, ``p99`` (voice-to-voice
 ms over the answered turns), ``within`` (share of all turns inside the budget, 0–1; timeouts count as
-misses; ``within>=90%`` is refused with the 0–1 form to write), ``ok`` (share of turns that completed), ``tax_p50`` (ms of pipeline tax) — and OP one of ``<=``,
+misses; ``within>=90%`` is refused with the 0–1 form to write), ``ok`` (share of turns that completed), ``tax_p50`` (ms of pipeline tax),
+``talked_over`` (the number of turns on which the agent talked over the user: audio of a reply to part of
+the utterance was heard, see ``TurnRecord.talked_over_ms``; ``talked_over<=0`` asks that it never did) — and OP one of ``<=``,
 ``>=``, ``<``, ``>``. Several are given comma-separated or by repeating the option: ``--require
 'p90<=800,within>=0.9'``. The command prints and writes everything as usual, then names each requirement
 that was missed and exits 1 (a metric with no value, e.g. p90 with no answered turn, is a miss).
@@ -26,6 +28,7 @@ METRICS: dict[str, tuple[str, str]] = {
     "within": ("share of turns within the budget", ""),
     "ok": ("share of turns completed", ""),
     "tax_p50": ("pipeline tax p50", "ms"),
+    "talked_over": ("turns on which the agent talked over the user", "turns"),
 }
 OPS: dict[str, Callable[[float, float], bool]] = {
     "<=": operator.le,
@@ -84,6 +87,7 @@ def values(records: Iterable[TurnRecord]) -> dict[str, float | None]:
         "within": s.within_budget if recs else None,
         "ok": sum(r.status == "ok" for r in recs) / len(recs) if recs else None,
         "tax_p50": s.tax_p50_ms,
+        "talked_over": float(s.talked_over) if recs else None,
     }
 
 
@@ -91,7 +95,8 @@ def missed(reqs: list[Requirement], records: Iterable[TurnRecord]) -> list[str]:
     """One line per requirement the turns miss (empty when all are met)."""
     if not reqs:
         return []
-    got = values(records)
+    recs = list(records)
+    got = values(recs)
     lines = []
     for r in reqs:
         v = got[r.name]
@@ -99,6 +104,6 @@ def missed(reqs: list[Requirement], records: Iterable[TurnRecord]) -> list[str]:
             lines.append(f"requirement {r} not met: no value ({METRICS[r.name][0]} of no turn)")
         elif not OPS[r.op](v, r.value):
             unit = METRICS[r.name][1]
-            shown = f"{v:,.1f} {unit}" if unit else f"{v:.3g}"
+            shown = f"{v:g} of {len(recs)}" if r.name == "talked_over" else f"{v:,.1f} {unit}" if unit else f"{v:.3g}"
             lines.append(f"requirement {r} not met: {METRICS[r.name][0]} is {shown}")
     return lines

@@ -11,6 +11,11 @@ time its modelled spans cover) and cost equal the prediction wherever the modell
 on when bus messages arrive. Where it does — a preemptive attempt overlapping the ASR, a speculative cache
 render started on a partial, sessions that queue on one shared device, a premature endpoint whose cancel
 lands mid-generation — live differs by the bus hops it paid (the measured tax), and ``exact`` is False.
+
+A prediction reports what a run reports: :meth:`TurnPrediction.to_json` writes every field ``run --json``
+writes for a turn (barge-in stop time, wasted tokens, false cache hits, ``talked_over_ms``...) except
+:data:`LIVE_ONLY`, plus :data:`PREDICT_ONLY`. A turn on which the agent talked over the user is a miss
+here as live (``within_budget`` False whatever ``predicted_ms``).
 """
 
 from __future__ import annotations
@@ -23,6 +28,17 @@ from voicepipe.parallel import Executor, LocalExecutor, Report
 from voicepipe.records import METRICS, BreakdownPart, TurnRecord
 from voicepipe.runner import RunResult, simulate
 from voicepipe.scenario import Scenario
+
+# TurnRecord fields a live run writes that a prediction leaves out, because only a live run has them: the
+# measurement itself and the pipeline tax (``predicted_ms`` is the prediction's latency), the run id, the
+# absolute instants of the live clock (spans, end of speech, first audio, clock offset), the broker's
+# outages and a real endpoint's measured request metrics.
+LIVE_ONLY = frozenset({
+    "run", "measured_ms", "tax_ms", "spans", "end_of_speech_ns", "first_audio_ns", "clock_offset_ns",
+    "broker_outage_ms", "endpoint",
+})  # fmt: skip
+# what a prediction adds: whether live must equal it (``exact``), and that it is modelled
+PREDICT_ONLY = frozenset({"exact", "modelled"})
 
 
 @dataclass
@@ -46,10 +62,18 @@ class TurnPrediction:
     metrics: dict[str, float | None] = field(default_factory=dict)
     # the virtual run's own record (spans on the virtual clock, reply, tokens), for exports: export_record
     virtual: TurnRecord | None = field(default=None, repr=False, compare=False)
+    talked_over_ms: float | None = None  # see TurnRecord.talked_over_ms
+    # the virtual run's record (its spans dropped): every field a live record has, for to_json/as_record
+    record: TurnRecord | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def talked_over(self) -> bool:
+        return self.talked_over_ms is not None
 
     @property
     def within_budget(self) -> bool:
-        return self.predicted_ms <= self.budget_ms
+        """Inside the budget, and the agent did not talk over the user (a miss at any latency)."""
+        return self.predicted_ms <= self.budget_ms and not self.talked_over
 
     @classmethod
     def of(cls, r: TurnRecord, exact: bool) -> TurnPrediction:
@@ -60,17 +84,24 @@ class TurnPrediction:
             route=r.route, backend=r.backend, predicted_ms=r.predicted_ms, budget_ms=r.budget_ms,
             breakdown=r.breakdown, cost_usd=r.cost_usd, quality=r.quality, premature_endpoint=r.premature_endpoint,
             exact=exact, wasted_tokens=r.wasted_tokens, metrics={k: getattr(r, k) for k in METRICS}, virtual=r,
+            talked_over_ms=r.talked_over_ms, record=r.model_copy(update={"spans": []}),
         )  # fmt: skip
 
     def as_record(self, label: str = "") -> TurnRecord:
         """A turn record whose latency is the prediction (``measured_ms`` = ``predicted_ms``, tax 0), so the
         summaries and tables that read records can show predictions; never written as a measurement."""
+        mine = {
+            "run": "predict", "label": label, "measured_ms": self.predicted_ms, "predicted_ms": self.predicted_ms,
+            "tax_ms": 0.0, "within_budget": self.within_budget,
+        }  # fmt: skip
+        if self.record is not None:
+            return self.record.model_copy(update={**mine, "end_of_speech_ns": None, "first_audio_ns": None})
         return TurnRecord(
-            run="predict", label=label, scenario=self.scenario, session=self.session, turn=self.turn,
-            user_text=self.user_text, backend=self.backend, measured_ms=self.predicted_ms,
-            predicted_ms=self.predicted_ms, tax_ms=0.0, budget_ms=self.budget_ms, within_budget=self.within_budget,
+            scenario=self.scenario, session=self.session, turn=self.turn,
+            user_text=self.user_text, backend=self.backend, budget_ms=self.budget_ms,
             breakdown=self.breakdown, path=self.path, route=self.route, cost_usd=self.cost_usd, quality=self.quality,
-            premature_endpoint=self.premature_endpoint, wasted_tokens=self.wasted_tokens, **self.metrics,
+            premature_endpoint=self.premature_endpoint, wasted_tokens=self.wasted_tokens,
+            talked_over_ms=self.talked_over_ms, **mine, **self.metrics,
         )  # fmt: skip
 
     def export_record(self, label: str = "", clock_offset_ns: int = 0) -> TurnRecord:
@@ -86,13 +117,10 @@ class TurnPrediction:
         return rec.model_copy(update={**{k: getattr(v, k) for k in keep}, "clock_offset_ns": clock_offset_ns})
 
     def to_json(self) -> dict:
-        return {
-            "scenario": self.scenario, "session": self.session, "turn": self.turn, "user_text": self.user_text,
-            "predicted_ms": self.predicted_ms, "budget_ms": self.budget_ms, "within_budget": self.within_budget,
-            "breakdown": [p.model_dump() for p in self.breakdown], "backend": self.backend, "path": self.path,
-            "route": self.route, "cost_usd": self.cost_usd, "quality": self.quality,
-            "premature_endpoint": self.premature_endpoint, "exact": self.exact, "modelled": True, **self.metrics,
-        }  # fmt: skip
+        """The fields ``run --json`` writes for a turn, less :data:`LIVE_ONLY`, plus :data:`PREDICT_ONLY`."""
+        rec = self.as_record()
+        out = {k: v for k, v in rec.model_dump(mode="json").items() if k not in LIVE_ONLY}
+        return {**out, "within_budget": self.within_budget, "exact": self.exact, "modelled": True}
 
 
 def shares_devices(cfg: PipelineConfig, sessions: int) -> bool:

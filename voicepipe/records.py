@@ -73,6 +73,19 @@ class TurnRecord(BaseModel):
     premature_endpoint: bool = False
     false_hit: bool = False  # cache answered with something other than the scenario's reply
     barge_in_stop_ms: float | None = None
+    # The agent talked over the user (issue 26): audio of a reply to part of the utterance (a premature
+    # endpoint) reached the user's ear. Heard from each chunk's arrival plus the downlink until the ASR's
+    # withdrawal (cancel "user resumed", sent when it hears the user resume) reaches the client plus
+    # ``transport.stop_ms``, as a barge-in by the user stops it. ``talked_over_ms`` is how long that audio
+    # overlapped the user's own words (their media intervals on the client's clock: audio heard during the
+    # pause and still playing once the user resumes counts from the resumption). Any early audio heard at
+    # all makes the turn talked over, even with 0 ms of overlap (the agent answered mid-sentence): such a
+    # turn is a miss (``within_budget`` False) whatever its latency, which is still measured from the real
+    # end of speech. None = the agent said nothing before the user was done.
+    talked_over_ms: float | None = None
+    # audio (ms at the speaking rate) the TTS synthesised for withdrawn segments, heard or not: TTS work
+    # thrown away (the LLM tokens thrown away are in ``wasted_tokens``)
+    wasted_audio_ms: float = 0.0
     # the broker was unreachable or stalled this long within the turn (measured on the client's clock): the
     # turn's latency and tax include it; None when the broker was there throughout
     broker_outage_ms: float | None = None
@@ -102,6 +115,11 @@ class TurnRecord(BaseModel):
         return self
 
     endpoint: EndpointMetrics | None = None  # set when a real endpoint answered and the reply played out
+
+    @property
+    def talked_over(self) -> bool:
+        """Did the agent speak while the user still had words to say (see ``talked_over_ms``)?"""
+        return self.talked_over_ms is not None
 
     def stage_ms(self) -> dict[str, float]:
         out: dict[str, float] = {}
@@ -175,6 +193,11 @@ class Summary(BaseModel):
     mean_cost_usd: float
     mean_stage_ms: dict[str, float]
     mean_quality: float | None = None  # modelled; over turns whose quality is known
+    talked_over: int = 0  # turns on which the agent talked over the user (each a miss)
+
+    def talked_over_line(self) -> str:
+        """"talked over the user on 3 of 8 turns", or "" when it never did."""
+        return f"talked over the user on {self.talked_over} of {self.turns} turns" if self.talked_over else ""
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -205,6 +228,7 @@ def summarise(records: Iterable[TurnRecord]) -> Summary:
         mean_quality=(sum(qs) / len(qs))
         if (qs := [r.quality for r in recs if r.quality is not None])
         else None,
+        talked_over=sum(r.talked_over for r in recs),
     )
 
 

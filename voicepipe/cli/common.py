@@ -163,7 +163,7 @@ def turn_line(r: TurnRecord, done: int, total: int) -> str:
     from voicepipe.report.table import top_parts  # lazy: start-up time
 
     lat = unmeasured(r) if r.measured_ms is None else f"{r.measured_ms:,.0f} ms"
-    ok = "ok" if r.within_budget else "miss"
+    ok = "ok" if r.within_budget else "miss, talked over the user" if r.talked_over else "miss"
     who = f"{r.label}: " if r.label else ""
     why = r.error if r.error and not r.breakdown else top_parts(r, 1)  # a failed turn: its reason
     return printable(f"[{done}/{total}] {who}{r.session} #{r.turn} {lat} {ok} ({why})", False)

@@ -54,14 +54,21 @@ class Advice:
     now_p50_ms: float | None = None
     now_within: float | None = None
     command: str | None = None
+    talked_over: int = 0  # missed turns on which the agent talked over the user (then ``part`` is the ASR's)
 
     def text(self) -> str:
         """The finding and the predicted effect of the fix, as prose (the command is :attr:`command`)."""
         st, wh = self.part
-        head = (
-            f"next step: {self.missed}/{self.turns} turns missed {self.budget_ms:.0f} ms; the largest part of "
-            f"them is {st} {wh} ({self.part_ms:,.0f} ms of {self.total_ms:,.0f} ms on average)"
-        )
+        if self.talked_over:
+            head = (
+                f"next step: {self.missed}/{self.turns} turns missed; on {self.talked_over} of them the agent "
+                f"talked over the user (the endpoint came mid-sentence: {st} {wh} {self.part_ms:,.0f} ms)"
+            )
+        else:
+            head = (
+                f"next step: {self.missed}/{self.turns} turns missed {self.budget_ms:.0f} ms; the largest part "
+                f"of them is {st} {wh} ({self.part_ms:,.0f} ms of {self.total_ms:,.0f} ms on average)"
+            )
         if self.fix is None:
             return head + "; no shipped change to it predicts fewer misses."
         return (
@@ -117,9 +124,17 @@ def _backend_names() -> list[str]:
     return sorted(names)
 
 
-def candidates(stage: str, cfg: PipelineConfig) -> list[Candidate]:
-    """Concrete changes that act on ``stage`` (never the one already in place)."""
+def candidates(stage: str, cfg: PipelineConfig, talked_over: bool = False) -> list[Candidate]:
+    """Concrete changes that act on ``stage`` (never the one already in place); ``talked_over``: the misses
+    are premature endpoints, so the endpoint must wait longer, not less."""
     out: list[Candidate] = []
+    if talked_over:
+        if cfg.asr.endpointing != "smart":
+            out.append(Candidate("smart endpointing", None, ("asr.endpointing=smart",)))
+        longer = max(500.0, cfg.asr.silence_ms * 2)
+        out.append(Candidate(f"a longer silence wait ({longer:g} ms)", None,
+                             ("asr.endpointing=silence", f"asr.silence_ms={longer:g}")))  # fmt: skip
+        return out
     fast_lane = shipped_configs() / "fast-lane.yaml"
     if stage in ("agent", "council"):
         for name in _backend_names():
@@ -194,14 +209,21 @@ def advice(
     if found is None:
         return None
     part, part_ms, total = found
-    base = Advice(len(missed), len(records), cfg.budget_ms, part, part_ms, total, None)
+    talked = sum(r.talked_over for r in missed)
+    if talked * 2 >= len(missed):  # mostly premature endpoints: the endpointing is what to change
+        talked_recs = [r for r in missed if r.talked_over]
+        part = ("asr", "endpoint wait")
+        part_ms = sum(p.ms for r in talked_recs for p in r.breakdown if (p.stage, p.what) == part) / len(talked_recs)
+    else:
+        talked = 0
+    base = Advice(len(missed), len(records), cfg.budget_ms, part, part_ms, total, None, talked_over=talked)
     try:
         scs = [load_scenario(s) for s in scenarios]
         now = summarise(p.as_record() for p in predict(cfg, scs))
     except (UserError, ValueError):
         return base
     best: tuple[Candidate, float, float] | None = None
-    for c in candidates(part[0], cfg):
+    for c in candidates(part[0], cfg, talked_over=bool(talked)):
         try:
             alt = _alternative(cfg, c)
             check_speech(alt, scs)  # a candidate's own speaking rate can make a line too long to say
@@ -210,7 +232,9 @@ def advice(
             continue
         if s.p50_ms is None or now.p50_ms is None:
             continue
-        better = (s.within_budget, -s.p50_ms) > (now.within_budget, -now.p50_ms) and s.p50_ms < now.p50_ms
+        better = (s.within_budget, -s.p50_ms) > (now.within_budget, -now.p50_ms) and (
+            s.p50_ms < now.p50_ms or bool(talked)  # waiting longer to stop talking over the user costs latency
+        )
         if better and (best is None or (s.within_budget, -s.p50_ms) > (best[2], -best[1])):
             best = (c, s.p50_ms, s.within_budget)
     if best is None:
@@ -224,7 +248,7 @@ def advice(
         cmd += [f"--set=seed={cfg.seed}"] if cfg.seed != default.seed else []
     return Advice(
         base.missed, base.turns, base.budget_ms, part, part_ms, total, c, p50, within,
-        now.p50_ms, now.within_budget, shlex.join([*cmd, *_flags(c)]),
+        now.p50_ms, now.within_budget, shlex.join([*cmd, *_flags(c)]), talked,
     )  # fmt: skip
 
 

@@ -181,10 +181,16 @@ def _findings(names: Sequence[str], sums: Sequence[Summary], budget_ms: float) -
         cls = "good" if s.within_budget >= 0.9 else "bad" if s.within_budget < 0.5 else ""
         timeouts = s.turns - s.answered
         extra = f", {timeouts} not answered (timed out, failed or lost)" if timeouts else ""
+        over = (
+            f" The agent {esc(s.talked_over_line())}: a reply to part of the utterance was heard, so "
+            "those turns are misses whatever their latency."
+            if s.talked_over
+            else ""
+        )
         out.append(
             f'<div class="finding {cls}"><b>{esc(name)}</b>: {_pct(s.within_budget)} of {s.turns} turns '
             f"answered within the {fmt_num(budget_ms)} ms budget (median {esc(_ms(s.p50_ms))}, "
-            f"p90 {esc(_ms(s.p90_ms))}{esc(extra)}).</div>"
+            f"p90 {esc(_ms(s.p90_ms))}{esc(extra)}).{over}</div>"
         )
     return "".join(out)
 
@@ -302,8 +308,8 @@ def _turn_bar(r: TurnRecord, budget_ms: float, suffix: str = "") -> Bar:
     if r.measured_ms is None:
         note, colour = f"{unmeasured(r)} — no reply", "#b00020"
     else:
-        over = r.measured_ms > budget_ms
-        note = f"{r.measured_ms:.0f} ms{' ✗' if over else ''}"
+        over = r.measured_ms > budget_ms or r.talked_over
+        note = f"{r.measured_ms:.0f} ms{' ✗' if over else ''}{' talked over the user' if r.talked_over else ''}"
         colour = "#b00020" if over else "#444"
     text = (r.user_text[:80] + "…") if len(r.user_text) > 80 else r.user_text
     tip = f"{r.scenario} / {r.session} turn {r.turn}: {text!r}"
@@ -529,7 +535,7 @@ def _missed(
             str(r.turn),
             f'<span class="said" title="{esc(r.user_text)}">{esc(said)}</span>',
             f'<span class="miss">{esc(unmeasured(r))}</span>' if r.measured_ms is None else esc(_ms(r.measured_ms)),
-            "—" if r.measured_ms is None else esc(_ms(r.measured_ms - budget_ms)),
+            _over_by(r, budget_ms),
             "—"
             if big is None
             else f'<span class="nowrap"><span class="swatch" style="background:{stage_colour(big.stage)}">'
@@ -564,10 +570,19 @@ def _missed(
     return _section(
         "missed",
         "Turns that missed the budget",
-        f"{len(missed)} of {total} turns went past {fmt_num(budget_ms)} ms or timed out, slowest first; "
+        f"{len(missed)} of {total} turns went past {fmt_num(budget_ms)} ms, timed out or talked over the user "
+        "(a reply to part of the utterance was heard: a miss at any latency), slowest first; "
         "the largest part is the single stretch of work that held the turn longest.",
         _charts(chart) + _table(head, rows, reflow=True) + "".join(f'<p class="note">{esc(n)}</p>' for n in notes),
     )
+
+
+def _over_by(r: TurnRecord, budget_ms: float) -> str:
+    """The "over by" cell: ms past the budget, or that the agent talked over the user (a miss at any
+    latency), with how long its audio overlapped the user's words."""
+    if r.talked_over:
+        return f'<span class="miss">talked over ({esc(_ms(r.talked_over_ms))})</span>'
+    return "—" if r.measured_ms is None else esc(_ms(r.measured_ms - budget_ms))
 
 
 def _tax(names: Sequence[str], runs: Sequence[Sequence[TurnRecord]], budget_ms: float) -> str:

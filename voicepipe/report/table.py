@@ -37,10 +37,26 @@ def largest_parts(r: TurnRecord, n: int = 2) -> Parts:
     )
 
 
-def _ok(value_ms: float | None, budget_ms: float) -> Text:
+TALKED_OVER_MARK = "»"
+TALKED_OVER_NOTE = f"✗{TALKED_OVER_MARK}: the agent talked over the user (a reply to part of the utterance was heard): a miss at any latency"
+
+
+def _ok(value_ms: float | None, budget_ms: float, talked_over: bool = False) -> Text:
+    """✓ within the budget; ✗ over it or unanswered; ✗» the agent talked over the user (a miss, however fast)."""
+    if talked_over:
+        return Text(f"✗{TALKED_OVER_MARK}", style="bold red")
     if value_ms is None or value_ms > budget_ms:
         return Text("✗", style="bold red")
     return Text("✓", style="bold green")
+
+
+def print_talked_over(console: Console, records: Sequence[TurnRecord], name: str = "") -> None:
+    """The one line saying on how many turns the agent talked over the user (nothing when it never did)."""
+    line = summarise(records).talked_over_line()
+    if line:
+        over = sum(r.talked_over_ms or 0.0 for r in records)
+        text = f"{name + ': ' if name else ''}{line} (✗{TALKED_OVER_MARK}), over their words for {over:,.0f} ms in all"
+        console.print(Text(text, style="bold red"))
 
 
 def print_turns(
@@ -77,7 +93,7 @@ def print_turns(
         for r in recs:
             meas: Cell = Text(unmeasured(r), style="red") if r.measured_ms is None else _ms(r.measured_ms)
             row: list[Cell] = [r.session, str(r.turn), r.user_text, meas]
-            row += [_ms(r.predicted_ms), _ms(r.tax_ms), _ok(r.measured_ms, budget_ms)]
+            row += [_ms(r.predicted_ms), _ms(r.tax_ms), _ok(r.measured_ms, budget_ms, r.talked_over)]
             if show_path:
                 path = r.path + ("!" if r.premature_endpoint else "") + ("✗" if r.false_hit else "")
                 row += [path, str(r.wasted_tokens), "–" if r.quality is None else f"{r.quality:.2f}"]
@@ -87,6 +103,8 @@ def print_turns(
         c, rw, t = _one_session(cols, rows, recs, title)
         print_fitted(console, c, rw, wide=wide, title=t)
     console.print(Text(CAPTION, style="dim"))
+    if any(r.talked_over for r in records):
+        console.print(Text(TALKED_OVER_NOTE, style="dim"))
 
 
 def _one_session(
@@ -140,6 +158,8 @@ def print_summary(
             ]
         )
     print_fitted(console, cols, rows, wide=wide, title="Summary")
+    for label, recs in records_by_label.items():
+        print_talked_over(console, recs, (label or "run") if len(records_by_label) > 1 else "")
     if caption:
         console.print(Text(CAPTION, style="dim"))
     stages = sorted({st for s in sums.values() for st in s.mean_stage_ms}, key=stage_sort_key)
@@ -169,7 +189,8 @@ def print_paths(console: Console, records: Sequence[TurnRecord], wide: bool = Fa
     for r in records:
         by_path.setdefault(r.path, []).append(r)
     if len(by_path) <= 1 and not any(
-        r.wasted_tokens or r.premature_endpoint or r.barge_in_stop_ms is not None for r in records
+        r.wasted_tokens or r.premature_endpoint or r.talked_over or r.barge_in_stop_ms is not None
+        for r in records
     ):
         return
     cols = [
@@ -180,6 +201,7 @@ def print_paths(console: Console, records: Sequence[TurnRecord], wide: bool = Fa
         Col("$/turn", priority=2),
         Col("quality\n(mod)", priority=4),
         Col("prema-\nture", priority=5),
+        Col("talked\nover", priority=5),
         Col("false\nhits", priority=6),
         Col("barge-in\nstop ms", priority=1),
     ]
@@ -196,6 +218,7 @@ def print_paths(console: Console, records: Sequence[TurnRecord], wide: bool = Fa
                 fmt_usd(s.mean_cost_usd),
                 "–" if s.mean_quality is None else f"{s.mean_quality:.2f}",
                 str(sum(r.premature_endpoint for r in recs)),
+                str(sum(r.talked_over for r in recs)),
                 str(sum(r.false_hit for r in recs)),
                 _ms(sum(stops) / len(stops)) if stops else "–",
             ]
@@ -243,7 +266,7 @@ def print_predictions(
             str(r.turn),
             r.user_text,
             _ms(r.predicted_ms),
-            _ok(r.predicted_ms, budget_ms),
+            _ok(r.predicted_ms, budget_ms, r.talked_over),
             r.path + ("!" if r.premature_endpoint else ""),
             "–" if r.quality is None else f"{r.quality:.2f}",
             fmt_usd(r.cost_usd),
@@ -261,6 +284,9 @@ def print_predictions(
         + ("" if s.mean_quality is None else f" · quality {s.mean_quality:.2f} (modelled)"),
         highlight=False,
     )
+    print_talked_over(console, records)
+    if s.talked_over:
+        console.print(Text(TALKED_OVER_NOTE, style="dim"))
     console.print(Text(PREDICTED, style="dim"))
 
 

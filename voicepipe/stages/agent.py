@@ -6,7 +6,10 @@ chunks — at clause ends or every ``chunk_tokens`` tokens — never a message p
 the causal chain plus the backend's modelled spans (queue, ttft, decode) up to its last token.
 
 A preemptive request (``hold``) generates at once but publishes nothing until the router commits it;
-a cancelled one counts its generated tokens (and prompt) as wasted work.
+a cancelled one counts its generated tokens (and prompt) as wasted work. So does the reply to a segment
+the ASR withdraws (the user resumed after a premature endpoint), whether it was still being generated or
+had already been written in full: everything it made is thrown away. The waste rides on the turn's next
+reply (``TurnMeta.wasted_tokens``).
 """
 
 from __future__ import annotations
@@ -87,6 +90,7 @@ class Generation:
     commit: asyncio.Event = field(default_factory=asyncio.Event)
     commit_env: Envelope[Route] | None = None
     complexity: str | None = None  # the turn's scripted difficulty: modelled quality depends on it
+    wasted: bool = False  # its work has been counted as thrown away (once)
 
     def billed(self) -> tuple[int, int, int]:
         """(prompt, cached prompt, output) tokens: a real model's usage as its server reported it, else
@@ -169,6 +173,9 @@ class Agent(Stage):
         self.history: dict[str, int] = {}
         self.running: dict[str, dict[Any, Generation]] = {}  # session -> task key -> request
         self.wasted: dict[str, dict[int, tuple[int, float]]] = {}  # session -> turn -> (tokens, USD)
+        # session -> (turn, segment) -> the request whose text was released for that segment (running or
+        # done), kept until the turn is over: a withdrawn segment's reply is thrown away even when complete
+        self.released: dict[str, dict[tuple[int, int], Generation]] = {}
         self.on(Route, self.route)
         self.on(Cancel, self.cancelled)
 
@@ -176,9 +183,14 @@ class Agent(Stage):
         self.history.pop(session, None)
         self.running.pop(session, None)
         self.wasted.pop(session, None)
+        self.released.pop(session, None)
 
     async def on_script(self, env: Envelope[TurnScript]) -> None:
         self.wasted.get(env.session, {}).pop(env.turn - 2, None)
+        released = self.released.get(env.session)
+        if released:
+            for k in [k for k in released if k[0] < env.turn]:
+                del released[k]
 
     async def cancelled(self, env: Envelope[Cancel]) -> None:
         """Stop generating: a preemptive attempt that did not match, a withdrawn segment, a barge-in.
@@ -194,6 +206,16 @@ class Agent(Stage):
             seg = p.segment
             match = lambda k: k[0] == env.turn and (seg is None or k[1] == seg)  # noqa: E731
         running = self.running.get(env.session, {})
+        if p.reason == CancelReason.USER_RESUMED and p.segment is not None:
+            # the reply to a withdrawn segment: thrown away, running (a committed preemptive attempt
+            # included) or already written in full
+            gen = self.released.get(env.session, {}).pop((env.turn, p.segment), None)
+            if gen is not None:
+                keys = {k for k, g in running.items() if g is gen}
+                for key in keys:
+                    del running[key]
+                self.cancel(env.session, keys.__contains__)
+                self._waste(env.session, env.turn, gen)
         for key, gen in list(running.items()):
             if match(key):
                 self._waste(env.session, env.turn, gen)
@@ -202,6 +224,9 @@ class Agent(Stage):
 
     def _waste(self, session: str, turn: int, gen: Generation) -> None:
         """Count what a cancelled request had already cost: its prompt and the tokens made by now."""
+        if gen.wasted:
+            return
+        gen.wasted = True
         made = tokens_by(gen.stream, len(gen.tokens), now_ns())
         gen.stream.cancel()
         wasted = self.wasted.setdefault(session, {})
@@ -228,6 +253,7 @@ class Agent(Stage):
                 gen.commit_env = env
                 gen.commit.set()
                 self._remember(env, gen)
+                self.released.setdefault(env.session, {})[(env.turn, p.segment)] = gen
             return
         if p.target != Target.AGENT or p.agent not in self.backends:
             return
@@ -239,6 +265,7 @@ class Agent(Stage):
         if not p.hold:
             gen.commit.set()
             self._remember(env, gen)
+            self.released.setdefault(env.session, {})[(env.turn, p.segment)] = gen
         self.running.setdefault(env.session, {})[key] = gen
         self.spawn(env.session, key, self._run(env, gen, key))
 

@@ -83,6 +83,53 @@ class TurnFailed(Exception):
 
 
 @dataclass
+class Early:
+    """A reply to part of the utterance (a segment the ASR withdraws when the user resumes), as the user hears
+    it: each chunk from its arrival plus the downlink, back to back, until the cancel (``USER_RESUMED``)
+    reaches the client plus ``transport.stop_ms`` — as a barge-in stops a reply. Audio that arrives after
+    the cancel is dropped unheard."""
+
+    queued_until_ns: int = 0  # when the chunks heard so far end
+    played: list[tuple[int, int]] = field(default_factory=list)  # (from, to) ns of each chunk as scheduled
+    stop_ns: int | None = None  # the cancel reached the speaker: nothing after this is heard
+    synthesised_ms: float = 0.0  # audio the TTS made for it (heard or not): TTS work thrown away
+
+    def heard(self) -> list[tuple[int, int]]:
+        stop = self.stop_ns
+        out = []
+        for a, b in self.played:
+            b = b if stop is None else min(b, stop)
+            if b > a:
+                out.append((a, b))
+        return out
+
+
+def overlap_ns(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> int:
+    """Total time covered by both interval sets (each set's own overlaps counted once)."""
+
+    def union(xs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        out: list[tuple[int, int]] = []
+        for s, e in sorted(xs):
+            if out and s <= out[-1][1]:
+                out[-1] = (out[-1][0], max(out[-1][1], e))
+            else:
+                out.append((s, e))
+        return out
+
+    ua, ub = union(a), union(b)
+    total = i = j = 0
+    while i < len(ua) and j < len(ub):
+        lo, hi = max(ua[i][0], ub[j][0]), min(ua[i][1], ub[j][1])
+        if hi > lo:
+            total += hi - lo
+        if ua[i][1] < ub[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+@dataclass
 class Listening:
     turn: int
     words: int
@@ -97,6 +144,17 @@ class Listening:
     error: str = ""  # the reply failed (e.g. its endpoint dropped the stream)
     final_meta: TurnMeta | None = None  # the last audio chunk's metadata (a real model's usage)
     status: str = "failed"  # what ``error`` makes of the turn: failed, or lost (messages dropped)
+    speech: list[tuple[int, int]] = field(default_factory=list)  # the user's words on this clock (ns)
+    early: dict[int, Early] = field(default_factory=dict)  # segment -> reply to part of the utterance
+
+    def talked_over(self) -> dict[str, float | None]:
+        """The record's talked-over fields: ``talked_over_ms`` (None when no early reply was heard) and
+        ``wasted_audio_ms`` (audio synthesised for withdrawn segments)."""
+        heard = [iv for e in self.early.values() for iv in e.heard()]
+        return {
+            "talked_over_ms": overlap_ns(heard, self.speech) / 1e6 if heard else None,
+            "wasted_audio_ms": sum(e.synthesised_ms for e in self.early.values()),
+        }
 
 
 class Client(Stage):
@@ -137,6 +195,9 @@ class Client(Stage):
             lis.done.set()
         elif reason == CancelReason.USER_RESUMED:
             lis.premature = True
+            early = lis.early.setdefault(env.payload.segment or 0, Early())
+            if early.stop_ns is None:  # the stop crosses the return path, as a barge-in's does
+                early.stop_ns = got + round(self.cfg.transport.stop_ms * 1e6)
         elif reason == CancelReason.BARGE_IN and lis.barge_in_ns and not lis.stopped_ns:
             # the stop crosses the return path to the speaker; the jitter buffer is dropped at once
             lis.stopped_ns = got + round(self.cfg.transport.stop_ms * 1e6)
@@ -153,7 +214,15 @@ class Client(Stage):
             await self.reject(env, f"out of range: a reply to {p.words} words, {lis.words} were spoken")
             return
         if p.words < lis.words:
-            lis.premature = True  # a reply to the first part of the utterance: the endpoint was early
+            # a reply to the first part of the utterance: the endpoint was early, and the user hears it
+            # (over their own words once they resume) until the withdrawal reaches the speaker
+            lis.premature = True
+            early = lis.early.setdefault(p.segment, Early())
+            early.synthesised_ms += p.duration_ms
+            if early.stop_ns is None:
+                start = max(got + round(self.cfg.transport.downlink_ms * 1e6), early.queued_until_ns)
+                early.queued_until_ns = start + round(p.duration_ms * 1e6)
+                early.played.append((start, early.queued_until_ns))
             return
         start = max(got + round(self.cfg.transport.downlink_ms * 1e6), lis.play_until_ns)
         lis.play_until_ns = start + round(p.duration_ms * 1e6)
@@ -221,7 +290,8 @@ class Client(Stage):
         uplink = round(cfg.transport.uplink_ms * 1e6)
         loop = asyncio.get_running_loop()
         eos = t_start + last.media_ns + last.dur_ns
-        lis = Listening(turn=k, words=len(speech.words), end_of_speech_ns=eos, first=loop.create_future())
+        lis = Listening(turn=k, words=len(speech.words), end_of_speech_ns=eos, first=loop.create_future(),
+                        speech=[(t_start + w.media_ns, t_start + w.media_ns + w.dur_ns) for w in speech.words])  # fmt: skip
         self.listening[session] = lis
         # the utterance's audio starts reaching the ASR one uplink after the user starts saying it; the span
         # is the first word's uplink (the ASR moves it along the media timeline for each later word)
@@ -294,9 +364,11 @@ class Client(Stage):
         try:
             got, env = await asyncio.wait_for(lis.first, cfg.client.turn_timeout_s + 10)
         except TimeoutError:
-            return TurnRecord(**base, status="timeout", premature_endpoint=lis.premature)
+            return TurnRecord(**base, status="timeout", premature_endpoint=lis.premature, **lis.talked_over())
         except TurnFailed as exc:
-            return TurnRecord(**base, status=exc.status, error=str(exc), premature_endpoint=lis.premature)
+            return TurnRecord(
+                **base, status=exc.status, error=str(exc), premature_endpoint=lis.premature, **lis.talked_over()
+            )
         downlink = round(cfg.transport.downlink_ms * 1e6)
         await sleep_until_ns(got + downlink)
         heard = now_ns()
@@ -304,10 +376,11 @@ class Client(Stage):
         try:
             m = measure(spans, lis.end_of_speech_ns, heard)
         except ValueError as exc:  # e.g. audio before the end of speech: not a reply this turn can have had
-            return TurnRecord(**base, status="failed", error=f"unmeasurable reply: {exc}")
+            return TurnRecord(**base, status="failed", error=f"unmeasurable reply: {exc}", **lis.talked_over())
         p = env.payload
         meta = p.meta
         measured = m.measured_ns / 1e6
+        over = lis.talked_over()
         return TurnRecord(
             **{**base, "backend": meta.backend},
             transcript=plain(turn.user),
@@ -315,7 +388,8 @@ class Client(Stage):
             measured_ms=measured,
             predicted_ms=m.predicted_ns / 1e6,
             tax_ms=m.tax_ns / 1e6,
-            within_budget=measured <= cfg.budget_ms,
+            # talking over the user is a miss, however fast the reply to the whole utterance came
+            within_budget=measured <= cfg.budget_ms and over["talked_over_ms"] is None,
             breakdown=m.parts,
             spans=spans,
             first_audio_ns=heard,
@@ -328,4 +402,5 @@ class Client(Stage):
             quality=meta.quality,
             premature_endpoint=lis.premature or p.segment > 0,
             false_hit=meta.false_hit,
+            **over,
         )
