@@ -40,7 +40,7 @@ from voicepipe.bus.mqtt import (
     negotiate_protocol,
     probe_round_trip,
 )
-from voicepipe.bus.partition import Membership, PartitionedBus, kind_of, plan_workers, replica_id
+from voicepipe.bus.partition import SHADOWED, Membership, PartitionedBus, kind_of, plan_workers, replica_id
 from voicepipe.clock import is_virtual, now_ns, run_virtual
 from voicepipe.clock.gc import during_run, tune_for_runs
 from voicepipe.config import PipelineConfig, broker_address, check_speech
@@ -287,7 +287,7 @@ async def serve_stages(
         if name not in shared:
             return base(name)
         r = by_kind[name]  # several replicas: a client id of its own, and only the sessions it owns
-        return PartitionedBus(base(r), r, members)
+        return PartitionedBus(base(r), r, members, shadow=name in SHADOWED)  # (a shadow: every session)
 
     def peer_died(_process: str, replicas: list[str], _why: str) -> None:
         members.remove(replicas)  # the sessions it owned move to the replicas left
@@ -297,8 +297,8 @@ async def serve_stages(
         if shared:  # replicas must learn of a dead peer to take over its sessions
             await stack.enter_async_context(Watch(addr, run, peer_died, who=process))
         stages = build_stages(connect, ctx, [kind_of(r) for r in mine])
-        for s in stages:  # a replica may take over a dead peer's sessions mid-stream (Guard.adopt)
-            s.guard.adopt = isinstance(s.bus, PartitionedBus)
+        for s in stages:  # a replica may take over a dead peer's sessions mid-stream (Guard.adopt); a shadow
+            s.guard.adopt = isinstance(s.bus, PartitionedBus) and not s.bus.shadow  # saw them from the start
         if on_stages is not None:
             on_stages(stages)
 

@@ -142,7 +142,7 @@ def run(
             "--workers",
             min=0,
             max=64,
-            help="Spread the stages over N worker processes (ASR, router, TTS replicated with session "
+            help="Spread the stages over N worker processes (ASR, router, agent, TTS replicated with session "
             "affinity); needs --broker.",
         ),
     ] = 0,

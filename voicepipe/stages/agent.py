@@ -7,6 +7,13 @@ the causal chain plus the backend's modelled spans (queue, ttft, decode) up to i
 
 A preemptive request (``hold``) generates at once but publishes nothing until the router commits it;
 a cancelled one counts its generated tokens (and prompt) as wasted work.
+
+Replicas (``--workers``) are shadows (:data:`voicepipe.bus.partition.SHADOWED`): a replica runs every
+session's requests on its copy of the backend's device, and for a session it does not own when the request
+starts the generation is *muted* — it occupies the modelled device and grows the history as the owner's
+does, but publishes nothing and fails no turn. A muted generation stays muted if its session moves here
+mid-turn (the dead owner's turn in flight is failed by the run, not resumed halfway); the session's next
+request is this replica's own. A real server's requests are never shadowed (one per turn, by the owner).
 """
 
 from __future__ import annotations
@@ -87,6 +94,7 @@ class Generation:
     commit: asyncio.Event = field(default_factory=asyncio.Event)
     commit_env: Envelope[Route] | None = None
     complexity: str | None = None  # the turn's scripted difficulty: modelled quality depends on it
+    muted: bool = False  # a shadow replica's copy of another replica's request: runs, publishes nothing
 
     def billed(self) -> tuple[int, int, int]:
         """(prompt, cached prompt, output) tokens: a real model's usage as its server reported it, else
@@ -146,8 +154,9 @@ async def stream_reply(
             text="".join(gen.tokens[start : end + 1]), seq=seq, final=final, words=route.words,
             segment=route.segment, meta=meta,
         )  # fmt: skip
-        spans = [*chain, *(head.spans if head is not env else []), *gen.stream.spans(end)]
-        await stage.publish(stage.reply(head, text, spans))
+        if not gen.muted:
+            spans = [*chain, *(head.spans if head is not env else []), *gen.stream.spans(end)]
+            await stage.publish(stage.reply(head, text, spans))
         start = end + 1
 
 
@@ -169,6 +178,9 @@ class Agent(Stage):
         self.history: dict[str, int] = {}
         self.running: dict[str, dict[Any, Generation]] = {}  # session -> task key -> request
         self.wasted: dict[str, dict[int, tuple[int, float]]] = {}  # session -> turn -> (tokens, USD)
+        # a shadow replica (voicepipe.bus.partition.SHADOWED) asks its bus whether it owns a session
+        self._owns: Callable[[str], bool] | None = getattr(self.bus, "owns", None)
+        self.shadowed = 0  # requests run muted for sessions another replica owns
         self.on(Route, self.route)
         self.on(Cancel, self.cancelled)
 
@@ -176,6 +188,15 @@ class Agent(Stage):
         self.history.pop(session, None)
         self.running.pop(session, None)
         self.wasted.pop(session, None)
+
+    def owns(self, session: str) -> bool:
+        """Does this replica answer for ``session`` (always, unless it is one of several shadows)?"""
+        return self._owns is None or self._owns(session)
+
+    async def fail_turn(self, session: str, turn: int, reason: str, *, lost: bool = False) -> None:
+        """A shadow fails no turn of a session it does not own: the owner saw (or failed) it itself."""
+        if self.owns(session):
+            await super().fail_turn(session, turn, reason, lost=lost)
 
     async def on_script(self, env: Envelope[TurnScript]) -> None:
         self.wasted.get(env.session, {}).pop(env.turn - 2, None)
@@ -235,7 +256,12 @@ class Agent(Stage):
         if not script:
             raise ValueError(f"no script for turn {env.turn} of session {env.session}")
         key = (env.turn, "pre", p.attempt) if p.hold else (env.turn, p.segment)
+        muted = not self.owns(env.session)
+        if muted and self.backends[p.agent].kind == "endpoint":
+            return  # a real server is the device: only the owner sends it the request
         gen = self._start(env, script, p.agent)
+        gen.muted = muted
+        self.shadowed += muted
         if not p.hold:
             gen.commit.set()
             self._remember(env, gen)
@@ -272,7 +298,8 @@ class Agent(Stage):
         try:
             await stream_reply(self, env, gen, meta_of, self.cfg.agent.chunk_tokens, list(env.spans))
         except EndpointError as exc:  # a real model failed: the turn fails with the reason, the run goes on
-            await fail_turn(self, env, str(exc))
+            if not gen.muted:
+                await fail_turn(self, env, str(exc))
         finally:
             running = self.running.get(env.session)
             if running is not None and running.get(key) is gen:
