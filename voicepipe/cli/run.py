@@ -48,7 +48,14 @@ from voicepipe.config import BrokerOverrides, PipelineConfig, check_speech, conf
 from voicepipe.errors import UserError, check_run_id
 from voicepipe.records import TurnRecord
 from voicepipe.report.advice import advice, base_command, print_advice
-from voicepipe.runner import WORKERS_NEED_BROKER, RunAborted, RunResult, run_live_loop, run_pipeline
+from voicepipe.runner import (
+    WORKERS_NEED_BROKER,
+    RunAborted,
+    RunResult,
+    distrust_reasons,
+    run_live_loop,
+    run_pipeline,
+)
 from voicepipe.scenario import Scenario
 from voicepipe.stages.guard import require_shared_token
 
@@ -89,13 +96,21 @@ def print_run_counters(result: RunResult) -> None:
     dead = sum(c.dead.values())
     why = "; ".join(f"{n} {r}" for r, n in c.dead.most_common())
     err.print(
-        f"bus: {c.received} received, {dead} dead-lettered{f' ({why})' if why else ''}, {c.late} late, "
-        f"{c.lost} lost in transit, {c.handler_errors} handler errors",
-        style="yellow" if dead or c.lost or c.handler_errors else None, highlight=False, soft_wrap=True,
+        f"bus: {c.received} received, {dead} dead-lettered{f' ({why})' if why else ''}, "
+        f"{c.duplicates} duplicates dropped (envelope id seen before: redelivered, replayed or tampered), "
+        f"{c.late} late, {c.lost} lost in transit, {c.handler_errors} handler errors",
+        style="yellow" if dead or c.duplicates or c.lost or c.handler_errors else None, highlight=False,
+        soft_wrap=True,
     )  # fmt: skip
-    if result.lag is not None:
-        err.print(result.lag.verdict(), style="bold red" if result.lag.overloaded else None, highlight=False,
-                  soft_wrap=True)  # fmt: skip
+    untrusted = sum(not r.trusted for r in result.records)
+    if result.lag is not None or untrusted:
+        line = result.lag.verdict() if result.lag is not None else ""
+        if untrusted:  # the run's p99 hides a few long stalls: the turns they hit are named on their own
+            kinds = "; ".join(f"{n} {r}" for r, n in distrust_reasons(result.records).items())
+            line += (f"{' — but ' if line else ''}NOT TRUSTED for {untrusted} turns ({kinds}): this process's "
+                     "load may have made their latency and tax (each record's `distrust` says why)")  # fmt: skip
+        overloaded = result.lag is not None and result.lag.overloaded
+        err.print(line, style="bold red" if overloaded or untrusted else None, highlight=False, soft_wrap=True)
 
 
 @broker_block
