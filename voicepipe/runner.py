@@ -45,7 +45,14 @@ from voicepipe.clock import is_virtual, now_ns, run_virtual
 from voicepipe.clock.gc import during_run, tune_for_runs
 from voicepipe.config import PipelineConfig, broker_address, check_speech
 from voicepipe.errors import UserError, check_run_id
-from voicepipe.measure import BURST_REFUSED, LAG_TRUST_P99_MS, TURN_LAG_TRUST_MS, LagProbe, LoopLag
+from voicepipe.measure import (
+    BURST_REFUSED,
+    LAG_TRUST_P99_MS,
+    TAX_OUTLIER_MS,
+    TURN_LAG_TRUST_MS,
+    LagProbe,
+    LoopLag,
+)
 from voicepipe.messages import Cancel, CancelReason, Envelope
 from voicepipe.records import Accounting, TurnRecord, account
 from voicepipe.scenario import Scenario, session_id
@@ -161,6 +168,7 @@ def untrusted_turns(records: list[TurnRecord]) -> dict[str, object]:
     return {
         "untrusted_turns": sum(not r.trusted for r in records),
         "reasons": distrust_reasons(records),
+        "tax_outlier_ms": TAX_OUTLIER_MS,
         "turn_lag_trust_ms": TURN_LAG_TRUST_MS,
         "burst_refused": BURST_REFUSED,
     }
@@ -560,10 +568,11 @@ async def run_pipeline(
                 )
 
         def record(r: TurnRecord) -> None:
-            if r.end_of_speech_ns is not None and r.first_audio_ns is not None:
-                why = probe.distrust(r.end_of_speech_ns, r.first_audio_ns)  # judged now, before it is written
-                if why:
-                    r.trusted, r.distrust = False, why
+            eos, heard = r.end_of_speech_ns, r.first_audio_ns
+            if r.tax_ms is not None and r.tax_ms > TAX_OUTLIER_MS and eos is not None and heard is not None:
+                why = probe.distrust(eos, heard)  # judged now, before the record is written
+                if why:  # a tax outlier that coincides with a stall or a burst: the tool's, as likely as not
+                    r.trusted, r.distrust = False, f"{why} (tax {r.tax_ms:.0f} ms, over {TAX_OUTLIER_MS:g} ms)"
             result.records.append(r)
             if on_record:
                 on_record(r)

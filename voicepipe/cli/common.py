@@ -178,11 +178,13 @@ def write_outputs(
     budget_ms: float,
     otlp_endpoint: str | None = None,
     fixes: Callable[[], dict[str, Any]] | None = None,
+    notes: dict[str, list[str]] | None = None,
 ) -> None:
-    """Write the requested exports; ``fixes`` (only called for a report) gives label → advice."""
+    """Write the requested exports; ``fixes`` (only called for a report) gives label → advice; ``notes``
+    (label → lines) what a live run counted beyond its records, for the report."""
     records = [r for rs in runs.values() for r in rs]
     if report:
-        html = render_html(runs, configs, budget_ms=budget_ms, fixes=fixes() if fixes else None)
+        html = render_html(runs, configs, budget_ms=budget_ms, fixes=fixes() if fixes else None, notes=notes)
         report.write_text(html, encoding="utf-8")
         err.print(f"report: {report}")
     if csv:

@@ -53,6 +53,7 @@ from voicepipe.runner import (
     RunAborted,
     RunResult,
     distrust_reasons,
+    refused_by_reason,
     run_live_loop,
     run_pipeline,
 )
@@ -85,6 +86,14 @@ def run_live(
                 workers=workers,
             )
         )
+
+
+def refusals_line(result: RunResult) -> str:
+    """Every refused delivery by reason (dead letters and the bus's duplicate-id drops), for the report."""
+    refused = refused_by_reason(result.counters)
+    why = "; ".join(f"{n} {r}" for r, n in refused.items())
+    return (f"bus: {result.counters.received} messages received, {sum(refused.values())} refused"
+            f"{f' ({why})' if why else ''}")  # fmt: skip
 
 
 def print_run_counters(result: RunResult) -> None:
@@ -128,7 +137,8 @@ def run(
             "--summary-json",
             metavar="FILE",
             help="Write the run's counters as JSON: turns expected/completed/failed/lost with reasons, "
-            "messages received/dead-lettered by reason, event-loop lag.",
+            "messages received/refused by reason (dead letters, duplicate ids), event-loop lag, and the "
+            "turns not trusted (an event-loop stall or a message burst while they were in flight).",
         ),
     ] = None,
     fmt: FormatOpt = OutputFormat.table,
@@ -227,7 +237,7 @@ def run(
     name = config.stem if config else "default config"  # the report names a run by its configuration
     write_outputs(
         {name: sink.records}, {name: config_dict(cfg)}, report, csv, otel, cfg.budget_ms, otlp_endpoint,
-        lambda: {name: fix},
+        lambda: {name: fix}, {name: [refusals_line(result)]} if result else None,
     )  # fmt: skip
     if aborted is not None:
         err.print(
