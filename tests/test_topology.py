@@ -26,13 +26,19 @@ from voicepipe.runner import RunResult, needed_stages, run_pipeline, serve_stage
 from voicepipe.scenario import session_id
 from voicepipe.stages.base import Stage
 
-DIED = ("stage asr died", "stage router died", "stage tts died")
+DIED = ("stage asr died", "stage router died", "stage agent died", "stage tts died")
+
+
+HW_AGENT = "agent.backend=h100-sxm/llama-3.1-8b"  # a modelled device: one queue every session shares
 
 
 # -- pure: plans, ownership, holders --------------------------------------------------------------
-def test_plan_replicates_per_session_stages_and_keeps_shared_ones_single():
-    plan = plan_workers(["asr", "router", "agent", "cache", "tts", "client"], 2)
-    assert plan == [["asr.0", "router.0", "agent.0", "tts.0"], ["asr.1", "router.1", "cache.0", "tts.1"]]
+def test_plan_replicates_per_session_stages_and_the_agent_and_keeps_shared_ones_single():
+    plan = plan_workers(["asr", "router", "agent", "cache", "council", "tts", "client"], 2)
+    assert plan == [
+        ["asr.0", "router.0", "agent.0", "cache.0", "tts.0"],
+        ["asr.1", "router.1", "agent.1", "council.0", "tts.1"],
+    ]
     assert plan_workers(["asr", "agent"], 1) == [["asr.0", "agent.0"]]
     with pytest.raises(ValueError):
         plan_workers(["asr"], 0)
@@ -65,7 +71,7 @@ def test_holder_is_the_stage_after_the_last_step_seen():
 # -- replicas share sessions without splitting one ------------------------------------------------
 async def test_two_replicas_twenty_sessions_each_served_by_exactly_one(mosquitto, monkeypatch):
     monkeypatch.setenv("VOICEPIPE_RUN_TOKEN", "a shared test secret")  # the run and its stages sign alike
-    cfg = fast_config("client.start_spread_ms=400", broker=mosquitto.url)
+    cfg = fast_config("client.start_spread_ms=400", HW_AGENT, broker=mosquitto.url)
     sc = tiny_scenario(turns=2)
     kinds = [n for n in needed_stages(cfg) if n != "client"]
     plan = plan_workers(kinds, 2)
@@ -101,6 +107,13 @@ async def test_two_replicas_twenty_sessions_each_served_by_exactly_one(mosquitto
         assert a | b == sessions
         for rep, ss in served.items():
             assert all(owner(kind, s, served) == rep for s in ss)
+    # the agent replicas are shadows: each ran every session's requests on its own copy of the one device
+    # (the same number of requests, the same modelled history), and published only for the sessions it owns
+    agents = [next(s for s in built[i] if s.name == "agent") for i in (0, 1)]
+    opened = [a.backends["main"].server._ids for a in agents]
+    assert opened[0] == opened[1] >= 40, opened
+    assert agents[0].shadowed + agents[1].shadowed == opened[0], (opened, [a.shadowed for a in agents])
+    assert agents[0].shadowed and agents[1].shadowed
 
 
 # -- liveness: a killed or hung worker --------------------------------------------------------------
@@ -145,6 +158,40 @@ async def test_killed_replica_moves_its_sessions_and_fails_only_its_in_flight_tu
                 async for m in c.messages:
                     seen.append(str(m.topic))
     assert seen == []
+
+
+@pytest.mark.broker
+async def test_killing_the_agents_worker_loses_only_its_turns_in_flight(mosquitto):
+    """Issue 27: the agent was one instance, so killing its worker failed every later turn (21 of 40). Now
+    each worker holds an agent replica (a shadow of the one modelled device): a SIGKILL loses at most the
+    turns in flight there, each reported, and those sessions' later turns complete on the survivor."""
+    cfg = fast_config("client.start_spread_ms=1000", HW_AGENT, broker=mosquitto.url)
+    sc = tiny_scenario(turns=4)
+    sessions = 10
+    killed: list[int] = []
+    done_at_kill: list[int] = []
+
+    def ready(r: RunResult) -> None:
+        _kill_after(r, 2.5, signal.SIGKILL, 0, killed)  # w0: the worker that held the only agent before
+        asyncio.get_running_loop().call_later(2.5, lambda: done_at_kill.append(len(r.records)))
+
+    res = await run_pipeline(cfg, [sc], sessions, workers=2, on_ready=ready)
+    assert killed and 0 < done_at_kill[0] < sessions * 4  # killed after the first turns, mid-run
+    assert len(res.records) == sessions * 4  # every expected turn is accounted for
+    assert len(res.deaths) == 1 and res.deaths[0].startswith("w0 ") and "agent.0" in res.deaths[0]
+    bad = [r for r in res.records if r.status != "ok"]
+    assert all(r.error in DIED for r in bad), [r.error for r in bad]
+    per_session = Counter(r.session for r in bad)
+    assert all(n == 1 for n in per_session.values()), per_session  # only the turn in flight, once
+    assert len(bad) <= sessions  # at most one turn in flight per session
+    agent0 = {r.session for r in res.records if owner("agent", r.session, ["agent.0", "agent.1"]) == "agent.0"}
+    assert agent0, "no session was the killed agent replica's: the test shows nothing"
+    for s in {r.session for r in res.records}:  # every turn after the kill's is served (by the survivors)
+        failed = [r.turn for r in bad if r.session == s]
+        later = [r for r in res.records if r.session == s and failed and r.turn > failed[0]]
+        assert all(r.status == "ok" for r in later), (s, [(r.turn, r.error) for r in later])
+    moved = [r for r in res.records if r.session in agent0 and r.turn == 3]
+    assert moved and all(r.status == "ok" for r in moved)  # the dead replica's sessions' last turns
 
 
 @pytest.mark.broker

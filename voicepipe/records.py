@@ -89,6 +89,11 @@ class TurnRecord(BaseModel):
     # the broker was unreachable or stalled this long within the turn (measured on the client's clock): the
     # turn's latency and tax include it; None when the broker was there throughout
     broker_outage_ms: float | None = None
+    # False when this process's own load may have made the turn's numbers: its event loop stalled while the
+    # turn was in flight, or a burst of refused messages arrived meanwhile (voicepipe.measure.LagProbe.distrust);
+    # ``distrust`` says which and how much ("" when trusted)
+    trusted: bool = True
+    distrust: str = ""
     # metric names users know (issue 13), derived from ``spans`` by :func:`span_metrics`; None = not on
     # this turn's path (e.g. no LLM on a cache hit)
     ttft_ms: float | None = None

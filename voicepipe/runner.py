@@ -43,14 +43,21 @@ from voicepipe.bus.mqtt import (
     negotiate_protocol,
     probe_round_trip,
 )
-from voicepipe.bus.partition import Membership, PartitionedBus, kind_of, plan_workers, replica_id
+from voicepipe.bus.partition import SHADOWED, Membership, PartitionedBus, kind_of, plan_workers, replica_id
 from voicepipe.clock import is_virtual, now_ns, run_virtual
 from voicepipe.clock.gc import during_run, tune_for_runs
 from voicepipe.config import PipelineConfig, broker_address, check_speech
 from voicepipe.errors import UserError, check_run_id
 from voicepipe.exitcodes import signal_name
 from voicepipe.incidents import Incidents, spans_ms
-from voicepipe.measure import LAG_TRUST_P99_MS, LagProbe, LoopLag
+from voicepipe.measure import (
+    BURST_REFUSED,
+    LAG_TRUST_P99_MS,
+    TAX_OUTLIER_MS,
+    TURN_LAG_TRUST_MS,
+    LagProbe,
+    LoopLag,
+)
 from voicepipe.messages import Cancel, CancelReason, Envelope
 from voicepipe.modelled import on_virtual_time
 from voicepipe.records import Accounting, TurnRecord, account
@@ -133,6 +140,9 @@ class RunResult:
             "bus": {
                 "received": c.received,
                 "dead_lettered": dict(c.dead),
+                "duplicates": c.duplicates,
+                # every message refused, by reason (dead letters and the bus's duplicate drops), per delivery
+                "refused": refused_by_reason(c),
                 "late": c.late,
                 "lost_in_transit": c.lost,
                 "handler_errors": c.handler_errors,
@@ -141,6 +151,7 @@ class RunResult:
             if self.lag is None
             else {"p99_ms": self.lag.p99_ms, "max_ms": self.lag.max_ms, "samples": self.lag.samples,
                   "overloaded": self.lag.overloaded, "trust_p99_ms": LAG_TRUST_P99_MS},
+            "trust": untrusted_turns(self.records),
         }  # fmt: skip
 
     workers: int = 0
@@ -154,6 +165,48 @@ class RunResult:
     remote_published: int = 0
     remote_received: int = 0
     remote_skipped: int = 0  # messages a replica received for a session another replica owns
+
+
+def refused_by_reason(c: Counters) -> dict[str, int]:
+    """Every refused delivery by reason: the dead letters' reasons, and the bus's drops of an envelope id it
+    had already seen (``duplicate envelope id``: redelivered, replayed or tampered copies keeping the id)."""
+    out = dict(c.dead)
+    if c.duplicates:
+        out["duplicate envelope id"] = out.get("duplicate envelope id", 0) + c.duplicates
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def distrust_reasons(records: list[TurnRecord]) -> dict[str, int]:
+    """The measured turns whose numbers this process's load may have made (``TurnRecord.trusted``), by kind
+    of reason (the text before its first colon); a turn with two reasons counts under both."""
+    why: dict[str, int] = {}
+    for r in records:
+        if not r.trusted:
+            for part in r.distrust.split("; "):
+                head = part.split(":", 1)[0]
+                why[head] = why.get(head, 0) + 1
+    return why
+
+
+def untrusted_turns(records: list[TurnRecord]) -> dict[str, object]:
+    """The summary's ``trust``: untrusted turns, their reasons, and the bounds they were judged by."""
+    return {
+        "untrusted_turns": sum(not r.trusted for r in records),
+        "reasons": distrust_reasons(records),
+        "tax_outlier_ms": TAX_OUTLIER_MS,
+        "turn_lag_trust_ms": TURN_LAG_TRUST_MS,
+        "burst_refused": BURST_REFUSED,
+    }
+
+
+def refused_so_far(stages: list[Stage]) -> int:
+    """Deliveries this process's stages refused so far: dead-lettered by a guard or by the bus (malformed),
+    or dropped by the bus as a duplicate id (a running count, read by the lag probe)."""
+    n = 0
+    for s in stages:
+        noted = sum(min(k, NOTED_PER_REASON) for k in s.noted.values())
+        n += sum(s.guard.counters.dead.values()) + getattr(s.bus, "duplicates", 0) + s.bus.deadletters - noted
+    return n
 
 
 class RunAborted(BrokerOutage):
@@ -323,7 +376,7 @@ async def serve_stages(
         if name not in shared:
             return base(name)
         r = by_kind[name]  # several replicas: a client id of its own, and only the sessions it owns
-        return PartitionedBus(base(r), r, members)
+        return PartitionedBus(base(r), r, members, shadow=name in SHADOWED)  # (a shadow: every session)
 
     def peer_died(_process: str, replicas: list[str], _why: str) -> None:
         members.remove(replicas)  # the sessions it owned move to the replicas left
@@ -333,8 +386,8 @@ async def serve_stages(
         if shared:  # replicas must learn of a dead peer to take over its sessions
             await stack.enter_async_context(Watch(addr, run, peer_died, who=process))
         stages = build_stages(connect, ctx, [kind_of(r) for r in mine])
-        for s in stages:  # a replica may take over a dead peer's sessions mid-stream (Guard.adopt)
-            s.guard.adopt = isinstance(s.bus, PartitionedBus)
+        for s in stages:  # a replica may take over a dead peer's sessions mid-stream (Guard.adopt); a shadow
+            s.guard.adopt = isinstance(s.bus, PartitionedBus) and not s.bus.shadow  # saw them from the start
         if on_stages is not None:
             on_stages(stages)
 
@@ -551,6 +604,11 @@ async def run_pipeline(
                 )
 
         def record(r: TurnRecord) -> None:
+            eos, heard = r.end_of_speech_ns, r.first_audio_ns
+            if r.tax_ms is not None and r.tax_ms > TAX_OUTLIER_MS and eos is not None and heard is not None:
+                why = probe.distrust(eos, heard)  # judged now, before the record is written
+                if why:  # a tax outlier that coincides with a stall or a burst: the tool's, as likely as not
+                    r.trusted, r.distrust = False, f"{why} (tax {r.tax_ms:.0f} ms, over {TAX_OUTLIER_MS:g} ms)"
             result.records.append(r)
             if on_record:
                 on_record(r)
@@ -560,6 +618,7 @@ async def run_pipeline(
         link = process_link(addr, ctx, protocol, health)
         stages = build_stages(mqtt_connector(addr, ctx, link=link), ctx, local, on_record=record)
         client = next(s for s in stages if isinstance(s, Client))
+        probe = LagProbe(refused=lambda: refused_so_far(stages))
         progress = await stack.enter_async_context(Progress(addr, run, link))
         members = Membership(remote)
         failer = Failer(client, members, result, progress)
@@ -588,7 +647,7 @@ async def run_pipeline(
 
         try:
             await play_sessions(
-                stack, stages, spread_slots(cfg, scenarios, sessions), result, before=wait_remote
+                stack, stages, spread_slots(cfg, scenarios, sessions), result, before=wait_remote, probe=probe
             )
         except BrokerOutage as exc:
             result.outage = str(exc)
@@ -647,16 +706,18 @@ async def play_sessions(
     result: RunResult,
     *,
     before: Callable[[], Awaitable[None]] | None = None,
+    probe: LagProbe | None = None,
 ) -> None:
     """Start the stages, play every slot's conversations, stop the stages. Every scenario is first checked
-    against the run's config (:func:`voicepipe.config.check_speech`: a UserError), on every path in."""
+    against the run's config (:func:`voicepipe.config.check_speech`: a UserError), on every path in.
+    ``probe``: the run's own lag probe (a live run's default: a new one; a virtual run has none)."""
     tasks: list[asyncio.Task[None]] = []
     raised: BaseException | None = None  # a stage loop's failure this raises (not counted twice)
     if stages:
         played = {id(sc): sc for _, convs in slots for sc, _ in convs}
         check_speech(stages[0].cfg, list(played.values()))
     result.expected_turns = sum(len(sc.turns) for _, convs in slots for sc, _ in convs)
-    probe = None if is_virtual() else LagProbe()
+    probe = None if is_virtual() else probe or LagProbe()
     probing = asyncio.create_task(probe.run()) if probe else None
     stop = current_stop()  # a live run under voicepipe.stopping: a signal stops the sessions, not the run
     stopping: asyncio.Task[bool] | None = None
@@ -702,6 +763,7 @@ async def play_sessions(
         for s in stages:
             result.counters.add(s.guard.counters)
         result.counters.received = sum(s.bus.received for s in stages)
+        result.counters.duplicates = sum(getattr(s.bus, "duplicates", 0) for s in stages)
         malformed = result.deadletters - sum(
             min(n, NOTED_PER_REASON) for s in stages for n in s.noted.values()
         )

@@ -1,10 +1,28 @@
 """Stage replicas with session affinity: which replica serves which session, and a bus that keeps to it.
 
 Model. ``voicepipe run --workers N`` runs N worker processes. The stages whose state is per session
-(:data:`REPLICATED`: ASR, router, TTS) get one replica per worker; the stages whose state spans sessions
-(:data:`SINGLE`: the agent and the council share one simulated device per backend — its batching and queueing
-are what they model —, the cache shares its learned answers) stay one instance each, placed on the workers in
-turn: splitting them would change what is simulated, not only who computes it.
+(:data:`REPLICATED`: ASR, router, agent, TTS) get one replica per worker; the stages whose state spans
+sessions (:data:`SINGLE`: the council shares one simulated device per backend, the cache its learned
+answers) stay one instance each, placed on the workers in turn: splitting them would change what is
+simulated, not only who computes it.
+
+The agent is replicated although its hardware backends model one shared device (a
+:class:`~voicepipe.hardware.serving.DeviceServer`: a queue and a batch that every session's requests share).
+Its replicas are **shadows** of each other (:data:`SHADOWED`): every agent replica receives every session's
+agent messages (no filtering by owner), feeds every request to its own copy of the device model, and
+publishes only for the sessions it owns; for the others it runs the same generation muted (nothing sent,
+no turn failed). So each replica's device holds the whole run's load — the queueing and batching a
+session meets are those of the one device, as with a single agent — and a replica that takes over a dead
+peer's sessions already holds their conversation history and the device's state. The copies agree up to
+when each process received a message (arrival times differ by the broker's fan-out, well under a
+millisecond on one host). Why not the alternatives: splitting the device into per-replica shares would
+model N smaller devices (other batching, other queueing: other numbers for the same config); keeping the
+device in one process behind stateless fronts would leave that process the single point of failure and
+add a bus round trip per request. The price: each agent replica does the agent's work for every session
+(N times the agent's CPU in all). A backend that is a real server (``kind == "endpoint"``) is not
+shadowed — the server is the device, and a shadow would send it every request N times —: for it the
+replicas are stateless fronts that ignore the sessions they do not own (a moved session starts with no
+modelled history there).
 
 Affinity: every replica of a kind subscribes to the kind's channels as usual (plain subscriptions) and acts
 only on the sessions it owns; the owner of a session is the highest rendezvous hash (HRW) of
@@ -23,7 +41,8 @@ what that costs).
 
 :class:`Membership` is the live replica set (planned at start, shrunk when :mod:`voicepipe.bus.liveness` reports
 a death; a dead replica never comes back within a run). :class:`PartitionedBus` wraps a stage's bus and
-yields only the messages of sessions its replica owns (plus ``session.end``, which every replica obeys).
+yields only the messages of sessions its replica owns (plus ``session.end``, which every replica obeys);
+with ``shadow`` it yields every message and answers :meth:`PartitionedBus.owns` for the stage to decide.
 """
 
 from __future__ import annotations
@@ -34,8 +53,9 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 from voicepipe.bus.base import Bus
 from voicepipe.messages import Envelope
 
-REPLICATED = ("asr", "router", "tts")  # per-session state only: safe to split by session
-SINGLE = ("agent", "council", "cache")  # state across sessions (shared simulated device, learned cache)
+REPLICATED = ("asr", "router", "agent", "tts")  # safe to split by session (the agent: as shadows)
+SINGLE = ("council", "cache")  # state across sessions (shared simulated device, learned cache)
+SHADOWED = ("agent",)  # replicas that see every session and act (muted) on those they do not own
 
 
 def replica_id(kind: str, index: int) -> str:
@@ -105,16 +125,17 @@ class Membership:
 class PartitionedBus(Bus):
     """A replica's view of its stage's bus: only the sessions it owns (and every ``session.end``)."""
 
-    def __init__(self, inner: Bus, replica: str, members: Membership) -> None:
+    def __init__(self, inner: Bus, replica: str, members: Membership, *, shadow: bool = False) -> None:
         super().__init__(inner.run, inner.name)
         self.inner = inner
         self.trusted = inner.trusted  # a view of the same bus: its peers sign (or not) as the inner bus's do
         self.replica = replica
         self.kind = kind_of(replica)
         self.members = members
-        self.served: set[str] = set()  # sessions this replica acted on
-        self.skipped = 0  # messages of sessions another replica owns
-        if hasattr(inner, "accept"):  # the MQTT bus drops them by topic, before parsing their bodies
+        self.shadow = shadow  # yield every session's messages: the stage mutes those it does not own
+        self.served: set[str] = set()  # sessions this replica acted on (as their owner)
+        self.skipped = 0  # messages of sessions another replica owns (not counted for a shadow)
+        if hasattr(inner, "accept") and not shadow:  # the MQTT bus drops them by topic, before parsing their bodies
             inner.accept = self._accept
 
     def _accept(self, session: str, channel: str) -> bool:
@@ -122,6 +143,10 @@ class PartitionedBus(Bus):
             return True
         self.skipped += 1
         return False
+
+    def owns(self, session: str) -> bool:
+        """Is this replica the owner of ``session`` now (its live replicas' highest hash)?"""
+        return self.members.owner(self.kind, session) == self.replica
 
     @property
     def client(self):  # type: ignore[no-untyped-def]  # the MQTT client, where the inner bus has one
@@ -150,8 +175,9 @@ class PartitionedBus(Bus):
             self.received = self.inner.received
             self.deadletters = self.inner.deadletters
             if env.type != "session.end":
-                if self.members.owner(self.kind, env.session) != self.replica:
+                if self.members.owner(self.kind, env.session) == self.replica:
+                    self.served.add(env.session)
+                elif not self.shadow:
                     self.skipped += 1
                     continue
-                self.served.add(env.session)
             yield channel, env

@@ -198,15 +198,17 @@ def write_outputs(
     fixes: Callable[[], dict[str, Any]] | None = None,
     incidents: Mapping[str, Incidents] | None = None,
     predicted: bool = False,
+    notes: dict[str, list[str]] | None = None,
 ) -> None:
     """Write the requested exports; ``fixes`` (only called for a report) gives label → advice;
     ``incidents`` (label → outages, stage deaths, early end) go in the report's Incidents section;
-    ``predicted``: the records are predictions (the report says so)."""
+    ``predicted``: the records are predictions (the report says so); ``notes`` (label → lines) what a
+    live run counted beyond its records, for the report."""
     records = [r for rs in runs.values() for r in rs]
     if report:
         html = render_html(
             runs, configs, budget_ms=budget_ms, fixes=fixes() if fixes else None, incidents=incidents,
-            predicted=predicted,
+            predicted=predicted, notes=notes,
         )
         report.write_text(html, encoding="utf-8")
         err.print(f"report: {report}")

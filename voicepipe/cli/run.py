@@ -50,7 +50,14 @@ from voicepipe.config import BrokerOverrides, PipelineConfig, check_speech, conf
 from voicepipe.errors import UserError, check_run_id
 from voicepipe.records import TurnRecord
 from voicepipe.report.advice import advice, base_command, print_advice
-from voicepipe.runner import WORKERS_NEED_BROKER, RunResult, run_live_loop, run_pipeline
+from voicepipe.runner import (
+    WORKERS_NEED_BROKER,
+    RunResult,
+    distrust_reasons,
+    refused_by_reason,
+    run_live_loop,
+    run_pipeline,
+)
 from voicepipe.scenario import Scenario
 from voicepipe.stages.guard import require_shared_token
 from voicepipe.stopping import stop_on_signals
@@ -85,6 +92,14 @@ def run_live(
         )
 
 
+def refusals_line(result: RunResult) -> str:
+    """Every refused delivery by reason (dead letters and the bus's duplicate-id drops), for the report."""
+    refused = refused_by_reason(result.counters)
+    why = "; ".join(f"{n} {r}" for r, n in refused.items())
+    return (f"bus: {result.counters.received} messages received, {sum(refused.values())} refused"
+            f"{f' ({why})' if why else ''}")  # fmt: skip
+
+
 def print_run_counters(result: RunResult) -> None:
     """Every expected turn accounted for, what the stages refused, and whether the load let us measure
     (wrapped between words at the console width)."""
@@ -95,12 +110,21 @@ def print_run_counters(result: RunResult) -> None:
     dead = sum(c.dead.values())
     why = "; ".join(f"{n} {r}" for r, n in c.dead.most_common())
     err.print(
-        f"bus: {c.received} received, {dead} dead-lettered{f' ({why})' if why else ''}, {c.late} late, "
-        f"{c.lost} lost in transit, {c.handler_errors} handler errors",
-        style="yellow" if dead or c.lost or c.handler_errors else None, highlight=False,
+        f"bus: {c.received} received, {dead} dead-lettered{f' ({why})' if why else ''}, "
+        f"{c.duplicates} duplicates dropped (envelope id seen before: redelivered, replayed or tampered), "
+        f"{c.late} late, {c.lost} lost in transit, {c.handler_errors} handler errors",
+        style="yellow" if dead or c.duplicates or c.lost or c.handler_errors else None, highlight=False,
+        soft_wrap=True,
     )  # fmt: skip
-    if result.lag is not None:
-        err.print(result.lag.verdict(), style="bold red" if result.lag.overloaded else None, highlight=False)
+    untrusted = sum(not r.trusted for r in result.records)
+    if result.lag is not None or untrusted:
+        line = result.lag.verdict() if result.lag is not None else ""
+        if untrusted:  # the run's p99 hides a few long stalls: the turns they hit are named on their own
+            kinds = "; ".join(f"{n} {r}" for r, n in distrust_reasons(result.records).items())
+            line += (f"{' — but ' if line else ''}NOT TRUSTED for {untrusted} turns ({kinds}): this process's "
+                     "load may have made their latency and tax (each record's `distrust` says why)")  # fmt: skip
+        overloaded = result.lag is not None and result.lag.overloaded
+        err.print(line, style="bold red" if overloaded or untrusted else None, highlight=False, soft_wrap=True)
 
 
 @broker_block
@@ -118,7 +142,8 @@ def run(
             "--summary-json",
             metavar="FILE",
             help="Write the run's counters as JSON: turns expected/completed/failed/lost with reasons, "
-            "messages received/dead-lettered by reason, event-loop lag.",
+            "messages received/refused by reason (dead letters, duplicate ids), event-loop lag, and the "
+            "turns not trusted (an event-loop stall or a message burst while they were in flight).",
         ),
     ] = None,
     fmt: FormatOpt = OutputFormat.table,
@@ -147,7 +172,7 @@ def run(
             "--workers",
             min=0,
             max=64,
-            help="Spread the stages over N worker processes (ASR, router, TTS replicated with session "
+            help="Spread the stages over N worker processes (ASR, router, agent, TTS replicated with session "
             "affinity); needs --broker.",
         ),
     ] = 0,
@@ -237,6 +262,6 @@ def run(
     name = config.stem if config else "default config"  # the report names a run by its configuration
     write_outputs(
         {name: sink.records}, {name: config_dict(cfg)}, report, csv, otel, cfg.budget_ms, otlp_endpoint,
-        lambda: {name: fix}, {name: held.incidents()},
+        lambda: {name: fix}, {name: held.incidents()}, notes={name: [refusals_line(result)]} if result else None,
     )  # fmt: skip
     finish(ending, reqs, sink.records, [held.accounting()])

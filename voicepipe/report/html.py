@@ -175,9 +175,15 @@ def _charts(draw: Callable[[float], str]) -> str:
 # --- sections --------------------------------------------------------------------------------------------
 
 
-def _findings(names: Sequence[str], sums: Sequence[Summary], budget_ms: float) -> str:
+def _findings(
+    names: Sequence[str],
+    sums: Sequence[Summary],
+    budget_ms: float,
+    runs: Sequence[Sequence[TurnRecord]] = (),
+    notes: Sequence[Sequence[str]] = (),
+) -> str:
     out = []
-    for name, s in zip(names, sums, strict=True):
+    for i, (name, s) in enumerate(zip(names, sums, strict=True)):
         cls = "good" if s.within_budget >= 0.9 else "bad" if s.within_budget < 0.5 else ""
         timeouts = s.turns - s.answered
         extra = f", {timeouts} not answered (timed out, failed or lost)" if timeouts else ""
@@ -192,6 +198,21 @@ def _findings(names: Sequence[str], sums: Sequence[Summary], budget_ms: float) -
             f"answered within the {fmt_num(budget_ms)} ms budget (median {esc(_ms(s.p50_ms))}, "
             f"p90 {esc(_ms(s.p90_ms))}{esc(extra)}).{over}</div>"
         )
+        untrusted = [r for r in runs[i] if not r.trusted] if i < len(runs) else []
+        if untrusted:  # the run's own load may have made these turns' latency and tax (TurnRecord.trusted)
+            kinds: dict[str, int] = {}
+            for r in untrusted:
+                for part in r.distrust.split("; "):
+                    kinds[part.split(":", 1)[0]] = kinds.get(part.split(":", 1)[0], 0) + 1
+            why = "; ".join(f"{n} {k}" for k, n in kinds.items())
+            turns = ", ".join(f"{r.session} turn {r.turn}" for r in untrusted[:8])
+            more = f" and {len(untrusted) - 8} more" if len(untrusted) > 8 else ""
+            out.append(
+                f'<div class="finding bad"><b>{esc(name)}</b>: numbers NOT TRUSTED for {len(untrusted)} turns '
+                f"({esc(why)}): the run's own load may have made their latency and tax ({esc(turns + more)}).</div>"
+            )
+        for line in notes[i] if i < len(notes) else ():  # what the run counted beyond its records
+            out.append(f'<div class="finding"><b>{esc(name)}</b>: {esc(line)}</div>')
     return "".join(out)
 
 
@@ -743,10 +764,12 @@ def render_html(
     fixes: Mapping[str, Advice | None] | None = None,
     incidents: Mapping[str, Incidents] | None = None,
     predicted: bool = False,
+    notes: Mapping[str, Sequence[str]] | None = None,
 ) -> str:
     """Render one self-contained HTML page; ``runs`` maps configuration label → its turn records;
     ``fixes`` (label → :func:`voicepipe.report.advice.advice`) adds predicted fixes to the misses panel;
-    ``incidents`` (label → its run's outages, stage deaths, early end) adds an Incidents section.
+    ``incidents`` (label → its run's outages, stage deaths, early end) adds an Incidents section;
+    ``notes`` (label → lines) what a live run counted beyond its records (refused messages by reason).
     ``predicted``: the records are predictions on virtual time (``compare --predict``), nothing was run
     live: the page says so, and has no measured-vs-predicted panel (there is no measurement)."""
     labels = list(runs)
@@ -768,7 +791,7 @@ def render_html(
     )  # fmt: skip
     body = [
         f'<header><h1>{esc(title)}</h1><p class="sub">{esc(sub)}</p>',
-        _findings(names, sums, budget_ms),
+        _findings(names, sums, budget_ms, recs, [list((notes or {}).get(k, ())) for k in labels]),
         "</header>",
         _summary(names, recs, sums, budget_ms),
         incidents_section(names, labels, runs, incidents or {}),

@@ -10,6 +10,13 @@ a cancelled one counts its generated tokens (and prompt) as wasted work. So does
 the ASR withdraws (the user resumed after a premature endpoint), whether it was still being generated or
 had already been written in full: everything it made is thrown away. The waste rides on the turn's next
 reply (``TurnMeta.wasted_tokens``).
+
+Replicas (``--workers``) are shadows (:data:`voicepipe.bus.partition.SHADOWED`): a replica runs every
+session's requests on its copy of the backend's device, and for a session it does not own when the request
+starts the generation is *muted* — it occupies the modelled device and grows the history as the owner's
+does, but publishes nothing and fails no turn. A muted generation stays muted if its session moves here
+mid-turn (the dead owner's turn in flight is failed by the run, not resumed halfway); the session's next
+request is this replica's own. A real server's requests are never shadowed (one per turn, by the owner).
 """
 
 from __future__ import annotations
@@ -91,6 +98,7 @@ class Generation:
     commit_env: Envelope[Route] | None = None
     complexity: str | None = None  # the turn's scripted difficulty: modelled quality depends on it
     wasted: bool = False  # its work has been counted as thrown away (once)
+    muted: bool = False  # a shadow replica's copy of another replica's request: runs, publishes nothing
 
     def billed(self) -> tuple[int, int, int]:
         """(prompt, cached prompt, output) tokens: a real model's usage as its server reported it, else
@@ -150,8 +158,9 @@ async def stream_reply(
             text="".join(gen.tokens[start : end + 1]), seq=seq, final=final, words=route.words,
             segment=route.segment, meta=meta,
         )  # fmt: skip
-        spans = [*chain, *(head.spans if head is not env else []), *gen.stream.spans(end)]
-        await stage.publish(stage.reply(head, text, spans))
+        if not gen.muted:
+            spans = [*chain, *(head.spans if head is not env else []), *gen.stream.spans(end)]
+            await stage.publish(stage.reply(head, text, spans))
         start = end + 1
 
 
@@ -176,6 +185,9 @@ class Agent(Stage):
         # session -> (turn, segment) -> the request whose text was released for that segment (running or
         # done), kept until the turn is over: a withdrawn segment's reply is thrown away even when complete
         self.released: dict[str, dict[tuple[int, int], Generation]] = {}
+        # a shadow replica (voicepipe.bus.partition.SHADOWED) asks its bus whether it owns a session
+        self._owns: Callable[[str], bool] | None = getattr(self.bus, "owns", None)
+        self.shadowed = 0  # requests run muted for sessions another replica owns
         self.on(Route, self.route)
         self.on(Cancel, self.cancelled)
 
@@ -184,6 +196,15 @@ class Agent(Stage):
         self.running.pop(session, None)
         self.wasted.pop(session, None)
         self.released.pop(session, None)
+
+    def owns(self, session: str) -> bool:
+        """Does this replica answer for ``session`` (always, unless it is one of several shadows)?"""
+        return self._owns is None or self._owns(session)
+
+    async def fail_turn(self, session: str, turn: int, reason: str, *, lost: bool = False) -> None:
+        """A shadow fails no turn of a session it does not own: the owner saw (or failed) it itself."""
+        if self.owns(session):
+            await super().fail_turn(session, turn, reason, lost=lost)
 
     async def on_script(self, env: Envelope[TurnScript]) -> None:
         self.wasted.get(env.session, {}).pop(env.turn - 2, None)
@@ -261,7 +282,12 @@ class Agent(Stage):
         if not script:
             raise ValueError(f"no script for turn {env.turn} of session {env.session}")
         key = (env.turn, "pre", p.attempt) if p.hold else (env.turn, p.segment)
+        muted = not self.owns(env.session)
+        if muted and self.backends[p.agent].kind == "endpoint":
+            return  # a real server is the device: only the owner sends it the request
         gen = self._start(env, script, p.agent)
+        gen.muted = muted
+        self.shadowed += muted
         if not p.hold:
             gen.commit.set()
             self._remember(env, gen)
@@ -299,7 +325,8 @@ class Agent(Stage):
         try:
             await stream_reply(self, env, gen, meta_of, self.cfg.agent.chunk_tokens, list(env.spans))
         except EndpointError as exc:  # a real model failed: the turn fails with the reason, the run goes on
-            await fail_turn(self, env, str(exc))
+            if not gen.muted:
+                await fail_turn(self, env, str(exc))
         finally:
             running = self.running.get(env.session)
             if running is not None and running.get(key) is gen:

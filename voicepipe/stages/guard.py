@@ -167,9 +167,13 @@ class Counters:
     late: int = 0
     lost: int = 0  # messages the broker dropped on the way here (sequence gaps)
     handler_errors: int = 0
+    # deliveries the bus dropped before the guard, as a copy of an envelope id already seen (a QoS 1
+    # redelivery, a replayed capture, a tampered re-publication keeping its id)
+    duplicates: int = 0
 
     def add(self, other: Counters) -> None:
         self.received += other.received
+        self.duplicates += other.duplicates
         self.dead.update(other.dead)
         self.late += other.late
         self.lost += other.lost
