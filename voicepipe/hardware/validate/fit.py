@@ -22,6 +22,7 @@ leave-one-source-out (refit without every point of one source, predict that sour
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from functools import cache
 
@@ -43,7 +44,8 @@ LOSS_CAP = 1.5  # a point's loss stops growing at a factor 1.5 off (+50 % / −3
 PRIOR = {"eta_mem": 0.80, "mfu": 0.60, "eta_wq": 0.70, "eta_moe": 0.70, "layer_s": 10e-6}
 
 
-def _stack_parts(parts: list[StepParts]) -> StepParts:
+def _stack_parts(parts: Sequence[StepParts | None]) -> StepParts:
+    assert all(x is not None for x in parts)
     arrays = {f.name: np.array([float(getattr(x, f.name)) for x in parts]) for f in fields(StepParts)}
     arrays["weight_only"] = arrays["weight_only"].astype(bool)
     arrays["sram"] = arrays["sram"].astype(bool)

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -212,7 +212,7 @@ def prepare(p: Point) -> Prepared:
         and keeps_all
     ):
         grows = lockstep(kv_capacity_tokens(system), batch, prompt, out)
-    extra: dict[str, tuple[StepParts, float]] = {}
+    extra: dict[str, Any] = {}
     if steady and batch > 1:
         # a loaded server's mean step also prefills newcomers: B requests of P prompt and O output
         # tokens bring B·P/O prompt tokens per step, on average half-way into their prompt
