@@ -102,6 +102,9 @@ class _State:
         self.prefill_left = 0.0  # fraction of the current prefill still to run
         self.queue: deque[Job] = deque()
         self._step = -1.0  # step_ns() of the current batch; < 0 once the batch changed
+        # where set (a whole run on virtual time, voicepipe.hardware.workload): every stretch between
+        # events as (start ns, length ns, steps, decoders, their KV tokens, prefill tokens, cached tokens)
+        self.trace: list[tuple[float, float, float, int, float, int, int]] | None = None
 
     def changed(self) -> None:
         """The batch (decoders, their KV or the prefill) changed: its step time must be looked up again."""
@@ -211,6 +214,10 @@ class _State:
                 self.v = heap[0][0]
         if self.prefill is not None:
             self.prefill_left = max(0.0, self.prefill_left - dt / step)
+        if self.trace is not None and dt > 0 and (self.members or self.prefill is not None):
+            pf = self.prefill
+            self.trace.append((self.t, dt, dt / step, len(self.members), self.kv,
+                               pf.prefill_tokens if pf else 0, pf.cached_tokens if pf else 0))  # fmt: skip
         self.t = t
 
 

@@ -59,6 +59,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from voicepipe.hardware.catalog import Device, ModelSpec, Stack
+from voicepipe.hardware.serving import DeviceServer
 from voicepipe.hardware.step import (
     Bound,
     StepParts,
@@ -110,6 +111,7 @@ from voicepipe.hardware.system import (
     weight_split,
     weights_fit,
 )
+from voicepipe.hardware.workload import steady, throughput
 
 __all__ = [
     "DEFAULT_EFFICIENCY",
@@ -215,7 +217,13 @@ def predict(
     kv_precision: str | None = None,
     stack: Stack | None = None,
 ) -> Prediction:
-    """Idle-device timing of one request among ``batch`` identical ones.
+    """One request among ``batch`` clients each holding one in flight, as the serving engine runs them
+    (:func:`voicepipe.hardware.workload.steady`: the burst that fills the device, then a measured round;
+    ``batch`` 1: a request alone). ``ttft_ms`` is the measured requests' mean TTFT (queueing and prefill
+    behind others included), ``tokens_per_second`` one user's decode rate (1 / mean time per output
+    token), ``step_ms`` the mean step it sees, ``aggregate_tokens_per_second`` the device's output rate
+    (``batch · O`` per request lifetime). The breakdown (memory, compute, ...) is of a decode step of the
+    running batch at its mean context.
 
     The chip count is the smallest TP width holding the weights and one sequence (or ``tp``), whatever
     the batch, so ``predict`` and ``sweep`` agree. A batch whose KV does not fit runs as many sequences
@@ -241,8 +249,10 @@ def predict(
         )
         note = f"KV for {batch} sequences {held} exceeds memory: the server runs {run} at a time and queues the rest"
     st = step_time(system, run, run * ctx)
-    step = float(decode_step_s(system, run, ctx, spec))
-    per_user = tokens_per_step(spec) / step
+    server = DeviceServer(system, max_batch=max(run, 1), spec=spec, prompt_cache=False)
+    engine = steady(server, batch, prompt_tokens, output_tokens, rounds=1 if batch == 1 else 2)
+    per_user = 1.0 / engine.tpot_s
+    step = engine.tpot_s * tokens_per_step(spec)
     cap = system.chips * device.capacity_bytes
     return Prediction(
         hardware=device.key,
@@ -258,8 +268,8 @@ def predict(
         fits=run == batch,
         step_ms=step * 1e3,
         tokens_per_second=per_user,
-        aggregate_tokens_per_second=per_user * run,
-        ttft_ms=float(prefill_s(system, prompt_tokens)) * 1e3,
+        aggregate_tokens_per_second=throughput(engine, static=False),
+        ttft_ms=engine.ttft_s * 1e3,
         bound=str(st.bound()),
         weights_gb=weight_bytes(model, system.precision) / 1e9,
         kv_gb=batch * kept_tokens(system, ctx_max) * kv_bytes_per_token(model, system.kv) / 1e9,

@@ -53,14 +53,8 @@ from voicepipe.hardware.engine import (
     prefill_split,
     token_v,
 )
-from voicepipe.hardware.model import (
-    Speculative,
-    System,
-    mean_context,
-    mixed_step_s,
-    request_overhead_s,
-    tokens_per_step,
-)
+from voicepipe.hardware.step import mixed_step_s, request_overhead_s, tokens_per_step
+from voicepipe.hardware.system import Speculative, System, mean_context
 from voicepipe.llm import LLMRequest
 from voicepipe.spans import Span, modelled_span
 
@@ -194,6 +188,16 @@ class DeviceServer:
     def _advance(self, t: float) -> None:
         self._state.run(t, self._real)
         self._prune()
+
+    def record(self) -> list[tuple[float, float, float, int, float, int, int]]:
+        """From now on, log every stretch of the realised past between events (see ``_State.trace``):
+        what a run on virtual time (:mod:`voicepipe.hardware.workload`) reads its step mix from."""
+        self._state.trace = []
+        return self._state.trace
+
+    def drain(self) -> None:
+        """Realise the whole future (no more arrivals): every job submitted so far finishes."""
+        self._advance(INF)
 
     def _changed(self, bounds: bool = False) -> None:
         """The realised state moved to a change's instant: mark it, project afresh, wake moved waits
