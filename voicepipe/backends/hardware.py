@@ -7,8 +7,9 @@ per sequence the system is sized for, default 4096), ``speculative: {alpha, gamm
 ``fast`` (same model at a small max batch, priced accordingly), ``prompt_cache`` (honour the request's
 ``cached_prompt_tokens``; default true).
 
-``predict`` is the idle device: ``ttft = stack request cost + t_step(prefill of prompt − cached)`` (that forward pass emits
-token 0), ``tpot = t_step(1 sequence at prompt + output/2 context) / E``. ``start`` runs the request on the
+``predict`` is the idle device: the serving engine's run of the request alone
+(:func:`voicepipe.hardware.workload.alone`: ``ttft = stack request cost + t_step(prefill of prompt − cached)``,
+that forward pass emitting token 0; ``tpot = t_step(1 sequence at prompt + output/2 context) / E``). ``start`` runs the request on the
 backend's one shared :class:`~voicepipe.hardware.serving.DeviceServer`.
 """
 
@@ -37,14 +38,13 @@ from voicepipe.hardware.model import (
     make_system,
     max_sequences,
     mean_context,
-    mixed_step_s,
     prefill_s,
-    request_overhead_s,
     tokens_per_step,
     tp_options,
 )
 from voicepipe.hardware.quality import quality_of
-from voicepipe.hardware.serving import DeviceServer, DeviceStream, prefill_split
+from voicepipe.hardware.serving import DeviceServer, DeviceStream
+from voicepipe.hardware.workload import alone
 
 DEFAULT_MAX_BATCH = 64  # vLLM's default max_num_seqs is 256; 64 is a latency-oriented deployment
 FAST_MAX_BATCH = 4  # "fast mode": the same model on the same chips, at most 4 sequences per step
@@ -248,13 +248,14 @@ class HardwareBackend:
 
     def predict(self, req: LLMRequest, rng: np.random.Generator) -> Timing:
         """Idle device: deterministic physics (``rng`` unused)."""
-        n, cached = prefill_split(req, self.deployment.prompt_cache)
-        spec = self.deployment.spec
-        ttft = float(mixed_step_s(self.system, 0, 0.0, prefill_tokens=n, prefill_cached=cached, spec=spec))
-        ttft += request_overhead_s(self.system)
+        dep = self.deployment
+        server = DeviceServer(dep.system, max_batch=dep.max_batch, spec=dep.spec, prompt_cache=dep.prompt_cache)
+        r = alone(server, req)  # the engine's run of this request with nothing else on the device
+        if req.output_tokens > 1:
+            return Timing(ttft_s=r.ttft_s, tpot_s=r.tpot_s)
+        # no token after the first: the step it would decode at, as the engine times it
         ctx = mean_context(req.prompt_tokens, req.output_tokens)
-        step = float(mixed_step_s(self.system, 1, ctx, spec=spec))
-        return Timing(ttft_s=ttft, tpot_s=step / tokens_per_step(spec))
+        return Timing(ttft_s=r.ttft_s, tpot_s=server.step_ns(1, ctx, 0, 0) / 1e9 / server.tokens_per_step)
 
     def start(self, req: LLMRequest, t0_ns: int, rng: np.random.Generator) -> DeviceStream:
         return self.server.open(req, t0_ns)

@@ -1,34 +1,43 @@
-"""Fit the few global constants to the published points; leave-one-source-out predictions.
+"""Fit the few global constants to the published points; leave-one-source-out predictions by the engine.
 
-A metric is a closed-form function of a point's step parts (:mod:`~voicepipe.hardware.validate.points`)
-and the constants θ = (η_mem, MFU, η_wq, η_moe, τ)::
+Every point is a run of the serving engine (:mod:`~voicepipe.hardware.validate.points`,
+:mod:`voicepipe.hardware.workload`): its metric is a figure of that run (mean TTFT, mean time per output
+token, mean decode-only step, throughput, end-to-end latency). A held-out row is the engine's run under
+the constants fitted without the point's source.
 
-    decode   t_d = step(B sequences at context P + O/2)
-    prefill  t_p = step(B prompts of P tokens at once) + stack request cost
-    tpot_ms, itl_ms, itl_median_ms = t_d          tok_s_user = 1/t_d        ttft_ms = t_p
-    tok_s_total = B·O / (t_p + O·t_d)          e2e_latency_s, e2el_ms = t_p + (O − 1)·t_d
-    tok_s_total of a closed-loop run (``closed_loop``: B kept in flight over many requests) = B / t_d
-    (plus, under attention DP, the run's prefill waits spread over its steps)
+The fit needs thousands of constant sets θ = (η_mem, MFU, η_wq, η_moe, τ) over all points, so it re-times
+each point's step mix rather than re-running it: a figure is a weighted sum of the run's step times
+(:meth:`voicepipe.hardware.workload.Run.weights`), so one run at the shipped constants gives a point's
+stretches (merged where they share a batch shape, at most ``MAX_ROWS``) and their weights, and a candidate
+θ re-times them in one numpy broadcast. That is exact while θ leaves the order of the run's events alone
+(the held-out rows are real runs either way).
 
 The fit minimises the mean absolute log error over the training points, each point's error capped at a
 factor ``LOSS_CAP`` (so a point the physics cannot explain stops pulling the shared constants), inside
 published ranges (a coarse grid, then a pattern search), with a weak pull towards published mid-range
 values so constants no training point constrains stay there.
-Candidate θ are evaluated in one numpy broadcast, so a fit takes tens of milliseconds and
-leave-one-source-out (refit without every point of one source, predict that source; a point's
-``group``, where set, joins files of one publication into one source) about a second.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from functools import cache
 
 import numpy as np
 
-from voicepipe.hardware.model import FITTED, FArray, StepParts, combine
-from voicepipe.hardware.validate.points import EXTRA, Point, Prepared, points, prepare
+from voicepipe.hardware.model import (
+    DEFAULT_EFFICIENCY,
+    FITTED,
+    Efficiency,
+    FArray,
+    StepParts,
+    combine,
+    step_parts,
+)
+from voicepipe.hardware.serving import DeviceServer
+from voicepipe.hardware.validate.points import Point, Prepared, points, prepare
+from voicepipe.hardware.workload import Figure, Run, static_batch, steady, throughput
 
 # search box for each fitted constant: the published range (docs/hardware-model.md §2)
 BOUNDS: dict[str, tuple[float, float]] = {
@@ -41,98 +50,122 @@ BOUNDS: dict[str, tuple[float, float]] = {
 PRIOR_WEIGHT = 0.002  # weak pull to published mid-range values: decides only what the data leave free
 LOSS_CAP = 1.5  # a point's loss stops growing at a factor 1.5 off (+50 % / −33 %)
 PRIOR = {"eta_mem": 0.80, "mfu": 0.60, "eta_wq": 0.70, "eta_moe": 0.70, "layer_s": 10e-6}
+MAX_ROWS = 24  # a run's stretches merged into at most this many batch shapes for the fit
+STEADY_ROUNDS = 2  # a steady run: the burst that fills the device, then one measured round
+
+
+def efficiency(theta: FArray | None) -> Efficiency:
+    return DEFAULT_EFFICIENCY if theta is None else replace(DEFAULT_EFFICIENCY, **dict(zip(FITTED, map(float, theta), strict=True)))
+
+
+def engine_run(x: Prepared, theta: FArray | None = None) -> Run:
+    """The point's run on the engine under the constants ``theta`` (None: the shipped ones)."""
+    assert x.system is not None
+    server = DeviceServer(replace(x.system, eff=efficiency(theta)), max_batch=max(x.batch, 1), prompt_cache=False)
+    if x.workload == "static":
+        return static_batch(server, x.requests, x.prompt, x.out)
+    rounds = 1 if x.requests == 1 else STEADY_ROUNDS
+    return steady(server, x.requests, x.prompt, x.out, rounds=rounds)
+
+
+def form(x: Prepared) -> tuple[Figure, float, bool]:
+    """(figure, scale, inverted): the metric is ``scale · figure`` or ``scale / figure``."""
+    m = x.point.metric
+    if m in ("tpot_ms", "itl_ms"):
+        return "tpot", 1e3, False
+    if m == "itl_median_ms":
+        return "decode_step", 1e3, False
+    if m == "tok_s_user":
+        return "tpot", 1.0, True
+    if m == "ttft_ms":
+        return "ttft", 1e3, False
+    if m == "e2e_latency_s":
+        return "e2e", 1.0, False
+    if m == "e2el_ms":
+        return "e2e", 1e3, False
+    if x.workload == "steady":  # tok_s_total of a closed loop: N·O per request lifetime (Little's law)
+        return "e2e", float(x.requests * x.out), True
+    return "duration", float(x.requests * x.out), True
+
+
+def metric_of(x: Prepared, r: Run) -> float:
+    """The point's metric from its run (the one figure the fit re-times)."""
+    fig, scale, inv = form(x)
+    if x.point.metric == "tok_s_total":
+        return throughput(r, static=x.workload == "static")
+    v = r.figure(fig)
+    return scale / v if inv else scale * v
 
 
 def _stack_parts(parts: list[StepParts]) -> StepParts:
-    arrays = {f.name: np.array([float(getattr(x, f.name)) for x in parts]) for f in fields(StepParts)}
-    arrays["weight_only"] = arrays["weight_only"].astype(bool)
-    arrays["sram"] = arrays["sram"].astype(bool)
-    return StepParts(**arrays)
+    arrays = {f.name: np.concatenate([np.broadcast_to(np.asarray(getattr(x, f.name), dtype=float),
+                                                      np.shape(x.kv_s)).ravel() for x in parts]) for f in fields(StepParts)}  # fmt: skip
+    return StepParts(**{**arrays, "weight_only": arrays["weight_only"].astype(bool), "sram": arrays["sram"].astype(bool)})
 
+
+def _merged(r: Run, w: FArray) -> tuple[FArray, FArray, FArray, FArray, FArray]:
+    """(weights, decoders, kv, prefill, cached) of the stretches merged by batch shape (≤ MAX_ROWS)."""
+    keep = w > 0
+    w, d, kv, n, c = w[keep], r.decoders[keep], r.kv[keep], r.prefill[keep], r.cached[keep]
+    if len(w) == 0:
+        return np.zeros(1), np.ones(1), np.ones(1), np.zeros(1), np.zeros(1)
+    per = max(1, MAX_ROWS // max(len(np.unique(n)), 1))
+    edges = np.unique(np.quantile(d, np.linspace(0, 1, per + 1)))
+    dbin = np.clip(np.searchsorted(edges, d, side="right") - 1, 0, max(len(edges) - 2, 0))
+    key = np.unique(np.stack([dbin, n, c]), axis=1, return_inverse=True)[1].ravel()
+    k = key.max() + 1
+    ws = np.bincount(key, w, k).astype(float)
+    mean = lambda v: np.bincount(key, w * v, k) / ws  # noqa: E731
+    return ws, mean(d), mean(kv), mean(n), mean(c)
 
 
 @dataclass(frozen=True)
 class Batch:
-    """Answerable points as arrays (one column per point)."""
+    """Answerable points as the fit re-times them: every point's merged stretches, end to end."""
 
     items: tuple[Prepared, ...]
-    decode: StepParts
-    prefill: StepParts
-    request_s: FArray
-    batch: FArray
-    out: FArray
+    parts: StepParts  # one column per merged stretch
+    weights: FArray
+    starts: np.ndarray  # first column of each point
+    add: FArray  # the per-request cost where the figure includes it
+    scale: FArray
+    inverted: np.ndarray
     value: FArray
-    metric: np.ndarray  # of metric names
-    prefill_runs: FArray
-    # for each name in EXTRA: the steps' parts (a point without them repeats its decode parts) and counts
-    extra: dict[str, tuple[StepParts, FArray]]
 
 
-def _metric_form(x: Prepared) -> str:
-    """The closed form a point's metric takes: a closed-loop run's throughput is its own form."""
-    closed = x.point.closed_loop and x.batch > 1
-    return "tok_s_closed" if closed else x.point.metric
-
-
-def batch_of(items: list[Prepared]) -> Batch:
-    ok = [x for x in items if x.decode is not None and x.prefill is not None]
-    extra = {}
-    for name in EXTRA:
-        got = [getattr(x, name) for x in ok]
-        parts = [g[0] if g is not None else x.decode for g, x in zip(got, ok, strict=True)]
-        extra[name] = (_stack_parts(parts), np.array([g[1] if g is not None else 0.0 for g in got]))
+def batch_of(items: list[Prepared], theta: FArray | None = None) -> Batch:
+    """The points' step mixes from runs under ``theta`` (None: the shipped constants)."""
+    parts, weights, starts, add, scale, inv = [], [], [], [], [], []
+    col = 0
+    for x in items:
+        assert x.system is not None
+        r = engine_run(x, theta)
+        fig, sc, iv = form(x)
+        w, d, kv, n, c = _merged(r, r.weights(fig))
+        parts.append(step_parts(x.system, d, kv, prefill_tokens=n, prefill_cached=c))
+        weights.append(w)
+        starts.append(col)
+        col += len(w)
+        add.append(r.request_s if fig in ("ttft", "e2e", "duration") else 0.0)
+        scale.append(sc)
+        inv.append(iv)
     return Batch(
-        items=tuple(items),
-        decode=_stack_parts([x.decode for x in ok]),
-        prefill=_stack_parts([x.prefill for x in ok]),
-        request_s=np.array([x.request_s for x in items]),
-        batch=np.array([float(x.batch) for x in items]),
-        out=np.array([float(x.out) for x in items]),
+        items=tuple(items), parts=_stack_parts(parts), weights=np.concatenate(weights) if weights else np.zeros(0),
+        starts=np.array(starts, dtype=int), add=np.array(add), scale=np.array(scale), inverted=np.array(inv, dtype=bool),
         value=np.array([x.point.value for x in items]),
-        metric=np.array([_metric_form(x) for x in items]),
-        prefill_runs=np.array([x.prefill_runs for x in items]),
-        extra=extra,
-    )
+    )  # fmt: skip
 
 
 def predicted(b: Batch, theta: FArray) -> FArray:
-    """Metric values for every point (last axis) under every constant set (rows of ``theta``: G × 4)."""
+    """Metric values for every point (last axis) under every constant set (rows of ``theta``)."""
     th = np.atleast_2d(theta)
-    cols = [th[:, i : i + 1] for i in range(len(FITTED))]
-    t_d = combine(b.decode, *cols)[2]
-    runs = {k: (combine(parts, *cols)[2], n) for k, (parts, n) in b.extra.items()}
-    first_t, first_n = runs["first"]
-    # TTFT: the prefill pass (and, where the stack emits token 0 from a decode step, that step)
-    t_p = b.prefill_runs * combine(b.prefill, *cols)[2] + b.request_s + first_n * first_t
-    # decode steps of a static run: O (O − 1 after the first-token step; the tok_s_total form counts
-    # one more than e2e), of which those a shrinking batch runs are charged at their own step
-    moved = sum(runs[k][0] * runs[k][1] for k in ("shrink", "reprefill", "tail", "adp"))
-    shrunk = runs["shrink"][1]
-    e2e = t_p + (b.out - 1.0 - shrunk) * t_d + moved
-    total = t_p + (b.out - first_n - shrunk) * t_d + moved
-    adp_per_step = runs["adp"][0] * runs["adp"][1] / b.out
-    m = b.metric
-    return np.select(
-        [
-            (m == "tpot_ms") | (m == "itl_ms") | (m == "itl_median_ms"),
-            m == "ttft_ms",
-            m == "tok_s_user",
-            m == "tok_s_total",
-            m == "tok_s_closed",
-            m == "e2e_latency_s",
-            m == "e2el_ms",
-        ],
-        # a closed loop's mean step also carries its share of the attention-DP prefill waits (adp)
-        [
-            t_d * 1e3,
-            t_p * 1e3,
-            1.0 / t_d,
-            b.batch * b.out / total,
-            b.batch / (t_d + adp_per_step),
-            e2e,
-            e2e * 1e3,
-        ],
-    )
+    out = []
+    for lo in range(0, len(th), 32):  # candidates in chunks: a chunk's array is 32 x the stretches
+        cols = [th[lo : lo + 32, i : i + 1] for i in range(len(FITTED))]
+        t = combine(b.parts, *cols)[2]
+        x = np.add.reduceat(t * b.weights, b.starts, axis=-1) + b.add
+        out.append(np.where(b.inverted, b.scale / x, b.scale * x))
+    return np.concatenate(out)
 
 
 def _loss(b: Batch, theta: FArray) -> FArray:
@@ -195,7 +228,8 @@ class Report:
 
 @cache
 def run() -> Report:
-    """Fit on all points (the shipped defaults' basis) and leave-one-source-out predictions."""
+    """Fit on all points (the shipped defaults' basis) and leave-one-source-out predictions, each a run
+    of the engine under the constants fitted without the point's source."""
     prepared = [prepare(p) for p in points()]
     ok = [x for x in prepared if not x.reason]
     full = batch_of(ok)
@@ -203,13 +237,24 @@ def run() -> Report:
     sources = sorted({x.point.held_out_with for x in ok})
     loso: dict[str, float] = {}
     for src in sources:
-        train = [x for x in ok if x.point.held_out_with != src]
-        test = [x for x in ok if x.point.held_out_with == src]
-        theta = fit(batch_of(train)) if train else theta_all
-        for x, v in zip(test, predicted(batch_of(test), theta)[0], strict=True):
-            loso[x.point.id] = float(v)
+        train = [i for i, x in enumerate(ok) if x.point.held_out_with != src]
+        theta = fit(_subset(full, train)) if train else theta_all
+        for x in ok:
+            if x.point.held_out_with == src:
+                loso[x.point.id] = metric_of(x, engine_run(x, theta))
     rows = tuple(Row(x.point, loso.get(x.point.id), x.reason) for x in prepared)
     return Report(rows, dict(zip(FITTED, (float(f"{v:.3g}") for v in theta_all), strict=True)), len(sources))
+
+
+def _subset(b: Batch, keep: list[int]) -> Batch:
+    """The batch of the points at ``keep`` (their stretches, re-indexed)."""
+    ends = np.append(b.starts[1:], len(b.weights))
+    cols = np.concatenate([np.arange(b.starts[i], ends[i]) for i in keep]) if keep else np.zeros(0, dtype=int)
+    lengths = np.array([ends[i] - b.starts[i] for i in keep], dtype=int)
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(int) if keep else np.zeros(0, dtype=int)
+    parts = StepParts(**{f.name: np.asarray(getattr(b.parts, f.name))[cols] for f in fields(StepParts)})
+    return Batch(items=tuple(b.items[i] for i in keep), parts=parts, weights=b.weights[cols], starts=starts,
+                 add=b.add[keep], scale=b.scale[keep], inverted=b.inverted[keep], value=b.value[keep])  # fmt: skip
 
 
 def summary_lines(rep: Report) -> list[str]:

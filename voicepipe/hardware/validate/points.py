@@ -1,22 +1,17 @@
-"""Published measurements, and each reduced to the raw parts of the engine steps its metric needs.
+"""Published measurements, and each as a run of the serving engine at its published configuration.
 
-``data/validation.yaml`` lists published points (device, chips, model, precision, KV precision, batch,
-prompt/output tokens, stack, metric, value, source, tier); :func:`points` reads them (a bad entry raises
-ValueError naming the point and field). :func:`prepare` reduces one answerable point once to step parts
-(:func:`voicepipe.hardware.model.step_parts`) at its published configuration, or gives the reason it cannot
-be answered; :mod:`~voicepipe.hardware.validate.fit` turns those parts into metric values.
+Every ``data/validation*.yaml`` lists published points (device, chips, model, precision, KV precision,
+batch, prompt/output tokens, stack, metric, value, source, tier, provenance); :func:`points` reads them all
+(a bad entry raises ValueError naming the file, point and field). :func:`prepare` turns one answerable
+point into the engine run its metric is a figure of (:class:`Prepared`), or gives the reason it cannot be
+answered; :mod:`~voicepipe.hardware.validate.fit` runs it
+(:mod:`voicepipe.hardware.workload`, on :class:`voicepipe.hardware.serving.DeviceServer`).
 
-B, the batch that runs, is the published one, or fewer when their KV does not fit at the mean context
-(:func:`voicepipe.hardware.model.running_sequences`). A per-token metric at concurrency B > 1 is
-a loaded server's mean step (so is a closed-loop run's throughput): besides B decodes it prefills B·P/O
-prompt tokens (every request brings P prompt tokens per O output tokens), on average half-way into their
-prompt; a median inter-token gap
-(``itl_median_ms``) is a decode-only step, since newcomers' prefills land in a minority of steps.
-Three stack- or setting-specific dynamics add steps (:class:`Prepared`): a stack whose
-first token comes from a decode step prefills P − 1 tokens and adds that step; a static batch that
-outgrows its cache on a recompute-preempting stack (vLLM) runs :class:`voicepipe.hardware.model.Lockstep`'s
-shrinking batch, re-prefill and tail; and under attention DP each decode step of a throughput run is
-charged the expected wait for a rank that prefills a prompt.
+B, the server's slots, is the published batch, or fewer when their KV does not fit at the mean context
+(:func:`voicepipe.hardware.model.running_sequences`); the rest queue. A per-token metric at concurrency B,
+and a closed-loop client's throughput, are figures of a steady run (B clients, each holding one request in
+flight); a median inter-token gap (``itl_median_ms``) is that run's mean decode-only step. TTFT, end-to-end
+latency and a burst's throughput are figures of a static batch: B requests arriving together.
 """
 
 from __future__ import annotations
@@ -33,15 +28,9 @@ from voicepipe.hardware import catalog
 from voicepipe.hardware.model import (
     DEFAULT_EFFICIENCY,
     DoesNotFit,
-    StepParts,
     System,
-    kv_capacity_tokens,
-    lockstep,
     make_system,
-    rank_local_prefill_parts,
-    request_overhead_s,
     running_sequences,
-    step_parts,
 )
 
 Metric = Literal[
@@ -105,47 +94,40 @@ class Point(BaseModel):
 
 @cache
 def points() -> tuple[Point, ...]:
-    """The shipped validation points (raises ValueError naming the point and field)."""
-    text = resources.files("voicepipe.hardware").joinpath("data", "validation.yaml").read_text()
-    raw = (yaml.safe_load(text) or {}).get("points") or []
+    """The shipped validation points, every ``validation*.yaml`` in the data folder in name order (raises
+    ValueError naming the file, point and field)."""
+    data = resources.files("voicepipe.hardware").joinpath("data")
     out = []
-    for i, item in enumerate(raw):
-        try:
-            out.append(Point(**item))
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            where = item.get("id", f"#{i}") if isinstance(item, dict) else f"#{i}"
-            raise ValueError(
-                f"validation.yaml: points[{where}].{'.'.join(map(str, err['loc']))}: {err['msg']}"
-            ) from None
+    for name in sorted(f.name for f in data.iterdir() if f.name.startswith("validation") and f.name.endswith(".yaml")):
+        raw = (yaml.safe_load(data.joinpath(name).read_text()) or {}).get("points") or []
+        for i, item in enumerate(raw):
+            try:
+                out.append(Point(**item))
+            except ValidationError as exc:
+                err = exc.errors()[0]
+                where = item.get("id", f"#{i}") if isinstance(item, dict) else f"#{i}"
+                raise ValueError(
+                    f"{name}: points[{where}].{'.'.join(map(str, err['loc']))}: {err['msg']}"
+                ) from None
     return tuple(out)
 
 
 @dataclass(frozen=True)
 class Prepared:
-    """A point reduced to the raw parts its metric needs (or the reason it cannot be answered).
+    """A point as a run of the serving engine (or the reason it cannot be answered).
 
-    The fields named in ``EXTRA`` are further steps of a run, each with how many times it runs: the
-    decode step that emits token 0 on a ``first_token_from_decode`` stack; for a recompute-preempting
-    stack whose static batch outgrows its cache (:class:`voicepipe.hardware.model.Lockstep`) the
-    shrinking-batch steps, the evicted sequences' re-prefill and their tail steps; under attention DP
-    the rank-local prefill that holds up the other ranks."""
+    ``workload`` is ``static`` (``requests`` arriving together at t = 0) or ``steady`` (``requests``
+    clients each holding one in flight, :func:`voicepipe.hardware.workload.steady`); ``batch`` is the
+    server's slots (what fits, at most the published batch)."""
 
     point: Point
     reason: str = ""
-    decode: StepParts | None = None
-    prefill: StepParts | None = None
-    request_s: float = 0.0
+    system: System | None = None
+    workload: Literal["static", "steady"] = "static"
+    requests: int = 0
     batch: int = 0  # the batch that runs (≤ the published one)
+    prompt: int = 0
     out: int = 0  # output tokens (DEFAULT_OUTPUT where unpublished)
-    # 0 when the prefill pass has no tokens (a 1-token prompt whose first token comes from a decode step)
-    prefill_runs: float = 1.0
-    first: tuple[StepParts, float] | None = None  # the decode step that emits token 0, and 1 (or none)
-    # (parts, times) replacing `times` of the run's decode steps (preemption, above)
-    shrink: tuple[StepParts, float] | None = None
-    reprefill: tuple[StepParts, float] | None = None
-    tail: tuple[StepParts, float] | None = None
-    adp: tuple[StepParts, float] | None = None  # attention DP: a rank's context holding up the others
 
 
 def stack_key(name: str) -> str:
@@ -156,7 +138,7 @@ def stack_key(name: str) -> str:
 
 
 def prepare(p: Point) -> Prepared:
-    """Reduce one point to step parts at its published configuration."""
+    """A point's configuration as an engine run (see :class:`Prepared`)."""
     try:
         dev = catalog.device(p.device)
     except ValueError:
@@ -197,61 +179,9 @@ def prepare(p: Point) -> Prepared:
         batch = min(asked, running_sequences(system, prompt, out))
         if batch < 1:
             return Prepared(p, reason=f"weights do not fit {p.chips} x {dev.key} at {p.precision}")
-    ctx = prompt + out / 2.0
-    # a static batch started at once, unless the client keeps the batch in flight over many requests
-    static = p.metric in ("tok_s_total", "e2e_latency_s", "e2el_ms") and not p.closed_loop
-    steady = p.metric in STEADY_STATE or p.closed_loop  # closed_loop: tok_s_total only (validator)
-    grows = None
-    # (the lockstep model counts every token of the cache: not for a stack that keeps only local windows)
-    keeps_all = mdl.window is None or not system.serving.window_kv
-    if (
-        static
-        and p.batch is not None
-        and dev.kind == "hbm"
-        and system.serving.preempt_recompute
-        and keeps_all
-    ):
-        grows = lockstep(kv_capacity_tokens(system), batch, prompt, out)
-    extra: dict[str, tuple[StepParts, float]] = {}
-    if steady and batch > 1:
-        # a loaded server's mean step also prefills newcomers: B requests of P prompt and O output
-        # tokens bring B·P/O prompt tokens per step, on average half-way into their prompt
-        decode = step_parts(
-            system, batch, batch * ctx, prefill_tokens=batch * prompt / out, prefill_cached=prompt / 2.0
-        )
-    elif grows is not None:
-        # all B run until the cache is full, then the batch shrinks and the evicted rejoin at the end
-        decode = step_parts(system, batch, batch * (prompt + grows.full_steps / 2.0))
-        extra["shrink"] = (step_parts(system, grows.shrink_batch, grows.capacity), grows.shrink_steps)
-        extra["reprefill"] = (
-            step_parts(system, 0, 0, prefill_tokens=grows.reprefill_tokens, prefill_seqs=grows.evicted),
-            1.0,
-        )
-        extra["tail"] = (
-            step_parts(system, grows.tail_batch, grows.tail_batch * grows.tail_context),
-            grows.tail_steps,
-        )
-    else:
-        decode = step_parts(system, batch, batch * ctx)
-    if p.metric == "tok_s_total" and system.attention_dp and system.chips > 1:
-        # in-flight batching under attention DP: a step takes as long as its slowest rank (TensorRT-LLM's
-        # ADP balance blog), so a prompt prefilled on one rank holds up all of them. Each rank admits
-        # λ = B/(N·O) prompts a step; a step carries at least one with probability 1 − (1 − λ)^N, and
-        # then costs one prompt's rank-local prefill, where the closed form spreads λ of it per step
-        lam = min(1.0, batch / system.chips / out)
-        busy = 1.0 - (1.0 - lam) ** system.chips
-        extra["adp"] = (rank_local_prefill_parts(system, max(prompt, 1)), out * max(0.0, busy - lam))
-    first_by_decode = dev.kind == "hbm" and system.serving.first_token_from_decode
-    # all B prompts in one prefill pass: B·P tokens through the weights, attention per prompt (P²/2 each);
-    # a stack whose first token comes from a decode step prefills all but the last prompt token
-    pf_tokens = max(prompt - 1, 0) if first_by_decode else max(prompt, 1)
-    prefill = step_parts(system, 0, 0, prefill_tokens=batch * max(pf_tokens, 1), prefill_seqs=batch)
-    if first_by_decode:
-        extra["first"] = (step_parts(system, batch, batch * max(prompt, 1)), 1.0)
-    return Prepared(
-        p, decode=decode, prefill=prefill, request_s=request_overhead_s(system), batch=batch, out=out,
-        prefill_runs=1.0 if pf_tokens > 0 else 0.0, **extra,
-    )  # fmt: skip
-
-
-EXTRA = ("first", "shrink", "reprefill", "tail", "adp")  # further steps of a static-batch run (Prepared)
+    # a per-token mean at concurrency B, and a closed-loop client's throughput, are a loaded server's;
+    # the rest time a burst of requests arriving together (as many as published; "saturated": what fits)
+    steady = p.metric in STEADY_STATE or p.metric == "itl_median_ms" or p.closed_loop
+    requests = asked if p.batch is not None else batch
+    return Prepared(p, system=system, workload="steady" if steady else "static", requests=requests,
+                    batch=batch, prompt=prompt, out=out)  # fmt: skip

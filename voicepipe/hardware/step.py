@@ -1,0 +1,355 @@
+"""One engine step's time: raw parts at efficiency 1 (:func:`step_parts`), then :func:`combine`.
+
+The formulas are stated in :mod:`voicepipe.hardware.model`'s docstring; the sizes they read come from
+:mod:`voicepipe.hardware.system`. Pure functions, vectorised over batch and context.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from voicepipe.hardware.catalog import (
+    Device,
+    ModelSpec,
+    kv_rereads,
+)
+from voicepipe.hardware.system import (
+    DEFAULT_EFFICIENCY,
+    Efficiency,
+    FArray,
+    Speculative,
+    System,
+    _expert_split,
+    _read_split,
+    attention_params,
+    bytes_per_param,
+    decode_attention_width,
+    expected_tokens_per_step,
+    kv_bytes_per_token,
+    kv_shards,
+    matmul_params,
+    weight_split,
+)
+
+Bound = Literal["memory", "compute", "latency"]
+
+# ---------------------------------------------------------------- time
+
+
+@dataclass(frozen=True)
+class StepParts:
+    """One step's raw costs in seconds at efficiency 1; :func:`combine` applies the efficiencies."""
+
+    kv_s: FArray  # KV bytes per chip / BW
+    dense_s: FArray  # dense weight bytes per chip / BW
+    expert_s: FArray  # routed-expert weight bytes per chip / BW
+    spill_s: FArray  # weights streamed from the offload tier (at its full bandwidth)
+    flops_s: FArray  # weight-matmul FLOPs per chip / sustained rate at the precision
+    attn_s: FArray  # attention (scores, values) FLOPs per chip / sustained 16-bit rate
+    comm_s: FArray  # all-reduces (latency + bandwidth), set constants
+    fixed_s: FArray  # stack per-step and per-layer costs (SRAM: per-layer time, sweep)
+    layers: FArray  # layers whose fitted per-layer cost τ applies (HBM: all; SRAM: none)
+    weight_only: bool | NDArray[np.bool_]
+    sram: bool | NDArray[np.bool_]
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """One engine step's time and its parts (seconds; arrays broadcast over the inputs)."""
+
+    memory_s: FArray
+    compute_s: FArray
+    comm_s: FArray
+    overhead_s: FArray
+    total_s: FArray
+
+    def bound(self) -> NDArray[np.str_]:
+        """Largest term: 'memory', 'compute', or 'latency' (fixed overheads, hops, collectives)."""
+        fixed = self.comm_s + self.overhead_s
+        return np.where(
+            (self.memory_s >= self.compute_s) & (self.memory_s >= fixed),
+            "memory",
+            np.where(self.compute_s >= fixed, "compute", "latency"),
+        )
+
+
+def allreduce_latency_s(device: Device, tp: int, eff: Efficiency = DEFAULT_EFFICIENCY) -> float:
+    """Small-message all-reduce latency of a ``tp``-wide group: α_2 · (1 + g · log2(tp / 2)); 0 at tp 1."""
+    if tp <= 1:
+        return 0.0
+    return float(device.allreduce_us or 0.0) * 1e-6 * (1.0 + eff.ar_growth * math.log2(tp / 2.0))
+
+
+def allreduces_per_step(model: ModelSpec, tp: int) -> int:
+    """Tensor parallelism all-reduces twice per layer (attention out, MLP out); none at tp 1."""
+    return 2 * model.layers if tp > 1 else 0
+
+
+def held_total(model: ModelSpec, tokens: ArrayLike, seqs: ArrayLike) -> FArray:
+    """Full-token equivalent of ``tokens`` of cache spread over ``seqs`` sequences, each at their mean
+    context (:meth:`ModelSpec.held`); the tokens themselves without local attention."""
+    t = np.asarray(tokens, dtype=float)
+    if model.window is None:
+        return t
+    return t - model.local_layers / model.layers * np.maximum(
+        t - np.asarray(seqs, dtype=float) * model.window, 0.0
+    )
+
+
+def step_parts(
+    system: System,
+    decode_seqs: ArrayLike,
+    kv_tokens: ArrayLike,
+    *,
+    tokens_per_seq: ArrayLike = 1,
+    prefill_tokens: ArrayLike = 0,
+    prefill_cached: ArrayLike = 0,
+    prefill_seqs: ArrayLike = 1,
+) -> StepParts:
+    """Raw costs of one engine step (see the module docstring for the formulas).
+
+    ``prefill_tokens`` may be ``prefill_seqs`` prompts of equal length (a batch arriving at once):
+    attention then costs each prompt its own ``(n/s)²/2``."""
+    dev, m, eff = system.device, system.model, system.eff
+    d = np.asarray(decode_seqs, dtype=float)
+    kv = np.asarray(kv_tokens, dtype=float)
+    q = np.asarray(tokens_per_seq, dtype=float)
+    n = np.asarray(prefill_tokens, dtype=float)
+    c = np.asarray(prefill_cached, dtype=float)
+    ps = np.maximum(np.asarray(prefill_seqs, dtype=float), 1.0)
+    tokens = d * q + n
+    zero = 0.0 * (tokens + kv + c)
+    bpp = bytes_per_param(system.precision)
+    kvb = kv_bytes_per_token(m, system.kv)
+    dense_p, expert_p = _read_split(m, tokens)
+    linear = 2.0 * matmul_params(m) * tokens
+    # local attention: the decoders' cache at their mean context, the prompt's cached prefix, and the
+    # span a new prompt token attends to, each capped at the window on the local layers
+    cached = c
+    if m.window is not None:
+        kv, cached = held_total(m, kv, d), held_total(m, c, ps)
+    attention = (
+        2.0
+        * m.layers
+        * m.heads
+        * (decode_attention_width(m) * q * kv + 2.0 * m.head_dim * n * m.held(c + n / (2.0 * ps)))
+    )
+    stk = system.serving
+    # a decode kernel that does not share a GQA group's KV head reads it once per query head
+    reread = kv_rereads(stk, m.gqa_group)
+    kv_bytes = (reread * kv + np.where(n > 0, cached, 0.0) + tokens) * kvb
+    # tensor parallelism splits every step's work over the chips; a pipeline (llama.cpp's layer split)
+    # runs the chips in turn, so a step costs one chip's time for all the work plus the hops between
+    pipeline = dev.kind == "hbm" and stk.multi_chip == "pipeline" and system.chips > 1
+    par = 1 if pipeline else system.chips
+    # weights' matmuls run at the precision's rate; attention (scores, values) in 16-bit math
+    # sustained (microbenchmarked) matmul rates; MFU is the share of them a serving step reaches
+    flops_s = linear / dev.matmul_flops(system.precision) / par + zero
+    attn_s = attention / dev.matmul_flops("bf16") / par + zero
+    if dev.kind == "hbm":
+        bw = dev.stream_bytes_s  # sustained (microbenchmarked) bandwidth; η_mem is the kernels' share of it
+        tp = system.chips
+        link = float(dev.link_gbs or 0) * 1e9 * eff.link_eff
+        in_hbm, spilled = weight_split(system)
+        hbm_share = in_hbm / (in_hbm + spilled)
+        comm = zero
+        if pipeline:  # one activation hand-off per chip boundary
+            comm = (tp - 1) * (float(dev.allreduce_us or 0.0) * 1e-6 + tokens * m.hidden * 2.0 / link) + zero
+        elif tp > 1:
+            ring = 2.0 * (tp - 1) / tp * tokens * m.hidden * 2.0 / link
+            comm = allreduces_per_step(m, tp) * (allreduce_latency_s(dev, tp, eff) + ring) + zero
+        offload_bw = float(dev.offload_bw_tbs or 1.0) * 1e12
+        # attention DP: every chip streams the whole attention weights, not a 1/tp slice of them
+        replicated = attention_params(m) * (1.0 - 1.0 / par) if system.attention_dp else 0.0
+        weights_s = ((dense_p + expert_p) / par + replicated) * bpp
+        return StepParts(
+            kv_s=kv_bytes / (1 if pipeline else kv_shards(m, tp, system.attention_dp)) / bw + zero,
+            dense_s=(dense_p / par + replicated) * bpp * hbm_share / bw + zero,
+            expert_s=expert_p * bpp / par * hbm_share / bw + zero,
+            spill_s=weights_s * (1.0 - hbm_share) / offload_bw + zero,
+            flops_s=flops_s,
+            attn_s=attn_s,
+            comm_s=comm,
+            fixed_s=zero
+            + m.layers * (stk.layer_overhead_us + np.where(n > 0, stk.prefill_layer_overhead_us, 0.0)) * 1e-6
+            + m.routed_layers * eff.moe_route_s
+            + stk.step_overhead_us * 1e-6
+            # host work per running sequence (schedule, prepare inputs, sample, detokenise)
+            + (d + np.where(n > 0, ps, 0.0)) * stk.seq_overhead_us * 1e-6,
+            layers=zero + m.layers,
+            weight_only=dev.weight_only(system.precision),
+            sram=False,
+        )
+    layer_bw = float(dev.layer_bw_tbs or 0) * 1e12
+    sweep = (dense_p + expert_p) * bpp / layer_bw if layer_bw > 0 else zero
+    return StepParts(
+        kv_s=kv_bytes / (system.chips * float(dev.sram_bw_tbs or 0) * 1e12) + zero,
+        dense_s=zero,
+        expert_s=zero,
+        spill_s=zero,
+        flops_s=flops_s,
+        attn_s=attn_s,
+        comm_s=zero + (system.chips - 1) * float(dev.hop_us or 0) * 1e-6,
+        fixed_s=zero + m.layers * float(dev.layer_us or 0) * 1e-6 + sweep,
+        layers=zero,
+        weight_only=False,
+        sram=True,
+    )
+
+
+def rank_local_prefill_parts(system: System, prompt_tokens: float) -> StepParts:
+    """Under attention data parallelism, the work of one prompt's prefill that stays on the chip that
+    owns the sequence: the non-expert matmuls (attention projections, dense layers, shared experts, head)
+    and its attention, at that chip's rate (not split over the group). The routed experts run
+    expert-parallel over the whole group and are not counted. Weight bytes are not counted either (the
+    step that carries the prompt streams them anyway), so only the compute terms are set."""
+    dev, m = system.device, system.model
+    n = float(prompt_tokens)
+    _, experts = _expert_split(m)
+    local = matmul_params(m) - experts * (m.experts_active / m.experts if m.is_moe else 0.0)
+    attention = 2.0 * m.layers * m.heads * 2.0 * m.head_dim * n * m.held(n / 2.0)
+    zero = np.zeros(())
+    return StepParts(
+        kv_s=zero,
+        dense_s=zero,
+        expert_s=zero,
+        spill_s=zero,
+        flops_s=zero + 2.0 * local * n / dev.matmul_flops(system.precision),
+        attn_s=zero + attention / dev.matmul_flops("bf16"),
+        comm_s=zero,
+        fixed_s=zero,
+        layers=zero,
+        weight_only=dev.weight_only(system.precision),
+        sram=False,
+    )
+
+
+def combine(
+    parts: StepParts,
+    eta_mem: ArrayLike,
+    mfu: ArrayLike,
+    eta_wq: ArrayLike,
+    eta_moe: ArrayLike,
+    layer_s: ArrayLike = 0.0,
+) -> tuple[FArray, FArray, FArray]:
+    """(memory, compute, total) seconds from raw parts and efficiencies (arrays broadcast: the fit
+    passes a column of candidate constants against a row of points)."""
+    w = np.where(parts.weight_only, np.asarray(eta_wq, dtype=float), 1.0)
+    eta = np.asarray(eta_mem, dtype=float)
+    u = np.asarray(mfu, dtype=float)
+    weights = (parts.dense_s / w + parts.expert_s / (w * np.asarray(eta_moe))) / eta + parts.spill_s
+    cache = parts.kv_s / eta
+    matmul = parts.flops_s / (u * w)  # weight-only kernels dequantise inside the GEMM
+    attention = parts.attn_s / u  # attention math is 16-bit whatever the weight format
+    memory, compute = weights + cache, matmul + attention
+    # HBM: one roofline per kernel class, run one after the other on the stream: the weight GEMMs
+    # (weight bytes vs matmul FLOPs) and attention (KV bytes vs attention FLOPs) do not overlap.
+    # SRAM: the token walks layers, so its parts add up.
+    busy = np.where(parts.sram, memory + compute, np.maximum(weights, matmul) + np.maximum(cache, attention))
+    return (
+        memory,
+        compute,
+        busy + parts.comm_s + parts.fixed_s + parts.layers * np.asarray(layer_s, dtype=float),
+    )
+
+
+def step_time(
+    system: System,
+    decode_seqs: ArrayLike,
+    kv_tokens: ArrayLike,
+    *,
+    tokens_per_seq: ArrayLike = 1,
+    prefill_tokens: ArrayLike = 0,
+    prefill_cached: ArrayLike = 0,
+) -> StepTime:
+    """Time of one engine step (see the module docstring for the formulas)."""
+    parts = step_parts(
+        system,
+        decode_seqs,
+        kv_tokens,
+        tokens_per_seq=tokens_per_seq,
+        prefill_tokens=prefill_tokens,
+        prefill_cached=prefill_cached,
+    )
+    e = system.eff
+    memory, compute, total = combine(parts, e.eta_mem, e.mfu, e.eta_wq, e.eta_moe, e.layer_s)
+    return StepTime(memory, compute, parts.comm_s, parts.fixed_s + parts.layers * e.layer_s, total)
+
+
+def mixed_step_s(
+    system: System,
+    decode_seqs: ArrayLike,
+    kv_tokens: ArrayLike,
+    *,
+    prefill_tokens: ArrayLike = 0,
+    prefill_cached: ArrayLike = 0,
+    spec: Speculative | None = None,
+) -> FArray:
+    """Seconds for one continuous-batching step: ``decode_seqs`` decode while ``prefill_tokens`` prefill.
+
+    With speculative decoding the decoders first run γ draft steps costing ``c`` target steps each, then
+    the target verifies γ + 1 tokens per sequence: ``γ·c·t(d, q=1) + t(d, q=γ+1, n)``.
+    """
+    d = np.asarray(decode_seqs, dtype=float)
+    if spec is None:
+        return step_time(
+            system, d, kv_tokens, prefill_tokens=prefill_tokens, prefill_cached=prefill_cached
+        ).total_s
+    verify = step_time(
+        system,
+        d,
+        kv_tokens,
+        tokens_per_seq=spec.gamma + 1,
+        prefill_tokens=prefill_tokens,
+        prefill_cached=prefill_cached,
+    ).total_s
+    draft = spec.gamma * spec.draft_cost * step_time(system, d, kv_tokens).total_s
+    return verify + np.where(d > 0, draft, 0.0)
+
+
+def tokens_per_step(spec: Speculative | None) -> float:
+    return 1.0 if spec is None else float(expected_tokens_per_step(spec.alpha, spec.gamma))
+
+
+def prefill_s(system: System, prompt_tokens: ArrayLike, cached_tokens: ArrayLike = 0) -> FArray:
+    """TTFT on an idle device: the stack's per-request cost plus one forward pass over the uncached
+    prompt (≥ 1 token; it streams every weight even for a short prompt) that emits token 0 — or, for a
+    stack whose first token comes from a decode step (``first_token_from_decode``), a pass over all but
+    the prompt's last token and then one decode step."""
+    p = np.asarray(prompt_tokens, dtype=float)
+    c = np.minimum(np.asarray(cached_tokens, dtype=float), np.maximum(p - 1.0, 0.0))
+    if system.device.kind == "hbm" and system.serving.first_token_from_decode:
+        # the prefill pass leaves the prompt's last token to the first decode step, which emits token 0
+        n = p - c - 1.0
+        step = np.where(
+            n > 0, mixed_step_s(system, 0, 0, prefill_tokens=np.maximum(n, 1.0), prefill_cached=c), 0.0
+        )
+        step = step + mixed_step_s(system, 1, p)
+    else:
+        step = mixed_step_s(system, 0, 0, prefill_tokens=np.maximum(p - c, 1.0), prefill_cached=c)
+    return step + request_overhead_s(system)
+
+
+def request_overhead_s(system: System) -> float:
+    """Per-request fixed cost on TTFT (HBM devices: the serving stack's; SRAM: in the fitted layer time)."""
+    return 0.0 if system.device.kind == "sram" else system.serving.request_overhead_ms * 1e-3
+
+
+def decode_step_s(
+    system: System, batch: ArrayLike, context: ArrayLike, spec: Speculative | None = None
+) -> FArray:
+    """Seconds per decode step for ``batch`` sequences of mean ``context`` tokens each."""
+    b = np.asarray(batch, dtype=float)
+    return mixed_step_s(system, b, b * np.asarray(context, dtype=float), spec=spec)
+
+
+def tpot_s(system: System, batch: ArrayLike, context: ArrayLike, spec: Speculative | None = None) -> FArray:
+    """Seconds per output token for one of ``batch`` sequences: step / E[tokens per step]."""
+    return decode_step_s(system, batch, context, spec) / tokens_per_step(spec)
+
+

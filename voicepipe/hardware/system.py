@@ -1,0 +1,404 @@
+"""The system a step runs on: efficiencies, speculative decoding, bytes, KV capacity and sizing.
+
+Pure functions over the catalog (:mod:`voicepipe.hardware.catalog`): how many bytes the weights and the
+KV cache take, how many sequences fit beside the weights (paged or reserved KV, :func:`running_sequences`),
+and the smallest tensor-parallel width that holds a configuration (:func:`make_system`). The step
+formulas that use them are in :mod:`voicepipe.hardware.step`; :mod:`voicepipe.hardware.model` states them
+all and re-exports both modules.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from voicepipe.hardware.catalog import (
+    PRECISIONS,
+    Device,
+    ModelSpec,
+    Stack,
+    check_kv_precision,
+    check_precision,
+)
+from voicepipe.hardware.catalog import stack as catalog_stack
+
+FArray = NDArray[np.float64]
+
+
+class DoesNotFit(ValueError):
+    """The configuration cannot hold the weights it was asked to (at any tensor-parallel width)."""
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """Efficiency factors, one set for every HBM device (η_mem, MFU, η_wq, η_moe fitted; see docs §2)."""
+
+    # fitted on every point of data/validation.yaml (`voicepipe hardware validate`; docs §2 and §3)
+    eta_mem: float = 0.79  # share of the sustained (STREAM-like) bandwidth a native decode step streams
+    mfu: float = 0.777  # share of the sustained (measured maximum) matmul FLOP/s a serving step reaches
+    eta_wq: float = 1.0  # weight-only kernels' efficiency relative to native ones (dequant in the loop)
+    eta_moe: float = 0.901  # expert (grouped-GEMM) streaming efficiency relative to dense GEMV + routing
+    layer_s: float = 9.76e-6  # per layer per step on HBM devices beyond the stack's own gaps (launch, sync)
+    ar_growth: float = 0.5  # all-reduce latency growth per doubling of the TP group beyond 2
+    moe_route_s: float = 20e-6  # per MoE layer per step: router, top-k, permute, grouped-GEMM launches
+    link_eff: float = 0.45  # share of link bandwidth NCCL reaches at 0.1-10 MB messages
+    usable_memory: float = 0.90  # share of HBM for weights + KV, or of what weights leave (Stack.kv_pool)
+    usable_sram: float = 1.0  # SRAM machines map weights and KV directly
+
+
+DEFAULT_EFFICIENCY = Efficiency()
+FITTED = ("eta_mem", "mfu", "eta_wq", "eta_moe", "layer_s")  # the constants validate fits; the rest are set
+
+
+@dataclass(frozen=True)
+class Speculative:
+    """Speculative decoding (Leviathan et al. 2023): acceptance α, γ drafts per step, draft cost c."""
+
+    alpha: float
+    gamma: int
+    draft_cost: float
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.alpha <= 1.0:
+            raise ValueError(f"speculative.alpha must be in [0, 1], got {self.alpha}")
+        if self.gamma < 1:
+            raise ValueError(f"speculative.gamma must be >= 1, got {self.gamma}")
+        if self.draft_cost < 0:
+            raise ValueError(f"speculative.draft_cost must be >= 0, got {self.draft_cost}")
+
+
+def expected_tokens_per_step(alpha: ArrayLike, gamma: ArrayLike) -> FArray:
+    """E[tokens per target step] = (1 − α^(γ+1)) / (1 − α); γ + 1 when α = 1."""
+    a = np.asarray(alpha, dtype=float)
+    g = np.asarray(gamma, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        e = (1.0 - a ** (g + 1.0)) / (1.0 - a)
+    return np.where(a >= 1.0, g + 1.0, e)
+
+
+def speculative_speedup(alpha: ArrayLike, gamma: ArrayLike, draft_cost: ArrayLike) -> FArray:
+    """Closed-form speed-up when the target step is memory-bound: E / (γ·c + 1)."""
+    g = np.asarray(gamma, dtype=float)
+    return expected_tokens_per_step(alpha, g) / (g * np.asarray(draft_cost, dtype=float) + 1.0)
+
+
+def default_kv_precision(precision: str) -> str:
+    """KV-cache format when none is given: the precision the model runs at if that is a KV format
+    (bf16, fp16, fp8), else bf16 (int8/int4/fp4 weight formats keep a 16-bit cache)."""
+    return precision if precision in ("bf16", "fp16", "fp8") else "bf16"
+
+
+@dataclass(frozen=True)
+class System:
+    """One serving instance: a model on ``chips`` chips of a device at a precision, under a stack."""
+
+    device: Device
+    model: ModelSpec
+    precision: str
+    chips: int
+    eff: Efficiency = field(default=DEFAULT_EFFICIENCY)
+    kv_precision: str | None = None  # None: default_kv_precision(precision)
+    stack: Stack | None = None  # None: the catalog's default stack
+    # attention data parallelism (TensorRT-LLM/SGLang "attention DP" for MLA models): each chip runs the
+    # attention of its own 1/chips of the sequences with a full copy of the attention weights
+    attention_dp: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"{self.device.key}/{self.model.key}"
+
+    @property
+    def kv(self) -> str:
+        return self.kv_precision or default_kv_precision(self.precision)
+
+    @property
+    def serving(self) -> Stack:
+        return self.stack or catalog_stack()
+
+
+# ---------------------------------------------------------------- bytes
+
+
+def bytes_per_param(precision: str) -> float:
+    return PRECISIONS[check_precision(precision)]
+
+
+def kv_bytes_per_token(model: ModelSpec, precision: str) -> float:
+    """KV-cache bytes per token (all layers) with KV elements stored at ``precision``."""
+    return model.kv_elems_per_token * PRECISIONS[check_kv_precision(precision)]
+
+
+def weight_bytes(model: ModelSpec, precision: str) -> float:
+    """Bytes to hold every weight."""
+    return model.total_params * bytes_per_param(precision)
+
+
+def _expert_split(model: ModelSpec) -> tuple[float, float]:
+    """(dense params, routed-expert params) from total/active and top-k of E."""
+    if not model.is_moe:
+        return model.total_params, 0.0
+    share = model.experts_active / model.experts
+    experts = (model.total_params - model.active_params) / (1.0 - share)
+    return model.total_params - experts, experts
+
+
+def _read_split(model: ModelSpec, tokens: ArrayLike) -> tuple[FArray, FArray]:
+    """(dense params streamed, routed-expert params streamed) by one step over ``tokens`` tokens."""
+    t = np.maximum(np.asarray(tokens, dtype=float), 1.0)
+    dense, experts = _expert_split(model)
+    touched = 1.0 - (1.0 - model.experts_active / model.experts) ** t if model.is_moe else 0.0 * t
+    not_streamed = 0.0 if model.tied_embeddings else model.embed_params
+    return dense - not_streamed + 0.0 * t, experts * touched
+
+
+def weight_read_params(model: ModelSpec, tokens: ArrayLike) -> FArray:
+    """Params one forward step over ``tokens`` tokens streams: dense + touched experts − embedding."""
+    dense, experts = _read_split(model, tokens)
+    return dense + experts
+
+
+MLA_ROPE_DIM = 64  # decoupled rotary key width of MLA (DeepSeek-V2/V3/R1, Kimi K2: qk_rope_head_dim)
+
+
+def decode_attention_width(model: ModelSpec) -> float:
+    """Multiply-adds per head per (query, cached token) pair in decode attention: scores plus values.
+
+    Standard attention: ``2 · head_dim``. MLA decodes in the absorbed form (DeepSeek-V2, arXiv
+    2405.04434 §2.1.2; FlashMLA): every head scores the whole cached latent plus its rotary key
+    (``kv_dim``) and reads the latent back as its value (``kv_dim − rope``), ~4× a 128-wide head."""
+    if model.kv_dim is None:
+        return 2.0 * model.head_dim
+    return 2.0 * model.kv_dim - MLA_ROPE_DIM
+
+
+def matmul_params(model: ModelSpec) -> float:
+    """Params each token multiplies through (active, minus the untied input embedding lookup)."""
+    return model.active_params - (0.0 if model.tied_embeddings else model.embed_params)
+
+
+# ---------------------------------------------------------------- capacity
+
+
+def kv_shards(model: ModelSpec, chips: int, attention_dp: bool = False) -> int:
+    """How many ways the KV cache splits across a group: by sequence under attention DP (every chip
+    holds its own sequences' cache), else by KV head (heads can't split further; an MLA latent: none)."""
+    if attention_dp:
+        return chips
+    return 1 if model.kv_dim is not None else max(1, min(chips, model.kv_heads))
+
+
+def attention_params(model: ModelSpec) -> float:
+    """Attention projection params, all layers: Q and O (heads × head_dim each), K and V (GQA heads, or
+    the MLA latent projection, ``hidden × kv_dim``). Low-rank factors of MLA are not counted separately."""
+    qo = 2 * model.heads * model.head_dim
+    kv = model.kv_dim if model.kv_dim is not None else 2 * model.kv_heads * model.head_dim
+    return float(model.layers * model.hidden * (qo + kv))
+
+
+def weight_split(system: System) -> tuple[float, float]:
+    """(weight bytes per chip in HBM, per chip spilled to the offload tier).
+
+    Weights stay in HBM when they fit; a device with an offload tier (SambaNova's DDR) keeps half its
+    usable HBM for KV and streams the rest of the weights from that tier.
+    """
+    dev = system.device
+    per_chip = weight_bytes(system.model, system.precision) / system.chips
+    if system.attention_dp:  # a full copy of the attention weights on every chip
+        per_chip += (
+            attention_params(system.model) * bytes_per_param(system.precision) * (1 - 1 / system.chips)
+        )
+    usable = dev.capacity_bytes * system.eff.usable_memory
+    if per_chip <= usable or dev.offload_gb is None:
+        return per_chip, 0.0
+    keep = usable / 2.0
+    return keep, per_chip - keep
+
+
+def weights_fit(system: System) -> bool:
+    """Whether the weights alone (plus one token of KV room) fit this system at all."""
+    dev = system.device
+    if dev.kind == "sram":
+        return True
+    in_hbm, spilled = weight_split(system)
+    offload = float(dev.offload_gb or 0.0) * 1e9
+    return in_hbm < dev.capacity_bytes * system.eff.usable_memory and spilled <= offload
+
+
+def kv_capacity_tokens(system: System) -> float:
+    """KV-cache tokens (summed over sequences) that fit beside the weights (≥ 0).
+
+    The pool is ``usable_memory`` of the whole memory less the weights, or, for a stack that sizes it from
+    what the loaded weights leave free (``kv_pool: free``, TensorRT-LLM), ``usable_memory`` of that."""
+    dev, m = system.device, system.model
+    if dev.kind == "hbm":
+        if not weights_fit(system):
+            return 0.0
+        weights = weight_split(system)[0]
+        if system.serving.kv_pool == "free":  # a share of what the weights leave free
+            free = (dev.capacity_bytes - weights) * system.eff.usable_memory
+        else:  # a share of the whole memory, less the weights
+            free = dev.capacity_bytes * system.eff.usable_memory - weights
+        per_token = kv_bytes_per_token(m, system.kv) / kv_shards(m, system.chips, system.attention_dp)
+    else:
+        free = system.chips * dev.capacity_bytes * system.eff.usable_sram - weight_bytes(m, system.precision)
+        per_token = kv_bytes_per_token(m, system.kv)
+    return max(0.0, free / per_token)
+
+
+def kept_tokens(system: System, context: float) -> float:
+    """KV tokens (full-token equivalents) one sequence of ``context`` keeps in memory: the window on local
+    layers where the stack frees what falls out of it (:attr:`Stack.window_kv`), else every token. The
+    kernels read only the window either way (:func:`step_parts`)."""
+    if system.device.kind == "hbm" and system.serving.window_kv:
+        return float(system.model.held(context))
+    return float(context)
+
+
+def max_sequences(system: System, context: int) -> int:
+    """How many sequences of ``context`` tokens fit beside the weights (≥ 0) (:func:`kept_tokens`)."""
+    return max(0, math.floor(kv_capacity_tokens(system) / kept_tokens(system, context)))
+
+
+def running_sequences(system: System, prompt_tokens: int, output_tokens: int) -> int:
+    """How many sequences of ``prompt + output`` tokens a paged-KV server keeps running at once.
+
+    Serving stacks allocate KV-cache blocks as a sequence grows (PagedAttention, Kwon et al. 2023,
+    arXiv 2309.06180; LMDeploy's blocked cache alike), so what bounds the running batch is the cache at
+    the sequences' current context — over a decode, on average ``prompt + output/2`` — not the cache each
+    would reach at its end. A stack that reserves a request's whole ``prompt + output`` at admission
+    (``kv_admission: reserve``, TensorRT-LLM's default GUARANTEED_NO_EVICT) runs what fits at that full
+    length. 0 when not even one whole sequence fits beside the weights."""
+    full = max_sequences(system, prompt_tokens + output_tokens)
+    if full < 1 or (system.device.kind == "hbm" and system.serving.kv_admission == "reserve"):
+        return full
+    return max_sequences(system, max(1, math.floor(mean_context(prompt_tokens, output_tokens))))
+
+
+@dataclass(frozen=True)
+class Lockstep:
+    """A static batch of ``B`` equal requests started together that outgrows its paged KV cache.
+
+    All ``B`` decode until their context reaches ``c1 = C/B`` (``C``: cache tokens); from then on only
+    ``C/c`` fit at context ``c``, and a recompute-preempting stack (vLLM) evicts the rest, so the running
+    batch falls to ``C/L`` by the end (``L = P + O``). The evicted sequences rejoin when the survivors
+    finish: they re-prefill the ``C·ln(L/c1)`` tokens they had (one evicted at context ``c`` holds ``c``;
+    ``C/c²`` are evicted per unit of context) and decode their remaining ``B·L − C − C·ln(L/c1)`` tokens
+    over ``L − c1`` tail steps. Output tokens balance: ``B·(c1 − P)`` + ``C·ln(L/c1)`` (phase two, the
+    shrinking batch) + the tail = ``B·O``."""
+
+    full_steps: float  # steps with all B running: c1 − P
+    shrink_steps: float  # steps while the batch shrinks from B to C/L: L − c1
+    shrink_batch: float  # mean running batch over them: C·ln(L/c1) / (L − c1)
+    capacity: float  # C: KV tokens held during them
+    evicted: float  # sequences evicted: B − C/L
+    reprefill_tokens: float  # C·ln(L/c1)
+    tail_steps: float  # L − c1
+    tail_batch: float  # mean running batch over the tail
+    tail_context: float  # their mean context, (c1 + L)/2
+
+
+def lockstep(capacity_tokens: float, batch: int, prompt_tokens: int, output_tokens: int) -> Lockstep | None:
+    """How a static batch started at once outgrows its cache (see :class:`Lockstep`); None when its KV
+    at the last token fits, or when not even the prompts plus one token each fit."""
+    c, b, length = float(capacity_tokens), float(batch), float(prompt_tokens + output_tokens)
+    if b * length <= c or c / b <= prompt_tokens + 1:
+        return None
+    c1 = c / b
+    grown = c * math.log(length / c1)
+    steps = length - c1
+    tail = b * length - c - grown
+    return Lockstep(
+        full_steps=c1 - prompt_tokens,
+        shrink_steps=steps,
+        shrink_batch=grown / steps,
+        capacity=c,
+        evicted=b - c / length,
+        reprefill_tokens=grown,
+        tail_steps=steps,
+        tail_batch=tail / steps,
+        tail_context=(c1 + length) / 2.0,
+    )
+
+
+def sram_units(
+    device: Device, model: ModelSpec, precision: str, seqs: int, context: int, eff: Efficiency, kv: str
+) -> int:
+    """Chips/wafers an SRAM machine needs to hold the weights plus ``seqs`` KV caches of ``context``."""
+    need = weight_bytes(model, precision) + seqs * context * kv_bytes_per_token(model, kv)  # every token kept
+    return math.ceil(need / (device.capacity_bytes * eff.usable_sram))
+
+
+def tp_options(device: Device) -> list[int]:
+    return [2**i for i in range(int(math.log2(device.max_tp)) + 1)]
+
+
+def make_system(
+    device: Device,
+    model: ModelSpec,
+    precision: str | None = None,
+    *,
+    tp: int | None = None,
+    seqs: int = 1,
+    context: int = 4096,
+    eff: Efficiency = DEFAULT_EFFICIENCY,
+    kv_precision: str | None = None,
+    stack: Stack | None = None,
+    strict: bool = True,
+) -> System:
+    """Size a system that holds the weights and ``seqs`` sequences of ``context`` tokens.
+
+    HBM: the smallest power-of-two TP width (≤ ``max_tp``) that holds them, or the given ``tp``. When no
+    width holds ``seqs`` sequences, ``strict`` raises :class:`DoesNotFit`; otherwise the widest width
+    whose weights fit is returned (the server will run as many sequences as fit). Weights that fit at no
+    width always raise. SRAM: the chips/wafers follow from capacity (``tp`` is not accepted).
+    """
+    prec = check_precision(precision or model.default_precision)
+    kv = check_kv_precision(kv_precision) if kv_precision else None
+
+    def build(width: int) -> System:
+        return System(device, model, prec, width, eff, kv, stack)
+
+    if device.kind == "sram":
+        if tp is not None:
+            raise ValueError(f"tp does not apply to {device.key}: its chip count follows from SRAM capacity")
+        probe = build(1)
+        return build(sram_units(device, model, prec, seqs, context, eff, probe.kv))
+    if tp is not None:
+        if tp < 1 or tp > device.max_tp:
+            raise ValueError(f"tp {tp} out of range for {device.key} (1..{device.max_tp})")
+        widths = [tp]
+    else:
+        widths = tp_options(device)
+    for spill_ok in (False, True):  # prefer a width that holds the weights in HBM to one that spills
+        for width in widths:
+            system = build(width)
+            if max_sequences(system, context) >= seqs and (spill_ok or weight_split(system)[1] == 0):
+                return system
+    widest = build(widths[-1])
+    if strict or max_sequences(widest, context) < 1:
+        raise DoesNotFit(_no_fit(widest, seqs if strict else 1, context))
+    return widest
+
+
+def _no_fit(system: System, seqs: int, context: int) -> str:
+    dev, m = system.device, system.model
+    need = weight_bytes(m, system.precision) + seqs * kept_tokens(system, context) * kv_bytes_per_token(
+        m, system.kv
+    )
+    have = system.chips * dev.capacity_bytes * system.eff.usable_memory
+    hint = "" if system.precision in ("int4", "fp4") else "; try a smaller --precision"
+    return (
+        f"does not fit: {m.key} at {system.precision} needs {need / 1e9:.0f} GB (weights + {seqs} x {context}-token KV) "
+        f"but {system.chips} x {dev.key} hold {have / 1e9:.0f} GB usable{hint}"
+    )
+
+
+
+
+def mean_context(prompt_tokens: int, output_tokens: int) -> float:
+    """Context a request's decode attends to on average: prompt + half its output."""
+    return prompt_tokens + output_tokens / 2.0
+

@@ -1,0 +1,171 @@
+"""Whole runs of the serving simulation on virtual time: the one engine every modelled number comes from.
+
+A run drives the event step of a :class:`~voicepipe.hardware.serving.DeviceServer` (its own engine state,
+the server's step times, slots and speculative setting) through a whole workload; what it reports is read from the jobs' realised instants and from the log of
+every stretch between events (decoders, their KV, the prompt being prefilled, and how many steps ran):
+
+* :func:`static_batch` — ``B`` equal requests arriving together at t = 0 (a burst: MLPerf Offline, a
+  throughput benchmark at infinite rate); every job is measured;
+* :func:`steady` — ``N`` clients each holding one request in flight, sending the next as the last one
+  finishes (a max-concurrency benchmark client), for ``rounds`` rounds; the rounds after the first are
+  measured (the first is the burst that fills the device). One client for one round is a request alone.
+
+Every figure of a :class:`Run` is a weighted sum of the stretches' step times (:meth:`Run.weights`), so a
+fit can re-time the same step mix under other constants without re-running (``validate.fit``); the run's
+own figures use its own step times. Times include the stack's per-request cost (``request_s``), which the
+server charges before a request reaches the engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from voicepipe.hardware.engine import INF, Job, _Curve, _Recorder, _State, prefill_split
+from voicepipe.hardware.serving import DeviceServer
+from voicepipe.hardware.step import request_overhead_s
+from voicepipe.hardware.system import FArray, mean_context
+from voicepipe.llm import LLMRequest
+
+Figure = Literal["ttft", "e2e", "tpot", "decode_step", "duration"]
+
+
+@dataclass(frozen=True)
+class Run:
+    """A realised run: its measured jobs, and every stretch between events (arrays, one entry each)."""
+
+    jobs: tuple[Job, ...]  # measured
+    request_s: float  # the stack's per-request cost (charged before the engine)
+    clients: int  # requests in flight (steady) or in the burst (static)
+    output_tokens: int
+    start: FArray  # stretch start (ns)
+    length: FArray  # stretch length (ns)
+    steps: FArray  # engine steps in the stretch
+    decoders: FArray
+    kv: FArray
+    prefill: FArray
+    cached: FArray
+    waiting: FArray  # measured jobs arrived and still without their first token
+    decoding: FArray  # measured jobs past their first token and not finished
+
+    def weights(self, figure: Figure) -> FArray:
+        """Per-stretch weights ``w`` with ``figure = Σ w · t_step (+ request_s for ttft, e2e)`` (seconds)."""
+        n = max(len(self.jobs), 1)
+        if figure == "ttft":
+            return self.steps * self.waiting / n
+        if figure == "e2e":
+            return self.steps * (self.waiting + self.decoding) / n
+        if figure == "tpot":
+            return self.steps * self.decoding / (n * max(self.output_tokens - 1, 1))
+        if figure == "decode_step":  # the mean decode-only step the measured jobs see
+            w = self.steps * self.decoding * (self.prefill == 0)
+            total = w.sum()
+            return w / total if total > 0 else self.steps * self.decoding / max((self.steps * self.decoding).sum(), 1e-300)
+        return self.steps.copy()  # duration: the whole run
+
+    def step_s(self) -> FArray:
+        """The realised step time of each stretch (s)."""
+        return self.length / np.maximum(self.steps, 1e-300) / 1e9
+
+    def figure(self, figure: Figure) -> float:
+        x = float((self.weights(figure) * self.step_s()).sum())
+        return x + self.request_s if figure in ("ttft", "e2e", "duration") else x
+
+    @property
+    def ttft_s(self) -> float:
+        return self.figure("ttft")
+
+    @property
+    def tpot_s(self) -> float:
+        return self.figure("tpot")
+
+    @property
+    def e2e_s(self) -> float:
+        return self.figure("e2e")
+
+
+class _Driver(_Recorder):
+    """Realises a whole run on an engine state of its own, no projections: a client's next request joins
+    the queue at the instant its last one finishes (as :meth:`DeviceServer.submit` there would)."""
+
+    def __init__(self, server: DeviceServer, rounds: int) -> None:
+        super().__init__(_Curve())
+        self.server = server
+        self.state = _State(server)
+        self.state.trace = []
+        self.rounds = rounds
+        self.jobs: list[tuple[Job, int]] = []  # (job, round)
+        self.prompt = self.output = self.cached = 0
+
+    def mark(self, t: float, v: float, r: float) -> None:
+        pass  # the run reads its stretches from the trace, not the curve
+
+    def add(self, client: int, k: int, t: float) -> None:
+        req = LLMRequest(f"u{client}", k, self.prompt, self.output, self.cached)
+        n, m = prefill_split(req, self.server.prompt_cache)
+        job = Job(id=len(self.jobs) + 1, req=req, arrive_ns=t, prefill_tokens=n, cached_tokens=m,
+                  context=mean_context(self.prompt, self.output), outputs=max(self.output, 1))  # fmt: skip
+        self.jobs.append((job, k))
+        self.state.queue.append(job)
+
+    def finish(self, job: Job, t: float) -> None:
+        job.finish_ns = t
+        k = job.req.turn
+        if k + 1 < self.rounds:
+            self.add(int(job.req.session[1:]), k + 1, t)
+
+    def run(self, clients: int, prompt_tokens: int, output_tokens: int, measure_from: int, cached: int = 0) -> Run:
+        self.prompt, self.output, self.cached = prompt_tokens, output_tokens, cached
+        for c in range(clients):
+            self.add(c, 0, 0.0)
+        self.state.admit(self)
+        self.state.run(INF, self)
+        measured = [j for j, k in self.jobs if k >= measure_from]
+        return _run(self.server, self.state.trace or [], measured, clients, output_tokens)
+
+
+def _run(server: DeviceServer, trace: list[tuple[float, float, float, int, float, int, int]],
+         measured: list[Job], clients: int, output_tokens: int) -> Run:  # fmt: skip
+    cols = np.array(trace, dtype=float).reshape(-1, 7).T
+    start = cols[0]
+    first = np.sort([float(j.first_ns or 0.0) for j in measured])
+    arrive = np.sort([j.arrive_ns for j in measured])
+    finish = np.sort([float(j.finish_ns or 0.0) for j in measured])
+    # a stretch lies between events, so a job's state is constant over it: count at its start
+    arrived = np.searchsorted(arrive, start, side="right")
+    firsted = np.searchsorted(first, start, side="right")
+    finished = np.searchsorted(finish, start, side="right")
+    return Run(
+        jobs=tuple(measured), request_s=request_overhead_s(server.system), clients=clients,
+        output_tokens=output_tokens, start=start, length=cols[1], steps=cols[2], decoders=cols[3],
+        kv=cols[4], prefill=cols[5], cached=cols[6],
+        waiting=(arrived - firsted).astype(float), decoding=(firsted - finished).astype(float),
+    )  # fmt: skip
+
+
+def static_batch(server: DeviceServer, batch: int, prompt_tokens: int, output_tokens: int) -> Run:
+    """``batch`` equal requests arriving together at t = 0; the server admits what its slots allow."""
+    return _Driver(server, rounds=1).run(batch, prompt_tokens, output_tokens, measure_from=0)
+
+
+def steady(
+    server: DeviceServer, clients: int, prompt_tokens: int, output_tokens: int, rounds: int = 2
+) -> Run:
+    """``clients`` users each send a request as soon as their previous one finished, ``rounds`` times;
+    with more than one round the first (the burst that fills the device) is not measured."""
+    return _Driver(server, rounds).run(clients, prompt_tokens, output_tokens, measure_from=min(1, rounds - 1))
+
+
+def alone(server: DeviceServer, req: LLMRequest) -> Run:
+    """``req`` alone on the device (its cached prefix honoured as the server's ``prompt_cache`` says)."""
+    return _Driver(server, rounds=1).run(1, req.prompt_tokens, req.output_tokens, 0, req.cached_prompt_tokens)
+
+
+def throughput(run: Run, static: bool) -> float:
+    """Output tokens per second of the whole device: a burst's tokens over its length; a steady run's
+    ``clients · O`` per request lifetime (Little's law: N in flight, each for e2e)."""
+    if static:
+        return run.clients * run.output_tokens / run.figure("duration")
+    return run.clients * run.output_tokens / run.e2e_s
