@@ -77,7 +77,15 @@ class Point(BaseModel):
     notes: str = ""
     # who published the figure, and whether they make the machine (vendor) or measured it (independent)
     publisher: str = ""
-    publisher_family: Literal["vendor", "independent"] | None = None
+    # vendor: makes the hardware; framework: maintains the serving stack measured; independent: neither
+    publisher_family: Literal["vendor", "framework", "independent"] | None = None
+    # provenance (issue 24): speculative decoding as run ("none", or the method with its settings), the
+    # engine and its version as the source states them, and whether the timing was taken by a client over
+    # HTTP ("client") or by the engine's own benchmark ("engine"); None/"" where the source does not say
+    speculative: str | None = None
+    engine: str = ""
+    engine_version: str = ""
+    timing: Literal["client", "engine"] | None = None
     # True: one of the two points an SRAM machine's constants were fitted to (devices.yaml); not evidence
     sram_fit: bool = False
 
