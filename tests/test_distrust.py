@@ -240,14 +240,23 @@ def test_an_adopting_replica_takes_a_dead_peers_session_where_it_stands():
     assert adopter.admit(word(0, 1)).verdict is Verdict.LATE
 
 
-def test_the_mac_is_keyed_blake2b_of_the_routing_facts_and_any_token_length_works():
+def test_the_mac_is_keyed_blake2b_of_the_whole_body_and_any_token_length_works():
     import hashlib
 
+    from voicepipe.keys import body_verified
     from voicepipe.stages.guard import mac, verified
 
     env = audio(0, 3)
-    facts = "\0".join(str(x) for x in (env.src, env.id, env.seq, env.type, env.run, env.session, env.turn))
-    assert env.auth == hashlib.blake2b(facts.encode(), key=TOKEN, digest_size=16).hexdigest()
+    body = env.to_bytes()
+    zeroed = body.replace(env.auth.encode(), b"0" * 32)
+    assert env.auth == hashlib.blake2b(zeroed, key=TOKEN, digest_size=16).hexdigest()
+    assert body_verified(body, env.auth, TOKEN) and not body_verified(body, env.auth, b"other")
+    # the payload and the times are in the MAC now: a changed reply or sent_ns no longer verifies
+    for field, value in (("text", "HIJACKED"), ("duration_ms", 1.0)):
+        changed = env.model_copy(update={"payload": env.payload.model_copy(update={field: value})})
+        assert not verified(changed, TOKEN)
+        assert not body_verified(changed.to_bytes(), env.auth, TOKEN)
+    assert not verified(env.model_copy(update={"sent_ns": env.sent_ns + 1}), TOKEN)
     for token in (b"k", b"x" * 64, b"y" * 65, b"z" * 500):  # longer than BLAKE2b's key: hashed to one
         e = audio(0, 3, token=token)
         assert verified(e, token) and not verified(e, token + b"!") and mac(e, token) == e.auth
