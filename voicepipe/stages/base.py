@@ -101,7 +101,12 @@ class Stage:
         self.dropped: dict[str, set[tuple[int, int]]] = {}  # session -> (turn, segment)
         self.pending: dict[str, dict[tuple[int, int], list[Callable[[], None]]]] = {}
         if not bus.trusted:  # a bus no one else can reach needs no MACs (Bus.trusted)
-            bus.key = ctx.key  # the bus signs each body as it serialises it (voicepipe.keys.seal)
+            # the bus signs each body as it serialises it (voicepipe.keys.seal): a view of another bus (a
+            # replica's PartitionedBus) and the bus it wraps alike
+            layer: Bus | None = bus
+            while layer is not None:
+                layer.key = ctx.key
+                layer = getattr(layer, "inner", None)
         self.guard = Guard(ctx.key, client_side=self.name == "client", trusted=bus.trusted)
         self.src = f"{self.name}/{secrets.token_hex(3)}"  # sender instance: kind/replica
         self.seqs: dict[str, dict[str, int]] = {}  # session -> type -> last sequence number sent
