@@ -297,7 +297,7 @@ async def test_the_issues_attacks_change_nothing(mosquitto, monkeypatch):
                     await c.publish(t("turn/script"), forged(run, sess, "turn.script", 0, script), qos=1)
                     await c.publish(t("user/utterance"), forged(run, sess, "user.utterance", True, {}), qos=1)
                     # signed by an insider, but for turn 999 / absurd
-                    for env in insider(run, sess):
+                    for env in await insider(addr, run, sess):
                         await c.publish(t(env.type.replace(".", "/")), env.to_bytes(), qos=1)
                     sent.append("word")
                 if str(m.topic).endswith("asr/final") and not final:
@@ -335,11 +335,14 @@ async def test_the_issues_attacks_change_nothing(mosquitto, monkeypatch):
     assert res.counters.handler_errors == 0 and res.stage_errors == 0
 
 
-def insider(run: str, sess: str) -> list[Envelope]:
-    """Messages signed with the run's token (a compromised participant) that fit no state."""
+async def insider(addr: BrokerAddress, run: str, sess: str) -> list[Envelope]:
+    """Messages signed by a compromised participant (it holds the run's token, so it can read the run's
+    announcement and derive this instance's key) that fit no state."""
+    from voicepipe.bus.instance import Follower
     from voicepipe.stages.guard import run_token
 
-    token = run_token()
+    async with Follower(addr, run, run_token()) as f:
+        token = (await f.instance()).key
     out = []
     for i, p in enumerate((Cancel(reason=CancelReason.HEARD), SessionEnd(), said())):
         env = Envelope.of(p, run, sess, 999)

@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import math
 import re
 import threading
 import time
@@ -76,8 +77,9 @@ def heartbeat_topic(run: str, process: str) -> str:
 
 
 def keepalive_for(grace_s: float) -> int:
-    """The MQTT keep-alive whose will-on-silence (1.5 x keep-alive) comes at ``grace_s``."""
-    return max(1, round(grace_s / 1.5))
+    """The MQTT keep-alive whose will-on-silence (1.5 x keep-alive) comes at ``grace_s`` or just after it (so
+    the heartbeat verdict, "paused past its grace", is the one that counts)."""
+    return max(1, math.ceil(grace_s / 1.5))
 
 
 class Marker(BaseModel):
