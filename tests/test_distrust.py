@@ -240,14 +240,23 @@ def test_an_adopting_replica_takes_a_dead_peers_session_where_it_stands():
     assert adopter.admit(word(0, 1)).verdict is Verdict.LATE
 
 
-def test_the_mac_is_keyed_blake2b_of_the_routing_facts_and_any_token_length_works():
+def test_the_mac_is_keyed_blake2b_of_the_whole_body_and_any_token_length_works():
     import hashlib
 
+    from voicepipe.keys import body_verified
     from voicepipe.stages.guard import mac, verified
 
     env = audio(0, 3)
-    facts = "\0".join(str(x) for x in (env.src, env.id, env.seq, env.type, env.run, env.session, env.turn))
-    assert env.auth == hashlib.blake2b(facts.encode(), key=TOKEN, digest_size=16).hexdigest()
+    body = env.to_bytes()
+    zeroed = body.replace(env.auth.encode(), b"0" * 32)
+    assert env.auth == hashlib.blake2b(zeroed, key=TOKEN, digest_size=16).hexdigest()
+    assert body_verified(body, env.auth, TOKEN) and not body_verified(body, env.auth, b"other")
+    # the payload and the times are in the MAC now: a changed reply or sent_ns no longer verifies
+    for field, value in (("text", "HIJACKED"), ("duration_ms", 1.0)):
+        changed = env.model_copy(update={"payload": env.payload.model_copy(update={field: value})})
+        assert not verified(changed, TOKEN)
+        assert not body_verified(changed.to_bytes(), env.auth, TOKEN)
+    assert not verified(env.model_copy(update={"sent_ns": env.sent_ns + 1}), TOKEN)
     for token in (b"k", b"x" * 64, b"y" * 65, b"z" * 500):  # longer than BLAKE2b's key: hashed to one
         e = audio(0, 3, token=token)
         assert verified(e, token) and not verified(e, token + b"!") and mac(e, token) == e.auth
@@ -288,7 +297,7 @@ async def test_the_issues_attacks_change_nothing(mosquitto, monkeypatch):
                     await c.publish(t("turn/script"), forged(run, sess, "turn.script", 0, script), qos=1)
                     await c.publish(t("user/utterance"), forged(run, sess, "user.utterance", True, {}), qos=1)
                     # signed by an insider, but for turn 999 / absurd
-                    for env in insider(run, sess):
+                    for env in await insider(addr, run, sess):
                         await c.publish(t(env.type.replace(".", "/")), env.to_bytes(), qos=1)
                     sent.append("word")
                 if str(m.topic).endswith("asr/final") and not final:
@@ -326,11 +335,14 @@ async def test_the_issues_attacks_change_nothing(mosquitto, monkeypatch):
     assert res.counters.handler_errors == 0 and res.stage_errors == 0
 
 
-def insider(run: str, sess: str) -> list[Envelope]:
-    """Messages signed with the run's token (a compromised participant) that fit no state."""
+async def insider(addr: BrokerAddress, run: str, sess: str) -> list[Envelope]:
+    """Messages signed by a compromised participant (it holds the run's token, so it can read the run's
+    announcement and derive this instance's key) that fit no state."""
+    from voicepipe.bus.instance import Follower
     from voicepipe.stages.guard import run_token
 
-    token = run_token()
+    async with Follower(addr, run, run_token()) as f:
+        token = (await f.instance()).key
     out = []
     for i, p in enumerate((Cancel(reason=CancelReason.HEARD), SessionEnd(), said())):
         env = Envelope.of(p, run, sess, 999)

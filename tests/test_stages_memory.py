@@ -43,6 +43,7 @@ async def _run(stage_cls, cfg, feed, listen: tuple[str, ...]) -> list[tuple[int,
     broker = MemoryBroker("t")
     stage = stage_cls(broker.connect(stage_cls.name), RunContext(run="t", cfg=cfg, token=TOKEN))
     probe = broker.connect("probe")
+    probe.key = TOKEN  # the bus signs what it sends, as a stage's bus does (sent_ns is in the MAC)
     await probe.subscribe(*listen)
     task = asyncio.create_task(stage.run())
     await stage.ready.wait()

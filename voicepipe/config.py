@@ -124,6 +124,10 @@ class BrokerConfig(Strict):
     # a lost broker connection is retried (backoff + jitter) this long; turns meanwhile carry the outage in
     # their latency (broker_outage_ms); longer ends the run with exit code 4, what was measured kept
     outage_window_s: float = Field(30.0, gt=0, le=MAX_TURN_TIMEOUT_S)
+    # a stage process silent this long (SIGSTOP, a frozen VM) is dead and its sessions move to a replica; one
+    # that beats again sooner resumes them. Default: the broker's own will-on-silence, 1.5 x a 5 s keep-alive
+    # (MQTT 3.1.1 §3.1.2.10; voicepipe.bus.liveness.PAUSE_GRACE_S)
+    stage_grace_s: float = Field(7.5, ge=1.5, le=MAX_TURN_TIMEOUT_S)
 
     @field_validator("protocol", mode="before")
     @classmethod

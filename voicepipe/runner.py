@@ -33,6 +33,7 @@ from voicepipe.audio.caller import Caller
 from voicepipe.audio.tts import RealTTS
 from voicepipe.bus import BrokerHealth, BrokerOutage, Bus
 from voicepipe.bus.brokers import EmbeddedBroker, quiet_amqtt
+from voicepipe.bus.instance import Announcer, Follower, refuse_if_running
 from voicepipe.bus.liveness import Presence, Progress, Watch, turn_deadline_ns
 from voicepipe.bus.memory import MemoryBroker
 from voicepipe.bus.mqtt import (
@@ -50,6 +51,7 @@ from voicepipe.config import PipelineConfig, broker_address, check_speech
 from voicepipe.errors import UserError, check_run_id
 from voicepipe.exitcodes import signal_name
 from voicepipe.incidents import Incidents, spans_ms
+from voicepipe.keys import Instance
 from voicepipe.measure import (
     BURST_REFUSED,
     LAG_TRUST_P99_MS,
@@ -346,6 +348,7 @@ async def serve_stages(
     planned: list[str] | None = None,
     on_stages: Callable[[list[Stage]], None] | None = None,
     token: bytes | None = None,
+    instance: Instance | None = None,
 ) -> None:
     """Run some stages of run ``run`` in this process until cancelled (``voicepipe stage``, a worker).
 
@@ -353,16 +356,20 @@ async def serve_stages(
     run (default: these). A kind with several planned replicas serves only the sessions its replica owns
     (:mod:`voicepipe.bus.partition`). The process announces itself with a :class:`~voicepipe.bus.liveness.Presence`.
     ``on_stages`` sees the stages once built (an observer, for tests). ``token``: the run's secret (a
-    ``--workers`` process gets it from its parent; ``voicepipe stage`` reads ``VOICEPIPE_RUN_TOKEN``).
+    ``voicepipe stage`` reads ``VOICEPIPE_RUN_TOKEN``) from which the key of the instance it joins is derived:
+    the run's announcement names it (:mod:`voicepipe.bus.instance`), and serving ends when that instance is over.
+    ``instance``: the instance to serve (a ``--workers`` process gets it from its parent, no token).
     """
     quiet_amqtt()
     check_run_id(run)  # part of every topic: a "/" or "+" would make every turn time out silently
     if not cfg.broker.url:
         raise ValueError("broker.url: stages in separate processes need a broker (--broker URL)")
-    if token is None:
+    if token is None and instance is None:
         require_shared_token("voicepipe stage")
     addr = broker_address(cfg.broker)
-    ctx = RunContext(run=run, cfg=cfg) if token is None else RunContext(run=run, cfg=cfg, token=token)
+    ctx = RunContext(run=run, cfg=cfg, instance=instance)
+    if token is not None:
+        ctx.token = token
     protocol = await negotiate_protocol(addr, cfg.broker.protocol)
     await check_run_topics(addr, run)
     base = mqtt_connector(addr, ctx, protocol)
@@ -383,8 +390,14 @@ async def serve_stages(
 
     async with contextlib.AsyncExitStack() as stack:
         stack.enter_context(during_run())  # collector pauses would show as tax (if the program opted in)
+        follower = None
+        if ctx.instance is None:  # join the instance the run announces (verified with the token)
+            follower = await stack.enter_async_context(Follower(addr, run, ctx.token))
+            ctx.instance = await follower.instance()
+            log.info("joined run instance", run=run, instance=ctx.instance.id)
+        inst, grace = ctx.instance, cfg.broker.stage_grace_s
         if shared:  # replicas must learn of a dead peer to take over its sessions
-            await stack.enter_async_context(Watch(addr, run, peer_died, who=process))
+            await stack.enter_async_context(Watch(addr, run, peer_died, who=process, instance=inst, grace_s=grace))
         stages = build_stages(connect, ctx, [kind_of(r) for r in mine])
         for s in stages:  # a replica may take over a dead peer's sessions mid-stream (Guard.adopt); a shadow
             s.guard.adopt = isinstance(s.bus, PartitionedBus) and not s.bus.shadow  # saw them from the start
@@ -398,8 +411,17 @@ async def serve_stages(
         tasks: list[asyncio.Task[None]] = []
         try:
             tasks = await start_stages(stack, stages)
-            async with Presence(addr, run, process, mine, counters):
-                await asyncio.gather(*tasks)  # a loop that fails ends the serving with its exception
+            srcs = [s.src for s in stages]  # the hello: the client accepts replies from these senders only
+            async with Presence(addr, run, process, mine, counters, instance=inst, srcs=srcs, grace_s=grace):
+                over = [asyncio.create_task(follower.over(inst), name="instance-over")] if follower else []
+                done, _ = await asyncio.wait([*tasks, *over], return_when=asyncio.FIRST_COMPLETED)
+                for o in over:
+                    if o in done:
+                        log.info("run instance over", run=run, instance=inst.id, why=o.result())
+                    o.cancel()
+                for t in tasks:
+                    if t in done:
+                        t.result()  # a loop that fails ends the serving with its exception
         finally:
             await stop_stages(stages, tasks)  # logs every loop that had failed
 
@@ -408,7 +430,7 @@ def worker_entry() -> None:
     """A ``--workers`` process (``python -c 'from voicepipe.runner import worker_entry; worker_entry()'``):
     reads its pickled job from stdin — (config, run, process, replicas, planned) — and serves the replicas
     until SIGTERM, then clears its marker and exits cleanly."""
-    cfg, run, process, replicas, planned, token = pickle.load(sys.stdin.buffer)
+    cfg, run, process, replicas, planned, instance = pickle.load(sys.stdin.buffer)
     tune_for_runs()  # a worker is a process of the CLI's run, not a library caller's: tuned like the CLI
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
 
@@ -425,7 +447,7 @@ def worker_entry() -> None:
         guard = asyncio.create_task(orphaned(task))
         kinds = [kind_of(r) for r in replicas]
         await until_signalled(
-            serve_stages(cfg, kinds, run, process=process, replicas=replicas, planned=planned, token=token),
+            serve_stages(cfg, kinds, run, process=process, replicas=replicas, planned=planned, instance=instance),
             (signal.SIGTERM,),
         )
         guard.cancel()
@@ -455,8 +477,8 @@ async def until_signalled(
 class Workers:
     """``--workers N``: N stage processes spawned for one run (see :func:`~voicepipe.bus.partition.plan_workers`)."""
 
-    def __init__(self, cfg: PipelineConfig, run: str, plan: list[list[str]], token: bytes) -> None:
-        self.cfg, self.run, self.plan, self.token = cfg, run, plan, token
+    def __init__(self, cfg: PipelineConfig, run: str, plan: list[list[str]], instance: Instance) -> None:
+        self.cfg, self.run, self.plan, self.instance = cfg, run, plan, instance
         self.planned = [r for p in plan for r in p]
         self.procs: list[subprocess.Popen[bytes]] = []
 
@@ -465,8 +487,8 @@ class Workers:
         for i, reps in enumerate(self.plan):
             p = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE)
             assert p.stdin is not None
-            # the run's secret goes through the pipe, never argv or the environment (ps would show it)
-            p.stdin.write(pickle.dumps((self.cfg, self.run, f"w{i}", reps, self.planned, self.token)))
+            # the instance's key goes through the pipe, never argv or the environment (ps would show it)
+            p.stdin.write(pickle.dumps((self.cfg, self.run, f"w{i}", reps, self.planned, self.instance)))
             p.stdin.close()
             self.procs.append(p)
 
@@ -591,7 +613,12 @@ async def run_pipeline(
             shown = f"embedded amqtt {addr.host}:{addr.port}"
         result = RunResult(run=run, broker=shown, workers=workers)
         ctx = RunContext(run=run, cfg=cfg)
-        procs = Workers(cfg, run, spawn, ctx.token) if spawn else None
+        ctx.instance = Instance.new(ctx.token, run)  # this start's key (voicepipe.keys), announced for stages
+        if cfg.broker.url or remote:
+            if cfg.broker.url:  # one live start per run id and broker (voicepipe.bus.instance)
+                await refuse_if_running(addr, run, ctx.token)
+            await stack.enter_async_context(Announcer(addr, ctx.instance, ctx.token))
+        procs = Workers(cfg, run, spawn, ctx.instance) if spawn else None
         if procs:
             procs.start()
             result.worker_pids = [p.pid for p in procs.procs]
@@ -622,7 +649,13 @@ async def run_pipeline(
         progress = await stack.enter_async_context(Progress(addr, run, link))
         members = Membership(remote)
         failer = Failer(client, members, result, progress)
-        watch = await stack.enter_async_context(Watch(addr, run, failer.on_dead)) if remote else None
+        client.guard.joined = {s.src for s in stages}  # and each remote stage whose signed hello arrives
+        watch = (
+            await stack.enter_async_context(
+                Watch(addr, run, failer.on_dead, instance=ctx.instance, grace_s=cfg.broker.stage_grace_s,
+                      on_hello=client.guard.joined.update)
+            ) if remote else None
+        )  # fmt: skip
 
         async def wait_remote() -> None:
             if watch is not None:
@@ -666,6 +699,11 @@ async def run_pipeline(
                 result.remote_published = totals.published
                 result.remote_received = totals.received
                 result.remote_skipped = totals.skipped
+                if watch.invalid:  # unsigned, forged or replayed liveness records: ignored, counted here
+                    result.counters.dead["liveness unsigned or invalid"] += watch.invalid
+                if watch.pauses:
+                    result.warnings.append(f"{watch.pauses} stage process pause(s) resumed within the grace "
+                                           f"(broker.stage_grace_s={cfg.broker.stage_grace_s:g})")  # fmt: skip
         result.local_published = sum(s.bus.published for s in stages)
         result.local_received = sum(s.bus.received for s in stages)
     stop = current_stop()

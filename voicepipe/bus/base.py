@@ -36,6 +36,9 @@ class Bus(abc.ABC):
     # no one but this run's own stages can reach it (the in-process bus of a virtual run): senders do not
     # sign, receivers do not authenticate (voicepipe.stages.guard, check 1); every other check stays
     trusted: bool = False
+    # the run instance's key: set (by the stage) on every other bus, which signs each body it sends and checks
+    # each it receives (voicepipe.keys.seal / body_verified)
+    key: bytes | None = None
 
     def __init__(self, run: str, name: str) -> None:
         self.run = run

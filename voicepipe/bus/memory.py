@@ -31,6 +31,7 @@ from typing import Any
 
 from voicepipe.bus.base import Bus
 from voicepipe.clock import now_ns
+from voicepipe.keys import sign
 from voicepipe.messages import Envelope, channel_of
 
 
@@ -159,6 +160,8 @@ class MemoryBus(Bus):
         if d["run"] != self.run:
             raise ValueError(f"envelope of run {d['run']!r} published on run {self.run!r}")
         d["sent_ns"] = now_ns()
+        if self.key is not None:  # an untrusted in-memory bus (tests): signed like a body on the wire
+            sign(env, self.key)
         self.published += 1
         self.broker.deliver(channel_of(d["type"]), env)
 

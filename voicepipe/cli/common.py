@@ -280,7 +280,7 @@ def run_error(cfg: PipelineConfig, exc: BaseException) -> typer.Exit | None:
         return fail(f"{where}: cannot connect ({exc})")
     if isinstance(exc, MqttError):  # refused (bad credentials), lost connection, ...
         return fail(f"{where}: {exc}")
-    if isinstance(exc, StagesMissing):
+    if isinstance(exc, StagesMissing | UserError):  # UserError: a live start of the same run id (--run-id)
         return fail(str(exc))
     if isinstance(exc, RunTopicsUnreachable):
         return fail(str(exc))

@@ -1,7 +1,8 @@
 """``voicepipe stage``: serve some stages of a run in this process; the rest, and the client, run elsewhere.
 
-Needs a broker URL and the shared run token (:func:`voicepipe.stages.guard.require_shared_token`); stops
-on Ctrl-C or SIGTERM. A broker that cannot be reached is one error line, exit 2.
+Needs a broker URL and the shared run token (:func:`voicepipe.stages.guard.require_shared_token`). It joins
+the instance the run announces (:mod:`voicepipe.bus.instance`, verified with the token), serves it until it
+is over, then waits for the next start of the same run id; stops on Ctrl-C or SIGTERM. A broker that cannot be reached is one error line, exit 2.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import typer
 
 from voicepipe.cli.common import err, run_error, safe_url, stage_names, user_errors
 from voicepipe.cli.options import ConfigOpt, SetOpt, broker_block
-from voicepipe.config import BrokerOverrides, load_config
+from voicepipe.config import BrokerOverrides, PipelineConfig, load_config
 from voicepipe.errors import UserError, check_run_id
 from voicepipe.runner import run_live_loop, serve_stages, until_signalled
 from voicepipe.stages.guard import require_shared_token
@@ -40,7 +41,7 @@ def stage(
         require_shared_token("voicepipe stage")
     err.print(f"serving {', '.join(chosen)} for run {run_id} on {safe_url(cfg.broker.url)}", highlight=False)
     try:
-        run_live_loop(until_signalled(serve_stages(cfg, chosen, run_id)))
+        run_live_loop(until_signalled(_follow(cfg, chosen, run_id)))
     except KeyboardInterrupt:
         pass
     except Exception as exc:
@@ -48,3 +49,9 @@ def stage(
         if failure is None:
             raise
         raise failure from None
+
+
+async def _follow(cfg: PipelineConfig, names: list[str], run_id: str) -> None:
+    """Serve each start of run ``run_id`` in turn (each with its own instance key)."""
+    while True:
+        await serve_stages(cfg, names, run_id)

@@ -10,7 +10,7 @@ authenticated by the run's token, comes from the stage that owns its channel, is
 sequence and fits the session's current turn; anything else is dead-lettered with a reason and counted.
 A handler or task that raises fails that turn (a ``control.cancel`` with reason ``failed`` and the error,
 which the client records), never the run. Every message a stage publishes goes through :meth:`Stage.publish`,
-which names the sender, numbers it and signs it.
+which names the sender and numbers it; its bus signs it as it serialises it.
 
 Clock-free chains (issue 10): each received message's spans are moved onto the receiving stage's clock as if
 the message had arrived the instant it was sent (shifted by arrival − ``sent_ns``, so any offset between the
@@ -34,6 +34,7 @@ from voicepipe.backends import BackendPool
 from voicepipe.bus import Bus
 from voicepipe.clock import now_ns, running_loop, set_clock_offset_ns
 from voicepipe.config import PipelineConfig
+from voicepipe.keys import Instance, run_token
 from voicepipe.messages import (
     Cancel,
     CancelReason,
@@ -47,7 +48,7 @@ from voicepipe.messages import (
     message_type,
 )
 from voicepipe.spans import shifted
-from voicepipe.stages.guard import ADMITTED, Guard, Verdict, run_token, sign
+from voicepipe.stages.guard import ADMITTED, Guard, Verdict
 
 log = structlog.get_logger("voicepipe.stage")
 
@@ -63,7 +64,14 @@ class RunContext:
     run: str
     cfg: PipelineConfig
     backends: BackendPool = field(default_factory=BackendPool)
-    token: bytes = field(default_factory=run_token, repr=False)  # never printed: signs every message
+    token: bytes = field(default_factory=run_token, repr=False)  # never printed: the run's shared secret
+    # this start of the run (voicepipe.keys.Instance): its key signs every message; None (virtual runs,
+    # tests of one stage): the token itself is the key
+    instance: Instance | None = None
+
+    @property
+    def key(self) -> bytes:
+        return self.token if self.instance is None else self.instance.key
 
 
 class Stage:
@@ -92,8 +100,14 @@ class Stage:
         # conversation (history, learned answers) that wait for the turn to be over
         self.dropped: dict[str, set[tuple[int, int]]] = {}  # session -> (turn, segment)
         self.pending: dict[str, dict[tuple[int, int], list[Callable[[], None]]]] = {}
-        self._sign = not bus.trusted  # a bus no one else can reach needs no MACs (Bus.trusted)
-        self.guard = Guard(ctx.token, client_side=self.name == "client", trusted=bus.trusted)
+        if not bus.trusted:  # a bus no one else can reach needs no MACs (Bus.trusted)
+            # the bus signs each body as it serialises it (voicepipe.keys.seal): a view of another bus (a
+            # replica's PartitionedBus) and the bus it wraps alike
+            layer: Bus | None = bus
+            while layer is not None:
+                layer.key = ctx.key
+                layer = getattr(layer, "inner", None)
+        self.guard = Guard(ctx.key, client_side=self.name == "client", trusted=bus.trusted)
         self.src = f"{self.name}/{secrets.token_hex(3)}"  # sender instance: kind/replica
         self.seqs: dict[str, dict[str, int]] = {}  # session -> type -> last sequence number sent
         self.noted: dict[str, int] = {}  # dead letters per reason copied to the dead-letter topic
@@ -168,8 +182,6 @@ class Stage:
         seq = seqs[d["type"]] = seqs.get(d["type"], -1) + 1
         d["src"] = self.src
         d["seq"] = seq
-        if self._sign:
-            sign(env, self.ctx.token)
         post = self._post
         if post is not None:
             post(env)

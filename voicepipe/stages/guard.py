@@ -4,25 +4,20 @@ Anyone who can publish on the broker can put a well-formed envelope on a run's t
 ``tts.audio`` crashed a run, others falsified turns or cost each turn a 29 s timeout). So a stage admits a
 message only when all of these hold, in this order:
 
-1. **authenticated**: ``auth`` is a 128-bit MAC of the routing facts — sender, id, sequence, type, run,
-   session, turn — under the run's **token**, a secret the run generates and shares with its stages
-   (``VOICEPIPE_RUN_TOKEN`` for stages in other processes). The MAC is keyed BLAKE2b (RFC 7693's keyed mode,
-   a MAC by design; a token longer than its 64-byte key is hashed to one): one pass where HMAC-SHA256 makes
-   two, and the keyed state is kept per token, so only the facts are hashed — timed at ~0.4 µs against
-   ~2.1 µs per MAC of a typical envelope (timeit, CPython 3.11); every message is MACed once by its sender
-   and once by each receiver. The token itself never travels, is never
+1. **authenticated**: ``auth`` is a 128-bit MAC of the whole wire body — routing facts, spans, ``sent_ns`` and
+   payload — under the key of this run *instance* (:mod:`voicepipe.keys`): derived from the run's token
+   (``VOICEPIPE_RUN_TOKEN`` for stages in other processes) and a fresh nonce each start of a run announces
+   (:mod:`voicepipe.bus.instance`). So a message recorded in an earlier run with the same id and token, or
+   sent by a concurrent one, never verifies here; neither does a captured message re-sent with another
+   payload, on one broker or across a bridge. The MQTT bus checks the MAC on the raw bytes it received and
+   leaves its verdict on the envelope (no second serialisation); the token itself never travels, is never
    printed and has no repr. Why a MAC in the envelope rather than MQTT 5 user properties: it works the same
    on every bus (MQTT 3.1.1, the embedded amqtt broker, the in-memory bus of ``predict``), and a property
-   holding a plain token would hand it to anyone who can read the run's topics. The payload (and the spans,
-   ``sent_ns``) is not in the MAC (it would cost a second serialisation per message): a captured message
-   re-sent with another payload repeats its id and sequence, and is refused as a duplicate as long as the
-   genuine one reaches each subscriber first — true on one broker, which queues the genuine message to every
-   subscriber before any other client can see it, but not guaranteed across a bridge (an attacker on one
-   broker can race the bridge to the other) or for a message a restarted broker lost and voicepipe
-   re-sends (an attacker who captured it can publish a changed copy first). Known limit; a MAC over the
-   body bytes would close it. The one exception: the in-process bus of a virtual run (``predict``,
-   ``capacity``; :attr:`voicepipe.bus.base.Bus.trusted`) carries no MACs, since nothing outside the run's own
-   stages can reach it; checks 2-6 still apply there.
+   holding a plain token would hand it to anyone who can read the run's topics. The one exception: the
+   in-process bus of a virtual run (``predict``, ``capacity``; :attr:`voicepipe.bus.base.Bus.trusted`) carries
+   no MACs, since nothing outside the run's own stages can reach it; checks 2-6 still apply there.
+   **Joined** (the client's guard, live runs): the sender instance must be one of the run's own stages or
+   one that joined this instance with a signed hello (its liveness marker, :mod:`voicepipe.bus.liveness`).
 2. **the right sender**: each channel has owners (``user.utterance`` only from the client, ``tts.audio`` only from
    the TTS or the cache...), and each cancel reason its own (only the ASR withdraws a segment).
 3. **in sequence**: per (sender instance, session, channel) the sequence numbers rise by one. A repeat or a
@@ -46,20 +41,15 @@ raises. The guard is pure bookkeeping (no I/O, no clock), so it can be tested on
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import os
-import secrets
 from collections import Counter
 from dataclasses import dataclass, field
 from enum import Enum
 
-from voicepipe.errors import UserError
+from voicepipe.keys import TOKEN_ENV, mac, require_shared_token, run_token, sign, verified
 from voicepipe.limits import MAX_SPEECH_MS, MAX_TEXT
 from voicepipe.messages import Audio, Cancel, CancelReason, Envelope, UserUtterance
 
-TOKEN_ENV = "VOICEPIPE_RUN_TOKEN"
-_blake2b = hashlib.blake2b
+__all__ = ["TOKEN_ENV", "Guard", "mac", "require_shared_token", "run_token", "sign", "verified"]
 
 # A span longer than an hour is not a voice turn (the longest scripted or modelled duration is a minute:
 # voicepipe.limits.MAX_MS); the chain of one turn is ~10-20 spans, 256 leaves room for any council.
@@ -99,57 +89,6 @@ CANCEL_OWNERS: dict[CancelReason, frozenset[str]] = {
 LOSSY = frozenset(
     {"asr.partial"}
 )  # published at QoS 0: the broker may drop them, the turn does not depend on them
-
-
-def run_token() -> bytes:
-    """The run's secret: ``VOICEPIPE_RUN_TOKEN`` when set (stages in other processes need the same one), else
-    32 random bytes."""
-    given = os.environ.get(TOKEN_ENV)
-    return given.encode() if given else secrets.token_bytes(32)
-
-
-def require_shared_token(where: str) -> None:
-    """Stages in other processes sign with the token they are given: the run and they must share one."""
-    if not os.environ.get(TOKEN_ENV):
-        raise UserError(
-            where,
-            f"stages in other processes need the run's secret: set {TOKEN_ENV} to the same value for the run "
-            "and every `voicepipe stage` process (e.g. export VOICEPIPE_RUN_TOKEN=$(openssl rand -hex 32))",
-        )
-
-
-def _facts(env: Envelope) -> bytes:
-    d = env.__dict__  # the fields themselves: no attribute machinery on a path every message takes twice
-    return f"{d['src']}\0{d['id']}\0{d['seq']}\0{d['type']}\0{d['run']}\0{d['session']}\0{d['turn']}".encode()
-
-
-def _key(token: bytes) -> bytes:
-    """BLAKE2b's key is at most 64 bytes: a longer token is hashed to one (same token, same key everywhere)."""
-    return token if len(token) <= 64 else hashlib.blake2b(token, digest_size=64).digest()
-
-
-def mac(env: Envelope, token: bytes) -> str:
-    """The envelope's MAC under ``token`` (hex, 128 bits)."""
-    keyed = _keyed.get(token)
-    if keyed is None:
-        if len(_keyed) >= 64:  # one token per run: a long-lived process running many runs keeps a few
-            _keyed.clear()
-        keyed = _keyed[token] = _blake2b(key=_key(token), digest_size=16)
-    h = keyed.copy()  # the key block is already compressed: only the facts are hashed per message
-    h.update(_facts(env))
-    return h.hexdigest()
-
-
-_keyed: dict[bytes, hashlib.blake2b] = {}  # token -> BLAKE2b state after its key block
-
-
-def sign(env: Envelope, token: bytes) -> None:
-    env.__dict__["auth"] = mac(env, token)  # every field is set already: no pydantic bookkeeping to do
-
-
-def verified(env: Envelope, token: bytes) -> bool:
-    a = env.auth  # any string up to 64 characters: compare_digest raises on non-ASCII str, so refuse it first
-    return a.isascii() and hmac.compare_digest(mac(env, token), a)
 
 
 class Verdict(Enum):
@@ -201,7 +140,7 @@ class Guard:
     """One stage's view of which sessions exist, where they are, and who may say what."""
 
     def __init__(self, token: bytes, *, client_side: bool = False, trusted: bool = False) -> None:
-        self.token = token
+        self.token = token  # the run instance's key (voicepipe.keys.Instance.key)
         self.trusted = trusted  # on a bus only this run's stages can reach (Bus.trusted): no MAC to check
         self.client_side = client_side  # the client opens and advances its own sessions (:meth:`open`)
         self.sessions: dict[str, SessionState] = {}
@@ -211,6 +150,9 @@ class Guard:
         # mid-stream: it adopts each session and each sender's sequence where it finds them
         self.adopt = False
         self._kinds: dict[str, str] = {}  # sender instance -> its stage kind (kind/replica)
+        # the sender instances that joined this run instance (the run's own stages, and those whose signed
+        # hello arrived); None: any holder of the key (a stage's guard, the in-process bus)
+        self.joined: set[str] | None = None
 
     def __repr__(self) -> str:  # never the token
         return f"Guard(sessions={len(self.sessions)})"
@@ -238,8 +180,11 @@ class Guard:
     def _check(self, env: Envelope) -> Admission:
         d = env.__dict__  # the fields themselves (every message takes this path): no attribute machinery
         if not self.trusted and (not d["auth"] or not verified(env, self.token)):
-            return Admission(Verdict.DEAD, "unauthenticated: no valid run token MAC")
+            return Admission(Verdict.DEAD, "unauthenticated: no valid MAC under this run instance's key")
         src, type_, seq = d["src"], d["type"], d["seq"]
+        joined = self.joined
+        if joined is not None and src not in joined:
+            return Admission(Verdict.DEAD, f"not joined: sender {src!r} sent no hello to this run instance")
         kind = self._kinds.get(src)
         if kind is None:
             kind = self._kinds[src] = src.partition("/")[0]

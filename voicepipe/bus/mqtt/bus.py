@@ -2,8 +2,10 @@
 :class:`~voicepipe.bus.mqtt.link.MqttLink`.
 
 Validation happens here, where bytes enter from the network (:func:`voicepipe.messages.parse`): a malformed
-body, or one whose type or run/session does not match its topic, is dead-lettered; an envelope id seen again
-(QoS 1 redelivers after a reconnect) is dropped. A replica's ``accept`` filter is checked on the topic before
+body, or one whose type or run/session does not match its topic, is dead-lettered; each body's MAC is checked on the
+raw bytes under the run instance's key (:func:`voicepipe.keys.body_verified`; the verdict goes to the guard
+on the envelope), and an authenticated envelope id seen again (QoS 1 redelivers after a reconnect) is
+dropped — an unauthenticated copy never takes a genuine message's id. A replica's ``accept`` filter is checked on the topic before
 the body is parsed. :class:`~voicepipe.bus.base.BrokerOutage` from the link ends the stage's iteration.
 """
 
@@ -19,6 +21,7 @@ from voicepipe.bus.mqtt.address import BrokerAddress
 from voicepipe.bus.mqtt.lean import MQTT_ERR_NO_CONN
 from voicepipe.bus.mqtt.link import MqttLink
 from voicepipe.clock import now_ns
+from voicepipe.keys import VERIFIED, body_verified, seal
 from voicepipe.messages import BadMessage, Envelope, channel_of, deadletter_topic, parse, split_topic, topic
 
 SEEN_IDS = 16384  # ids remembered per client for deduplication (QoS 1 redelivers after reconnects)
@@ -81,9 +84,9 @@ class MqttBus(Bus):
     async def publish(self, env: Envelope, *, qos: int | None = None) -> None:
         env.sent_ns = now_ns()
         q = self.qos if qos is None else qos
-        rc = self.link.publish(
-            topic(self.run, env.session, channel_of(env.type)), env.to_bytes(), q, env.sent_ns
-        )
+        key = self.key
+        body = env.to_bytes() if key is None else seal(env, key)  # one serialisation, MAC spliced in
+        rc = self.link.publish(topic(self.run, env.session, channel_of(env.type)), body, q, env.sent_ns)
         if rc == MQTT_ERR_NO_CONN and not q:
             self.dropped_qos0 += 1
         self.published += 1
@@ -122,6 +125,13 @@ class MqttBus(Bus):
                 except BadMessage as exc:
                     await self.deadletter(t, str(exc), bytes(body))
                     continue
+                key = self.key
+                if key is not None:  # the guard reads this verdict (check 1): the raw bytes, hashed once
+                    d = env.__dict__
+                    ok = d[VERIFIED] = body_verified(body, d["auth"], key)
+                    if not ok:  # the guard dead-letters it; its id must not shadow the genuine message's
+                        yield channel, env
+                        continue
                 if self._duplicate(env.id):
                     self.duplicates += 1
                     continue
