@@ -106,3 +106,33 @@ async def test_an_endpoint_wait_longer_than_the_pause_does_not_end_the_turn_earl
 def test_a_mix_of_real_and_modelled_speech_stages_is_one_line_naming_the_fields():
     with pytest.raises(UserError, match=r"vad\.engine, asr\.engine, tts\.engine: real audio needs"):
         load_config(None, ["client.voice=espeak-ng"])
+
+
+async def test_a_recorded_turn_streams_its_wav_and_is_scored_only_against_given_text(tmp_path, mosquitto):
+    x = await synthesize("I would like a cup of tea.", 150)
+    clip = tmp_path / "caller.wav"
+    with wave.open(str(clip), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(RATE)
+        w.writeframes(np.concatenate([np.zeros(RATE // 4, np.int16), x]).astype("<i2").tobytes())
+    sc = Scenario(
+        name="rec",
+        turns=[
+            Turn(wav=str(clip), reply="Sure, a cup of tea coming up.", gap_ms=50),
+            Turn(wav=str(clip), user="I would like a cup of tea.", reply="Right away.", gap_ms=50),
+        ],
+    )
+    cfg = fast_config(*REAL, "asr.silence_ms=300", f"client.record={tmp_path}", broker=mosquitto.url)
+    res = await run_pipeline(cfg, [sc], 1)
+    recs = sorted(res.records, key=lambda r: r.turn)
+    assert [r.status for r in recs] == ["ok", "ok"], [r.error for r in recs]
+    assert recs[0].wer is None and recs[0].user_text == "(recording caller.wav)"
+    assert recs[1].wer is not None and recs[1].wer < 1.0  # the recording's words were recognised, in part
+    for r in recs:
+        assert r.transcript  # PocketSphinx heard the file's speech
+        assert r.recording is not None and r.recording_eos_ms is not None and r.measured_ms is not None
+        assert abs(onset_in_recording(r.recording, r.recording_eos_ms) - r.measured_ms) <= 20
+    with wave.open(recs[0].recording) as w:  # the caller channel holds the file's samples, as streamed
+        left = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2").reshape(-1, 2)[:, 0]
+    assert np.max(np.abs(left)) == np.max(np.abs(x))

@@ -51,7 +51,7 @@ from voicepipe.limits import (
 from voicepipe.safeyaml import YamlRejected, load
 from voicepipe.scenario import CacheEntry, Scenario, reply_speech_ms, too_long
 from voicepipe.shipped import resolve_config
-from voicepipe.text import speak
+from voicepipe.text import plain, speak
 
 if TYPE_CHECKING:
     from voicepipe.bus.mqtt.address import BrokerAddress
@@ -573,6 +573,11 @@ def check_speech(cfg: PipelineConfig, scenarios: list[Scenario]) -> None:
     tts = cfg.tts.words_per_minute
     for sc in scenarios:
         for i, t in enumerate(sc.turns):
+            if t.wav is not None and not cfg.real_audio and not plain(t.user):
+                raise UserError(
+                    sc.source or sc.name,
+                    f"turns.{i}.wav: a recorded turn without `user` text needs real audio (--audio real)",
+                )
             wpm = t.words_per_minute or cfg.client.words_per_minute
             words = speak(t.user, wpm)
             rate = f"{wpm:g} words per minute" + ("" if t.words_per_minute else " (client.words_per_minute)")
