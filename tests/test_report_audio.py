@@ -46,7 +46,7 @@ def records(path: Path | None) -> list[TurnRecord]:
                 within_budget=ms <= 800, breakdown=[BreakdownPart(stage="asr", what="x", ms=ms, modelled=False)],
                 spans=[], end_of_speech_ns=0, first_audio_ns=1, real_stages=["client", "vad", "asr", "tts"],
                 recording=None if path is None else str(path), recording_eos_ms=eos,
-            )  # fmt: skip
+            )
         )
     return out
 

@@ -108,15 +108,15 @@ async def test_a_stalled_stream_times_out_in_one_line(server, kind):
 @pytest.mark.parametrize("kind", ["asr", "tts"])
 async def test_a_dropped_connection_mid_stream_is_named(server, kind):
     server.mode = "kill"
-    with pytest.raises(EndpointError, match="connection dropped|ended without"):
+    with pytest.raises(EndpointError, match=r"connection dropped|ended without"):
         await (transcribe(asr(server), PCM) if kind == "asr" else speak(tts(server)))
 
 
 async def test_a_malformed_transcript_stream_or_a_non_audio_answer_is_refused(server):
     server.mode = "malformed"
-    with pytest.raises(EndpointError, match="malformed SSE .* not JSON"):
+    with pytest.raises(EndpointError, match=r"malformed SSE .* not JSON"):
         await transcribe(asr(server), PCM)
-    with pytest.raises(EndpointError, match="malformed audio .*text/html"):
+    with pytest.raises(EndpointError, match=r"malformed audio .*text/html"):
         await speak(tts(server))
 
 

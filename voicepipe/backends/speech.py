@@ -30,17 +30,19 @@ Contracts (the documented OpenAI request/response shapes; tests/speech_server.py
 from __future__ import annotations
 
 import asyncio
+import functools
 import io
 import json
 import os
 import wave
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 import httpx
 import numpy as np
+from pydantic import AfterValidator
 
 from voicepipe.backends.base import EndpointError
 from voicepipe.backends.openai import MAX_ERROR_BODY, _http_reason, _timeout_what, _tls
@@ -83,8 +85,8 @@ def is_url(spec: object) -> bool:
 def speech_endpoint(kind: Literal["asr", "tts"], spec: str | dict[str, Any]) -> SpeechEndpoint:
     """Validate a speech endpoint spec (ValueError naming the field)."""
     if isinstance(spec, str):
-        url, _, model = spec.partition("#")
-        spec = {"endpoint": url, **({"model": model} if model else {})}
+        base, _, model = spec.partition("#")
+        spec = {"endpoint": base, **({"model": model} if model else {})}
     unknown = sorted(set(spec) - KNOWN)
     if unknown:
         raise ValueError(f"{unknown[0]}: unknown speech endpoint field (known: {', '.join(sorted(KNOWN))})")
@@ -117,6 +119,19 @@ def speech_endpoint(kind: Literal["asr", "tts"], spec: str | dict[str, Any]) -> 
         format=fmt, sample_rate=rate, stream=stream, language=texts["language"], name=texts["name"] or "",
     )  # fmt: skip
 
+
+def engine_spec(kind: Literal["asr", "tts"], local: str, v: Any) -> Any:
+    """A stage's ``engine``: ``model``, the local engine's name, or a speech endpoint (ValueError if not)."""
+    if v in ("model", local):
+        return v
+    if not is_url(v):
+        raise ValueError(f"{v!r}: expected model, {local}, an http(s) endpoint URL or an endpoint mapping")
+    speech_endpoint(kind, v)  # ValueError names the field
+    return v
+
+
+AsrEngine = Annotated[str | dict[str, Any], AfterValidator(functools.partial(engine_spec, "asr", "pocketsphinx"))]
+TtsEngine = Annotated[str | dict[str, Any], AfterValidator(functools.partial(engine_spec, "tts", "espeak-ng"))]
 
 _clients: dict[tuple[int, float], httpx.AsyncClient] = {}
 
@@ -355,7 +370,7 @@ async def synthesize_stream(ep: SpeechEndpoint, text: str) -> AsyncIterator[tupl
         try:
             await _attempts(ep, once)
             queue.put_nowait(None)
-        except BaseException as exc:  # noqa: BLE001 — handed to the consumer
+        except Exception as exc:  # handed to the consumer
             queue.put_nowait(exc)
 
     task = asyncio.create_task(run())
