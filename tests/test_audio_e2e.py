@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import UNDER_CI, fast_config
+from tests.speech_server import SpeechServer
 from voicepipe.audio import RATE
 from voicepipe.audio.engines import SileroVad, frames_of, synthesize
 from voicepipe.config import load_config
@@ -106,3 +107,56 @@ async def test_an_endpoint_wait_longer_than_the_pause_does_not_end_the_turn_earl
 def test_a_mix_of_real_and_modelled_speech_stages_is_one_line_naming_the_fields():
     with pytest.raises(UserError, match=r"vad\.engine, asr\.engine, tts\.engine: real audio needs"):
         load_config(None, ["client.voice=espeak-ng"])
+
+
+async def test_a_recorded_turn_streams_its_wav_and_is_scored_only_against_given_text(tmp_path, mosquitto):
+    x = await synthesize("I would like a cup of tea.", 150)
+    clip = tmp_path / "caller.wav"
+    with wave.open(str(clip), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(RATE)
+        w.writeframes(np.concatenate([np.zeros(RATE // 4, np.int16), x]).astype("<i2").tobytes())
+    sc = Scenario(
+        name="rec",
+        turns=[
+            Turn(wav=str(clip), reply="Sure, a cup of tea coming up.", gap_ms=50),
+            Turn(wav=str(clip), user="I would like a cup of tea.", reply="Right away.", gap_ms=50),
+        ],
+    )
+    cfg = fast_config(*REAL, "asr.silence_ms=300", f"client.record={tmp_path}", broker=mosquitto.url)
+    res = await run_pipeline(cfg, [sc], 1)
+    recs = sorted(res.records, key=lambda r: r.turn)
+    assert [r.status for r in recs] == ["ok", "ok"], [r.error for r in recs]
+    assert recs[0].wer is None and recs[0].user_text == "(recording caller.wav)"
+    assert recs[1].wer is not None and recs[1].wer < 1.0  # the recording's words were recognised, in part
+    for r in recs:
+        assert r.transcript  # PocketSphinx heard the file's speech
+        assert r.recording is not None and r.recording_eos_ms is not None and r.measured_ms is not None
+        assert abs(onset_in_recording(r.recording, r.recording_eos_ms) - r.measured_ms) <= 20
+    with wave.open(recs[0].recording) as w:  # the caller channel holds the file's samples, as streamed
+        left = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2").reshape(-1, 2)[:, 0]
+    assert np.max(np.abs(left)) == np.max(np.abs(x))
+
+
+async def test_speech_endpoints_by_url_transcribe_and_speak_real_audio_and_fail_a_turn_in_one_line(mosquitto):
+    srv = SpeechServer(asr="pocketsphinx", tts="espeak-ng", first_ms=60).start()
+    try:
+        sets = ("client.voice=espeak-ng", "vad.engine=silero", f"asr.engine={srv.url}#whisper-1",
+                f"tts.engine={srv.url}#tts-1", "asr.silence_ms=300")  # fmt: skip
+        res = await run_pipeline(fast_config(*sets, broker=mosquitto.url), [scenario()], 1)
+        recs = sorted(res.records, key=lambda r: r.turn)
+        assert [r.status for r in recs] == ["ok", "ok"], [r.error for r in recs]
+        for r in recs:
+            assert r.transcript and r.wer is not None  # the server's PocketSphinx heard the caller
+            parts = {(p.stage, p.what): p for p in r.breakdown}
+            assert parts[("asr", "finalise")].ms >= 50 and not parts[("asr", "finalise")].modelled
+            assert parts[("tts", "time to first audio")].ms >= 50  # the server waits 60 ms before audio
+        paths = [s.path for s in srv.seen]
+        assert "/v1/audio/transcriptions" in paths and "/v1/audio/speech" in paths
+        srv.mode = "500"
+        res = await run_pipeline(fast_config(*sets, broker=mosquitto.url), [Scenario(name="t3", turns=scenario().turns[1:])], 1)
+        (rec,) = res.records
+        assert rec.status == "failed" and "asr endpoint: HTTP 500: boom" in (rec.error or "")
+    finally:
+        srv.stop()

@@ -26,6 +26,7 @@ from pydantic import (
 )
 
 from voicepipe.backends import UnknownBackend, build_backend, resolve_named, validate_spec
+from voicepipe.backends.speech import AsrEngine, TtsEngine
 from voicepipe.bus.mqtt import BrokerAddress
 from voicepipe.errors import UserError, from_validation, redact_url
 from voicepipe.files import read_text, read_yaml_mapping
@@ -51,7 +52,7 @@ from voicepipe.limits import (
 from voicepipe.safeyaml import YamlRejected, load
 from voicepipe.scenario import CacheEntry, Scenario, reply_speech_ms, too_long
 from voicepipe.shipped import resolve_config
-from voicepipe.text import speak
+from voicepipe.text import plain, speak
 
 if TYPE_CHECKING:
     from voicepipe.bus.mqtt.address import BrokerAddress
@@ -177,7 +178,7 @@ class VADConfig(Strict):
 
 
 class ASRConfig(Strict):
-    engine: Literal["model", "pocketsphinx"] = "model"
+    engine: AsrEngine = "model"  # model | pocketsphinx | a speech endpoint (URL or mapping)
     endpointing: Literal["silence", "smart"] = "silence"
     # Pipecat VAD stop_secs 0.2 s (2026 default); LiveKit/OpenAI use 0.5 s. reference-figures.md
     silence_ms: Ms = 200.0
@@ -305,7 +306,7 @@ class AgentConfig(Strict):
 
 
 class TTSConfig(Strict):
-    engine: Literal["model", "espeak-ng"] = "model"
+    engine: TtsEngine = "model"  # model | espeak-ng | a speech endpoint (URL or mapping)
     voice: str = Field("en-us", pattern=r"^[A-Za-z0-9_+-]{1,40}$")  # espeak-ng voice of the reply
     # Cartesia Sonic-3 p50 188 ms time to first audio (Coval independent benchmark, May 2026); p90 assumed.
     ttfb_ms: Dist = Dist(median=188.0, p90=260.0)
@@ -577,6 +578,11 @@ def check_speech(cfg: PipelineConfig, scenarios: list[Scenario]) -> None:
     tts = cfg.tts.words_per_minute
     for sc in scenarios:
         for i, t in enumerate(sc.turns):
+            if t.wav is not None and not cfg.real_audio and not plain(t.user):
+                raise UserError(
+                    sc.source or sc.name,
+                    f"turns.{i}.wav: a recorded turn without `user` text needs real audio (--audio real)",
+                )
             wpm = t.words_per_minute or cfg.client.words_per_minute
             words = speak(t.user, wpm)
             rate = f"{wpm:g} words per minute" + ("" if t.words_per_minute else " (client.words_per_minute)")

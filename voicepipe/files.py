@@ -16,6 +16,9 @@ when the caller gives one; the CLI prints it and exits 2):
 * **YAML** (:func:`read_yaml_mapping`): the restricted loader of :mod:`voicepipe.safeyaml` (core types only,
   alias bombs and depth bounded by :data:`~voicepipe.limits.MAX_YAML_VALUES` and
   :data:`~voicepipe.limits.MAX_YAML_DEPTH`).
+* **WAV** (:func:`read_wav`): a RIFF/WAVE file parsed here (not by :mod:`wave`, whose errors are not one line)
+  of at most :data:`~voicepipe.limits.MAX_WAV_BYTES`; it must be exactly the audio the bus carries, 16 kHz
+  mono 16-bit PCM (format tag 1): any other rate, channel count, sample width or encoding is refused by name.
 * Files the tool only hands to another library by name (TLS certificates for :mod:`ssl`) get the same
   type and size check without being read here (:func:`check_file`).
 
@@ -28,11 +31,12 @@ from __future__ import annotations
 import json
 import os
 import stat
+import struct
 from pathlib import Path
 from typing import Any
 
 from voicepipe.errors import UserError
-from voicepipe.limits import MAX_FILE_BYTES, MAX_JSON_DEPTH
+from voicepipe.limits import MAX_FILE_BYTES, MAX_JSON_DEPTH, MAX_WAV_BYTES
 from voicepipe.safeyaml import YamlRejected, load
 
 _KINDS = (
@@ -160,3 +164,51 @@ def read_yaml_mapping(path: str | Path, what: str = "a mapping", field: str | No
     if not isinstance(data, dict):
         raise UserError(where, f"top level must be {what}")
     return data
+
+
+WAV_RATE = 16_000  # the bus's audio (voicepipe.audio.RATE; not imported: files.py sits below every package)
+
+
+def parse_wav(raw: bytes) -> bytes:
+    """The s16le samples of a 16 kHz mono 16-bit PCM WAV held in ``raw``, else ValueError (one line)."""
+    if len(raw) < 12 or raw[:4] != b"RIFF" or raw[8:12] != b"WAVE":
+        raise ValueError("not a WAV file (no RIFF/WAVE header)")
+    pos, fmt, data = 12, None, None
+    while pos + 8 <= len(raw) and (fmt is None or data is None):
+        cid, size = raw[pos : pos + 4], struct.unpack("<I", raw[pos + 4 : pos + 8])[0]
+        body = raw[pos + 8 : pos + 8 + size]
+        if cid == b"fmt ":
+            if len(body) < 16:
+                raise ValueError("the fmt chunk is truncated")
+            fmt = struct.unpack("<HHIIHH", body[:16])
+        elif cid == b"data":
+            data = body  # a streamed WAV's size field may overstate: take what is there
+        pos += 8 + size + (size & 1)
+    if fmt is None:
+        raise ValueError("no fmt chunk")
+    tag, channels, rate, _, _, bits = fmt
+    if tag == 0xFFFE and bits == 16:  # WAVE_FORMAT_EXTENSIBLE with 16-bit samples: PCM in practice
+        tag = 1
+    if tag != 1:
+        raise ValueError(f"encoding {tag:#x} is not PCM; expected 16 kHz mono 16-bit PCM")
+    if rate != WAV_RATE:
+        raise ValueError(f"sample rate {rate} Hz; expected {WAV_RATE} Hz mono 16-bit PCM")
+    if channels != 1:
+        raise ValueError(f"{channels} channels; expected mono (1) 16 kHz 16-bit PCM")
+    if bits != 16:
+        raise ValueError(f"{bits}-bit samples; expected 16-bit 16 kHz mono PCM")
+    if data is None:
+        raise ValueError("no data chunk")
+    return data[: len(data) // 2 * 2]
+
+
+def read_wav(path: str | Path, field: str | None = None, limit: int = MAX_WAV_BYTES) -> bytes:
+    """The samples (s16le bytes) of a 16 kHz mono 16-bit PCM WAV file of at most ``limit`` bytes."""
+    raw = read_bytes(path, limit, field)
+    try:
+        pcm = parse_wav(raw)
+    except (ValueError, struct.error) as exc:
+        raise UserError(_where(path, field), str(exc)) from None
+    if not pcm:
+        raise UserError(_where(path, field), "the WAV holds no samples")
+    return pcm

@@ -17,6 +17,8 @@ from pydantic import Field
 # The shipped scenarios are 1-3 KB. 256 KiB holds ~2,000 turns; libyaml parses it in ~0.1 s on a loaded
 # 2-core box (pure-Python PyYAML ~1 s), so a rejection or a parse stays well inside a second.
 MAX_FILE_BYTES = 256 * 1024
+# a recorded turn (scenario `wav:`): 16 kHz mono s16 is 32 kB/s, so 24 MiB is ~13 minutes, past MAX_SPEECH_MS
+MAX_WAV_BYTES = 24 * 1024 * 1024
 # Values in a document after expanding every alias (an alias bomb is a few lines that expand to billions
 # of values). The largest legitimate file (1,000 turns of ~10 values) holds ~10,000; counting stops at the
 # bound, so refusing a bomb costs ~0.1 s.

@@ -6,11 +6,19 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic.json_schema import SkipJsonSchema
 
 from voicepipe.errors import from_validation
-from voicepipe.files import read_yaml_mapping
+from voicepipe.files import read_wav, read_yaml_mapping
 from voicepipe.limits import (
     MAX_CACHE_ENTRIES,
     MAX_LIST,
@@ -50,7 +58,9 @@ class Turn(BaseModel):
     model_config = FILE_MODEL
 
     user: Text = Field(
-        description='What the user says. "[700]", "[pause 700ms]" or "[1.2s]" insert a silence (ms unless "s").'
+        "",
+        description='What the user says. "[700]", "[pause 700ms]" or "[1.2s]" insert a silence (ms unless "s"). '
+        "Required unless `wav` is given; with `wav`, the reference text the word error rate is scored against.",
     )  # what the user says; "[900]" / "[pause 900ms]" / "[1.2s]" mark silences inside it
     reply: Text = Field(description="The reference reply the simulated assistant speaks.")
     words_per_minute: Wpm | None = Field(
@@ -74,8 +84,14 @@ class Turn(BaseModel):
         None, description="The user talks over the reply this many ms after its first audio."
     )  # user talks over the reply this long after it starts
     barge_in: Text = Field("wait, sorry", description="What the user says when barging in.")
+    wav: str | None = Field(
+        None,
+        max_length=4096,
+        description="A recorded caller: a WAV file (16 kHz mono 16-bit PCM; a relative path is relative to the "
+        "scenario file) the real-audio caller streams instead of synthesising `user`. Real audio only.",
+    )
 
-    @field_validator("user", "reply")
+    @field_validator("reply")
     @classmethod
     def _not_blank(cls, v: str) -> str:
         if not plain(v):
@@ -90,6 +106,12 @@ class Turn(BaseModel):
         if longest_pause_ms(v) > MAX_MS:
             raise ValueError(f"a pause marker is longer than {MAX_MS:,.0f} ms")
         return v
+
+    @model_validator(mode="after")
+    def _user_or_wav(self) -> Turn:
+        if not plain(self.user) and self.wav is None:
+            raise ValueError("user: must not be empty (or give `wav`, a recording of the turn)")
+        return self
 
     @field_validator("complete_at_pauses")
     @classmethod
@@ -163,6 +185,11 @@ def load_scenario(name_or_path: str) -> Scenario:
     except ValidationError as exc:
         raise from_validation(src, exc, model=Scenario) from None
     sc.source = src
+    for i, t in enumerate(sc.turns):
+        if t.wav is not None:
+            wav = path.parent / t.wav
+            read_wav(wav, f"{src}: turns.{i}.wav")  # refused now (one line), not mid-run
+            t.wav = str(wav)
     return sc
 
 

@@ -14,6 +14,13 @@ Speech after an endpoint means the user was not done: the segment is withdrawn (
 ``user resumed``) and the turn goes on as the next segment, whose transcript is everything recognised in the
 turn so far. Spans are measured (not modelled): ``endpoint wait`` from the arrival of the first silent frame
 to the endpoint decision, ``finalise`` the decoder's own time to close the utterance.
+
+With ``asr.engine`` a speech endpoint (:mod:`voicepipe.backends.speech`) the VAD still endpoints here; the
+segment's audio (since the turn began, or since the last endpoint) is posted at the endpoint and
+``finalise`` is the request's whole time, the transcript's streamed deltas included. There are no partials
+before the endpoint (a batch transcription API has none), so smart endpointing sees an empty hypothesis
+and waits ``smart_incomplete_ms``; the session's later frames queue while the request runs. An endpoint
+error fails the turn with its one-line reason.
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ from voicepipe.audio import FRAME_MS
 from voicepipe.audio.engines import Recognizer, Vad, make_vad
 from voicepipe.audio.frames import UP, Frame
 from voicepipe.audio.wire import AudioPort
+from voicepipe.backends.base import EndpointError
+from voicepipe.backends.speech import is_url, speech_endpoint, transcribe
 from voicepipe.clock import now_ns
 from voicepipe.messages import Cancel, CancelReason, Envelope, Final, Partial
 from voicepipe.spans import Span
@@ -44,7 +53,7 @@ class Ear:
 
     turn: int
     vad: Vad
-    rec: Recognizer
+    rec: Recognizer | Buffer
     queue: asyncio.Queue[tuple[Frame, int]] = field(default_factory=asyncio.Queue)
     segment: int = 0
     speech_run: int = 0  # consecutive speech frames
@@ -61,6 +70,30 @@ class Ear:
         return " ".join([*self.before, hyp]).strip()
 
 
+class Buffer:
+    """The segment's audio, kept for a speech endpoint (the :class:`Recognizer` interface; no partials)."""
+
+    def __init__(self) -> None:
+        self._pcm = bytearray()
+
+    def start(self) -> None:
+        pass
+
+    def feed(self, pcm: bytes) -> None:
+        self._pcm += pcm
+
+    def partial(self) -> str:
+        return ""
+
+    def take(self) -> bytes:
+        out, self._pcm = bytes(self._pcm), bytearray()
+        return out
+
+    def finish(self) -> str:
+        self._pcm = bytearray()
+        return ""
+
+
 class RealASR(Stage):
     name = "asr"
     channels = ("turn/script",)
@@ -68,10 +101,15 @@ class RealASR(Stage):
     def __init__(self, *a, **kw) -> None:
         super().__init__(*a, **kw)
         self.ears: dict[str, Ear] = {}
-        self.recognizers: list[Recognizer] = []  # idle decoders, reused across sessions (loading costs ~0.3 s)
+        self.recognizers: list[Recognizer | Buffer] = []  # idle decoders, reused (loading costs ~0.3 s)
         make_vad(self.cfg.vad.engine, self.cfg.vad.threshold, self.cfg.vad.webrtc_mode)  # engine present?
-        self.recognizers.append(Recognizer())
+        engine = self.cfg.asr.engine
+        self.endpoint = speech_endpoint("asr", engine) if is_url(engine) else None
+        self.recognizers.append(self._decoder())
         self.port = AudioPort(self.bus, self.ctx.run, self.ctx.token)
+
+    def _decoder(self) -> Recognizer | Buffer:
+        return Recognizer() if self.endpoint is None else Buffer()
 
     async def run(self) -> None:
         await self.port.listen(UP, self._frame)
@@ -93,7 +131,7 @@ class RealASR(Stage):
                 ear.rec.finish()
                 self.recognizers.append(ear.rec)
                 self.cancel(session, lambda k: True)
-            rec = self.recognizers.pop() if self.recognizers else Recognizer()
+            rec = self.recognizers.pop() if self.recognizers else self._decoder()
             vad = make_vad(self.cfg.vad.engine, self.cfg.vad.threshold, self.cfg.vad.webrtc_mode)
             ear = self.ears[session] = Ear(turn=frame.turn, vad=vad, rec=rec)
             self.spawn(session, (frame.turn, "listen"), self._listen(session, ear))
@@ -147,7 +185,15 @@ class RealASR(Stage):
 
     async def _endpoint(self, session: str, ear: Ear) -> None:
         decided = now_ns()
-        hyp = ear.rec.finish()  # the decoder's own finalisation (blocking, measured)
+        if isinstance(ear.rec, Buffer):  # a speech endpoint transcribes the segment's audio (measured)
+            try:
+                hyp = (await transcribe(self.endpoint, ear.rec.take())).text  # type: ignore[arg-type]
+            except EndpointError as exc:
+                await self.fail_turn(session, ear.turn, f"asr endpoint: {exc}")
+                ear.in_speech, ear.finalised, ear.silence_run = False, True, 0
+                return
+        else:
+            hyp = ear.rec.finish()  # the decoder's own finalisation (blocking, measured)
         done = now_ns()
         ear.in_speech, ear.finalised, ear.silence_run = False, True, 0
         text = ear.text(hyp)

@@ -15,7 +15,9 @@ Reply audio heard before the end of speech marks the turn's endpoint premature. 
 give the turn's causal chain and metadata, ``asr.final`` its transcript and word error rate.
 
 With ``client.record`` set, every session's conversation is written as a stereo WAV
-(:mod:`voicepipe.audio.record`). Not yet here: barge-in over real audio, and a scenario turn given as a WAV.
+(:mod:`voicepipe.audio.record`). A turn with ``wav`` streams that recording's samples instead of
+synthesising (a real recorded caller); its word error rate is scored against ``user`` when the turn also
+gives it, and not at all otherwise. Not yet here: barge-in over real audio.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import asyncio
 import contextlib
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -35,6 +38,7 @@ from voicepipe.audio.wer import wer
 from voicepipe.audio.wire import AudioPort
 from voicepipe.clock import now_ns, sleep_until_ns
 from voicepipe.config import PipelineConfig
+from voicepipe.files import read_wav
 from voicepipe.measure import measure
 from voicepipe.messages import Audio, CacheAnswer, Cancel, CancelReason, Envelope, Final, TurnScript
 from voicepipe.records import TurnRecord
@@ -65,6 +69,19 @@ class Call:
     done: asyncio.Event = field(default_factory=asyncio.Event)
     mic_seq: int = -1
     speaking: bool = False
+
+
+async def utterance(turn: Turn, words_per_minute: float, voice: str) -> np.ndarray:
+    """What the caller says this turn: the turn's recording (``wav``, read through the file guard), else its
+    ``user`` text spoken by espeak-ng."""
+    if turn.wav is not None:
+        return np.frombuffer(read_wav(turn.wav, "wav"), dtype="<i2").copy()
+    return await synthesize(turn.user, words_per_minute, voice)
+
+
+def said(turn: Turn) -> str:
+    """The turn's text for records and tables: its ``user`` text, else the recording's file name."""
+    return plain(turn.user) or f"(recording {Path(turn.wav or '').name})"
 
 
 class Caller(_Client):
@@ -169,17 +186,18 @@ class Caller(_Client):
         run = self.ctx.run
         call = self.calls[session]
         wpm = turn.words_per_minute or cfg.client.words_per_minute
-        words = len(spoken(turn.user, wpm).words)
+        words = len(spoken(turn.user, wpm).words) if plain(turn.user) else 0  # a bare recording: unknown
         script = TurnScript(
-            user=plain(turn.user), reply=turn.reply, intent=turn.intent, complexity=turn.complexity,
+            user=said(turn), reply=turn.reply, intent=turn.intent, complexity=turn.complexity,
             complete_at_pauses=list(turn.complete_at_pauses), words=words,
             cache=[CacheAnswer(questions=list(e.questions), answer=e.answer) for e in scenario.cache]
             if k == 0 else [],
         )  # fmt: skip
-        pcm = await synthesize(turn.user, wpm, cfg.client.espeak_voice)
+        pcm = await utterance(turn, wpm, cfg.client.espeak_voice)
         last = last_voiced_sample(pcm)
         if last is None:
-            raise RuntimeError("the synthesised utterance has no voiced sample")
+            what = f"the recording {turn.wav}" if turn.wav else "the synthesised utterance"
+            raise RuntimeError(f"{what} has no voiced sample")
         frames = frames_of(pcm)
         call.turn, call.onset_ns, call.onset_seg, call.premature = k, None, -1, False
         call.withdrawn, call.audio, call.finals, call.reply = set(), {}, {}, {}
@@ -215,7 +233,7 @@ class Caller(_Client):
         where = cfg.client.record
         base = {
             "run": self.ctx.run, "scenario": scenario.name, "session": session, "turn": k,
-            "user_text": plain(turn.user), "budget_ms": cfg.budget_ms, "end_of_speech_ns": call.eos_ns,
+            "user_text": said(turn), "budget_ms": cfg.budget_ms, "end_of_speech_ns": call.eos_ns,
             "backend": cfg.backend_label(), "real_stages": REAL_STAGES,
             "clock_offset_ns": time.time_ns() - time.monotonic_ns(),
             "recording": str(recording_path(where, session)) if where else None,
@@ -248,7 +266,7 @@ class Caller(_Client):
         return TurnRecord(
             **{**base, **extra},
             transcript=transcript,
-            wer=wer(turn.user, transcript),
+            wer=wer(turn.user, transcript) if plain(turn.user) else None,  # a bare recording has no reference
             reply_text=env.payload.text if env is not None else "",
             measured_ms=measured, predicted_ms=m.predicted_ns / 1e6, tax_ms=m.tax_ns / 1e6,
             within_budget=measured <= cfg.budget_ms, breakdown=m.parts, spans=spans, first_audio_ns=onset,

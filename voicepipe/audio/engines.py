@@ -194,7 +194,7 @@ def frames_of(x: np.ndarray) -> list[bytes]:
 REAL_AUDIO_SETS = ("client.voice=espeak-ng", "vad.engine=silero", "asr.engine=pocketsphinx", "tts.engine=espeak-ng")
 
 
-def check_engines(vad: str, asr: str, tts: str, voice: str, where: str = "--audio") -> None:
+def check_engines(vad: str, asr: object, tts: object, voice: str, where: str = "--audio") -> None:
     """Every real engine the config names is installed (a one-line UserError naming what to install)."""
     if voice == "espeak-ng" or tts == "espeak-ng":
         need_program("espeak-ng", where)

@@ -7,19 +7,28 @@ and the next clause is synthesised while the one before is still streaming. Besi
 ``tts.audio`` message per clause carries the reply's text, its real duration and the turn's metadata to the
 caller; the first carries the causal chain with a measured ``time to first audio`` span (text arrival to
 synthesised audio). A cancel or a barge-in stops the turn's tasks, and with them the frames.
+
+With ``tts.engine`` a speech endpoint (:mod:`voicepipe.backends.speech`), each clause is posted as it is
+complete and its audio streams back in chunks, cut into whole frames as they arrive: time to first audio is
+the first chunk's arrival. An endpoint error fails the turn with its one-line reason.
 """
 
 from __future__ import annotations
 
 import asyncio
 
-from voicepipe.audio import FRAME_NS, RATE
+import numpy as np
+
+from voicepipe.audio import FRAME_NS, FRAME_SAMPLES, RATE
 from voicepipe.audio.asr import measured_span
 from voicepipe.audio.engines import espeak, frames_of
 from voicepipe.audio.frames import DOWN, Frame
 from voicepipe.audio.wire import AudioPort
+from voicepipe.backends.base import EndpointError
+from voicepipe.backends.speech import is_url, speech_endpoint, synthesize_stream
 from voicepipe.clock import now_ns, sleep_until_ns
 from voicepipe.messages import Envelope, ReplyText, audio
+from voicepipe.scenario import reply_speech_ms
 from voicepipe.stages.tts import TTS, Reply
 
 LEAD_NS = 60_000_000  # frames leave up to this long before they are due to play
@@ -29,6 +38,8 @@ class RealTTS(TTS):
     def __init__(self, *a, **kw) -> None:
         super().__init__(*a, **kw)
         self.port = AudioPort(self.bus, self.ctx.run, self.ctx.token)
+        engine = self.cfg.tts.engine
+        self.endpoint = speech_endpoint("tts", engine) if is_url(engine) else None
         self.down_seq: dict[str, int] = {}
 
     def forget(self, session: str) -> None:
@@ -44,6 +55,16 @@ class RealTTS(TTS):
             while True:
                 clause, env, arrived, last = await r.queue.get()
                 text = " ".join(clause)
+                if self.endpoint is not None:
+                    try:
+                        await self._speak_endpoint(env, r, text, arrived, last, seg, out)
+                    except EndpointError as exc:
+                        await self.fail_turn(session, turn, f"tts endpoint: {exc}")
+                        return
+                    r.seq += 1
+                    if last:
+                        return
+                    continue
                 pcm = await espeak(text, cfg.words_per_minute, cfg.voice)
                 ready = now_ns()
                 spans = []
@@ -63,6 +84,36 @@ class RealTTS(TTS):
                     return
         finally:
             self.replies.get(session, {}).pop((turn, seg), None)
+
+    async def _speak_endpoint(
+        self, env: Envelope[ReplyText], r: Reply, text: str, arrived: int, last: bool, seg: int,
+        out: asyncio.Queue[tuple[bytes, bool] | None],
+    ) -> None:  # fmt: skip
+        """One clause from the speech endpoint: its ``tts.audio`` at the first chunk (time to first audio =
+        that chunk's arrival; the duration is the word model's estimate, the frames are the truth), then
+        whole 20 ms frames as the chunks stream in, the last padded with silence."""
+        p = env.payload
+        carry = np.zeros(0, dtype=np.int16)
+        first = True
+        async for got, x in synthesize_stream(self.endpoint, text):  # type: ignore[arg-type]
+            if first:
+                first = False
+                spans = []
+                if r.seq == 0:
+                    spans = [*env.spans, measured_span("tts", "time to first audio", arrived, got - arrived)]
+                msg = audio(
+                    seq=r.seq, text=text, duration_ms=reply_speech_ms(text, self.cfg.tts.words_per_minute),
+                    last=last, words=p.words, segment=seg, meta=p.meta,
+                )  # fmt: skip
+                await self.publish(self.reply(env, msg, spans))
+            carry = np.concatenate([carry, x])
+            n = len(carry) // FRAME_SAMPLES * FRAME_SAMPLES
+            for f in frames_of(carry[:n]):
+                out.put_nowait((f, False))
+            carry = carry[n:]
+        tail = frames_of(carry) if len(carry) else [bytes(FRAME_SAMPLES * 2)]
+        for i, f in enumerate(tail):
+            out.put_nowait((f, last and i == len(tail) - 1))
 
     async def _send(self, session: str, turn: int, seg: int, out: asyncio.Queue[tuple[bytes, bool] | None]) -> None:
         """Frames in order, each no earlier than LEAD_NS before its playout time (playout starts with the

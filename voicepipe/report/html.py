@@ -24,6 +24,7 @@ from voicepipe.compare import display_names, fmt_usd
 from voicepipe.incidents import Incidents
 from voicepipe.records import BreakdownPart, Summary, TurnRecord, percentile, summarise, unmeasured
 from voicepipe.report.advice import Advice, largest_part
+from voicepipe.report.audio import Recordings, hear_it
 from voicepipe.report.incidents import incidents_section
 from voicepipe.report.svg import (
     Bar,
@@ -89,6 +90,7 @@ pre { background:#f3f4f6; padding:12px 14px; border-radius:6px; overflow:auto; f
   line-height:1.4; }
 svg.chart { display:block; margin:6px 0; }
 .chart-narrow { display:none; }
+.hear { margin:2px 0 8px; } .hear audio { height:28px; vertical-align:middle; margin-right:8px; }
 @media (max-width: 1040px) { .chart-wide { display:none; } .chart-narrow { display:block; } }
 @media (max-width: 760px) {
   table.reflow thead { display:none; }
@@ -356,12 +358,14 @@ def _waterfall(
     notes: list[str] = []
     cut: list[str] = []
     drawn: list[tuple[str, list[Bar]]] = []
+    shown_recs: list[list[TurnRecord]] = []
     for i, (name, recs) in enumerate(zip(names, runs, strict=True)):
         if i * per >= WATERFALL_MAX_BARS:
             notes.append(f"{len(runs) - i} further configuration(s) not drawn; see the CDF and summary.")
             break
         shown = list(recs[:per])
         drawn.append((name, [_turn_bar(r, budget_ms) for r in shown]))
+        shown_recs.append(shown)
         if len(recs) > len(shown):
             cut.append(f"{name} {len(shown)} of {len(recs)}")
     every = [b for _, bars in drawn for b in bars]
@@ -381,10 +385,13 @@ def _waterfall(
         )
 
     parts: list[str] = []
-    for name, bars in drawn:
+    recordings = Recordings()
+    for (name, bars), shown in zip(drawn, shown_recs, strict=True):
         if len(runs) > 1:
             parts.append(f"<h3>{esc(name)}</h3>")
         parts.append(_charts(partial(chart, name, bars)))
+        label_w = lambda w: bar_label_width((b.label for b in every), label_max(w))  # noqa: E731
+        parts.append(hear_it(shown, [b.label for b in bars], x_max, label_w, note_w, _charts, recordings))
     if len(drawn) > 1:
         notes.insert(0, "All configurations are drawn on one x scale, so bar lengths compare directly.")
     if cut:
