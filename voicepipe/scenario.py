@@ -13,7 +13,6 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     field_validator,
-    model_validator,
 )
 from pydantic.json_schema import SkipJsonSchema
 
@@ -57,8 +56,16 @@ def durationless_pause(utterance: str) -> str | None:
 class Turn(BaseModel):
     model_config = FILE_MODEL
 
+    # before `user`: the user field's check reads it (a turn is text, a recording, or both)
+    wav: str | None = Field(
+        None,
+        max_length=4096,
+        description="A recorded caller: a WAV file (16 kHz mono 16-bit PCM; a relative path is relative to the "
+        "scenario file) the real-audio caller streams instead of synthesising `user`. Real audio only.",
+    )
     user: Text = Field(
         "",
+        validate_default=True,
         description='What the user says. "[700]", "[pause 700ms]" or "[1.2s]" insert a silence (ms unless "s"). '
         "Required unless `wav` is given; with `wav`, the reference text the word error rate is scored against.",
     )  # what the user says; "[900]" / "[pause 900ms]" / "[1.2s]" mark silences inside it
@@ -84,12 +91,6 @@ class Turn(BaseModel):
         None, description="The user talks over the reply this many ms after its first audio."
     )  # user talks over the reply this long after it starts
     barge_in: Text = Field("wait, sorry", description="What the user says when barging in.")
-    wav: str | None = Field(
-        None,
-        max_length=4096,
-        description="A recorded caller: a WAV file (16 kHz mono 16-bit PCM; a relative path is relative to the "
-        "scenario file) the real-audio caller streams instead of synthesising `user`. Real audio only.",
-    )
 
     @field_validator("reply")
     @classmethod
@@ -107,11 +108,12 @@ class Turn(BaseModel):
             raise ValueError(f"a pause marker is longer than {MAX_MS:,.0f} ms")
         return v
 
-    @model_validator(mode="after")
-    def _user_or_wav(self) -> Turn:
-        if not plain(self.user) and self.wav is None:
-            raise ValueError("user: must not be empty (or give `wav`, a recording of the turn)")
-        return self
+    @field_validator("user")
+    @classmethod
+    def _user_or_wav(cls, v: str, info: ValidationInfo) -> str:
+        if not plain(v) and info.data.get("wav") is None:
+            raise ValueError("must not be empty (or give `wav`, a recording of the turn)")
+        return v
 
     @field_validator("complete_at_pauses")
     @classmethod
