@@ -19,7 +19,8 @@ import json
 from pathlib import Path
 
 from voicepipe.config import load_config
-from voicepipe.runner import RunResult, simulate
+from voicepipe.runner import simulate
+from voicepipe.runresult import RunResult
 from voicepipe.scenario import load_scenario
 
 BACKENDS = ("groq-llama-3.1-8b", "h100-sxm/llama-3.1-8b")

@@ -39,9 +39,11 @@ from voicepipe.clock import now_ns
 from voicepipe.clock.gc import tune_for_runs
 from voicepipe.config import PipelineConfig, load_config
 from voicepipe.records import TurnRecord, percentile
-from voicepipe.runner import RunResult, build_stages, mqtt_connector, needed_stages, play_sessions
+from voicepipe.runresult import RunResult
 from voicepipe.scenario import Scenario, load_scenario
+from voicepipe.sessions import play_sessions
 from voicepipe.stages.base import RunContext
+from voicepipe.stageset import build_stages, mqtt_connector, needed_stages
 
 
 async def live(cfg, slots, url: str) -> tuple[RunResult, int]:

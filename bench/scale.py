@@ -40,8 +40,9 @@ from voicepipe.bus.brokers import Mosquitto
 from voicepipe.bus.mqtt import BrokerAddress
 from voicepipe.clock.gc import tune_for_runs
 from voicepipe.config import load_config
-from voicepipe.runner import run_live_loop, run_pipeline
+from voicepipe.runner import run_pipeline
 from voicepipe.scenario import load_scenario
+from voicepipe.workers import run_live_loop
 
 TICKS = os.sysconf("SC_CLK_TCK")
 HOP_EVERY_S = 0.1  # hop samples while the run goes on: few enough not to load the run they measure
@@ -225,5 +226,5 @@ async def main(args: argparse.Namespace) -> None:
 if __name__ == "__main__":
     tune_for_runs()  # the collector settings the CLI runs with (voicepipe.clock.gc)
     a = parse_args()
-    # the run process's event loop as `voicepipe run` picks it (the workers pick theirs: runner.worker_entry)
+    # the run process's event loop as `voicepipe run` picks it (the workers pick theirs: workers.worker_entry)
     (asyncio.run if a.loop == "asyncio" else run_live_loop)(main(a))

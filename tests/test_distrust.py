@@ -26,10 +26,11 @@ from voicepipe.messages import (
     UserUtterance,
     UserWord,
 )
-from voicepipe.runner import needed_stages, run_pipeline
+from voicepipe.runner import run_pipeline
 from voicepipe.scenario import Turn
 from voicepipe.stages.client import spoken
 from voicepipe.stages.guard import MAX_SPAN_NS, MAX_WORDS, TOKEN_ENV, Guard, Verdict, sign
+from voicepipe.stageset import needed_stages
 
 TOKEN = b"test token"
 META = TurnMeta(backend="evil", path=Path.AGENT)
@@ -413,7 +414,7 @@ async def fuzz_run(mosquitto, n: int, *, sessions: int, turns: int) -> None:
     rng = random.Random(12)
     msgs = [hostile(rng, run, names, turns) for _ in range(n)]
     # deliveries: each message reaches every stage subscribed to its channel
-    from voicepipe.runner import STAGES
+    from voicepipe.stageset import STAGES
 
     subs: dict[str, int] = {}
     for name in needed_stages(cfg):

@@ -221,7 +221,8 @@ def test_topic_safe_run_ids_are_accepted():
 
 
 def test_library_entry_points_check_the_run_id_too():
-    from voicepipe.runner import run_pipeline, serve_stages
+    from voicepipe.runner import run_pipeline
+    from voicepipe.workers import serve_stages
 
     cfg = PipelineConfig()
     with pytest.raises(UserError, match="'/' is not allowed"):

@@ -15,7 +15,8 @@ import pytest
 from tests.conftest import fast_config, tiny_scenario
 from voicepipe.bus.liveness import PAUSE_GRACE_S, alive_topic, heartbeat_topic, keepalive_for
 from voicepipe.clock import now_ns
-from voicepipe.runner import RunResult, run_pipeline
+from voicepipe.runner import run_pipeline
+from voicepipe.runresult import RunResult
 
 
 def test_the_default_grace_is_the_brokers_will_on_silence():

@@ -17,7 +17,8 @@ from tests.test_report import BUDGET, CONFIGS, LONG, _chromium, make_runs, narro
 from voicepipe.capacity import Level, Load
 from voicepipe.cli.capacity import p90_chart, report_html
 from voicepipe.report import render_html
-from voicepipe.report.html import NARROW_W, WIDE_W, config_diff
+from voicepipe.report.blocks import NARROW_W, WIDE_W
+from voicepipe.report.configdiff import config_diff
 from voicepipe.report.svg import MIN_FONT_PX, text_width
 
 

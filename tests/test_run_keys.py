@@ -16,7 +16,8 @@ from voicepipe.bus.mqtt import BrokerAddress
 from voicepipe.errors import UserError
 from voicepipe.keys import TOKEN_ENV, Instance, body_verified, seal
 from voicepipe.messages import Audio, Envelope, Path, TurnMeta
-from voicepipe.runner import RunResult, run_pipeline
+from voicepipe.runner import run_pipeline
+from voicepipe.runresult import RunResult
 
 
 def _audio(run: str = "r") -> Envelope:

@@ -9,13 +9,14 @@ import pytest
 from structlog.testing import capture_logs
 
 from tests.conftest import fast_config, tiny_scenario
-from voicepipe import runner
+from voicepipe import stageset
 from voicepipe.bus.memory import MemoryBroker
 from voicepipe.clock import run_virtual
 from voicepipe.messages import Envelope
-from voicepipe.runner import build_stages, simulate, start_stages, stop_stages
+from voicepipe.runner import simulate
 from voicepipe.stages.base import RunContext, cancel_and_wait
 from voicepipe.stages.tts import TTS
+from voicepipe.stageset import build_stages, start_stages, stop_stages
 
 
 class BreaksAtSessionEnd(TTS):
@@ -30,7 +31,7 @@ class BreaksAtSessionEnd(TTS):
 
 
 def test_a_stage_loop_that_fails_after_the_last_turn_is_the_runs_first_error(monkeypatch):
-    monkeypatch.setitem(runner.STAGES, "tts", BreaksAtSessionEnd)
+    monkeypatch.setitem(stageset.STAGES, "tts", BreaksAtSessionEnd)
     with capture_logs() as logs:
         res = simulate(fast_config(), [tiny_scenario(turns=2)], sessions=1)
     assert [r.status for r in res.records] == ["ok", "ok"]  # the turns themselves were answered

@@ -24,7 +24,8 @@ from tests.conftest import fast_config, tiny_scenario
 from voicepipe.exitcodes import ExitCode
 from voicepipe.records import TurnRecord
 from voicepipe.report.html import render_html
-from voicepipe.runner import RunResult, run_pipeline
+from voicepipe.runner import run_pipeline
+from voicepipe.runresult import RunResult
 from voicepipe.stopping import Interrupted, stop_on_signals
 
 ROOT = Path(__file__).resolve().parent.parent

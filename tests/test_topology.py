@@ -22,9 +22,12 @@ from voicepipe.bus.liveness import alive_topic, holder, turn_deadline_ns
 from voicepipe.bus.mqtt import BrokerAddress
 from voicepipe.bus.partition import REPLICATED, Membership, PartitionedBus, kind_of, owner, plan_workers
 from voicepipe.clock import now_ns
-from voicepipe.runner import RunResult, needed_stages, run_pipeline, serve_stages
+from voicepipe.runner import run_pipeline
+from voicepipe.runresult import RunResult
 from voicepipe.scenario import session_id
 from voicepipe.stages.base import Stage
+from voicepipe.stageset import needed_stages
+from voicepipe.workers import serve_stages
 
 DIED = ("stage asr died", "stage router died", "stage agent died", "stage tts died")
 

@@ -39,8 +39,10 @@ from voicepipe.errors import UserError
 from voicepipe.messages import Envelope, ReplyText, carries
 from voicepipe.parallel import Batch, Executor, LocalExecutor, Report
 from voicepipe.records import TurnRecord, percentile
-from voicepipe.runner import RunResult, Slot, simulate_async
+from voicepipe.runner import simulate_async
+from voicepipe.runresult import RunResult
 from voicepipe.scenario import Scenario, session_id
+from voicepipe.sessions import Slot
 
 NS = 1e9
 

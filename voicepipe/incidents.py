@@ -1,7 +1,7 @@
 """What happened to a run besides its turns: broker outages and stalls, stage processes that died, and
 what ended it early (a broker outage past its window, a signal, an internal error).
 
-:class:`Incidents` is filled from a run's :class:`~voicepipe.runner.RunResult` (the broker health its bus
+:class:`Incidents` is filled from a run's :class:`~voicepipe.runresult.RunResult` (the broker health its bus
 clients recorded, the deaths its watch noticed) and its turn records (each carries ``broker_outage_ms``,
 how long the broker was away within that turn, on the client's clock). The summary JSON
 (``--summary-json``) carries :meth:`Incidents.to_json`; the HTML report shows it as a section

@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from voicepipe.config import PipelineConfig
 from voicepipe.parallel import Executor, LocalExecutor, Report
 from voicepipe.records import METRICS, BreakdownPart, TurnRecord
-from voicepipe.runner import RunResult, simulate
+from voicepipe.runner import simulate
+from voicepipe.runresult import RunResult
 from voicepipe.scenario import Scenario
 
 # TurnRecord fields a live run writes that a prediction leaves out, because only a live run has them: the

@@ -22,7 +22,7 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class Interrupted(Exception):
-    """A signal stopped the run; ``result`` is its :class:`~voicepipe.runner.RunResult` when the run
+    """A signal stopped the run; ``result`` is its :class:`~voicepipe.runresult.RunResult` when the run
     could wind down, else None."""
 
     def __init__(self, signum: int, result: Any = None) -> None:

@@ -34,9 +34,10 @@ from voicepipe.records import TurnRecord, unmeasured
 from voicepipe.report.export import push_otlp, write_csv, write_otel
 from voicepipe.report.html import render_html
 from voicepipe.report.term import SafeConsole
-from voicepipe.runner import STAGES, StagesMissing
+from voicepipe.runner import StagesMissing
 from voicepipe.safeprint import printable
 from voicepipe.scenario import Scenario, load_scenario
+from voicepipe.stageset import STAGES
 
 if TYPE_CHECKING:
     from voicepipe.predict import TurnPrediction

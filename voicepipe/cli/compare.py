@@ -54,9 +54,11 @@ from voicepipe.exitcodes import ExitCode
 from voicepipe.parallel import ItemFailed
 from voicepipe.records import TurnRecord, account
 from voicepipe.report.advice import advice
-from voicepipe.runner import RunResult, run_live_loop, run_pipeline
+from voicepipe.runner import run_pipeline
+from voicepipe.runresult import RunResult
 from voicepipe.scenario import Scenario
 from voicepipe.stopping import stop_on_signals
+from voicepipe.workers import run_live_loop
 
 
 def compare_predicted(

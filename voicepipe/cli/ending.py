@@ -21,7 +21,7 @@ from voicepipe.cli.common import err, run_error
 from voicepipe.config import PipelineConfig
 from voicepipe.exitcodes import ExitCode, for_signal, signal_name
 from voicepipe.records import Accounting, TurnRecord
-from voicepipe.runner import RunAborted, RunResult
+from voicepipe.runresult import RunAborted, RunResult
 from voicepipe.stopping import Interrupted
 
 log = structlog.get_logger("voicepipe.run")

@@ -50,17 +50,12 @@ from voicepipe.config import BrokerOverrides, PipelineConfig, check_speech, conf
 from voicepipe.errors import UserError, check_run_id
 from voicepipe.records import TurnRecord
 from voicepipe.report.advice import advice, base_command, print_advice
-from voicepipe.runner import (
-    WORKERS_NEED_BROKER,
-    RunResult,
-    distrust_reasons,
-    refused_by_reason,
-    run_live_loop,
-    run_pipeline,
-)
+from voicepipe.runner import WORKERS_NEED_BROKER, run_pipeline
+from voicepipe.runresult import RunResult, distrust_reasons, refused_by_reason
 from voicepipe.scenario import Scenario
 from voicepipe.stages.guard import require_shared_token
 from voicepipe.stopping import stop_on_signals
+from voicepipe.workers import run_live_loop
 
 
 def run_live(

@@ -15,8 +15,8 @@ from voicepipe.cli.common import err, run_error, safe_url, stage_names, user_err
 from voicepipe.cli.options import ConfigOpt, SetOpt, broker_block
 from voicepipe.config import BrokerOverrides, PipelineConfig, load_config
 from voicepipe.errors import UserError, check_run_id
-from voicepipe.runner import run_live_loop, serve_stages, until_signalled
 from voicepipe.stages.guard import require_shared_token
+from voicepipe.workers import run_live_loop, serve_stages, until_signalled
 
 
 @broker_block

@@ -59,7 +59,7 @@ REPLAY_NS = 2_000_000_000  # published this long before a lost connection: sent 
 class MqttLink:
     """One MQTT connection shared by the stages of a process: the lean message path, reconnect and resume.
 
-    Every :class:`MqttBus` of a process that shares a link (``runner.mqtt_connector``) publishes through the
+    Every :class:`MqttBus` of a process that shares a link (``stageset.mqtt_connector``) publishes through the
     same client and receives through it: a channel several of its stages subscribe to (``turn/script``,
     ``control/cancel``, ``session/end``) crosses the wire once and is handed to each of them; the PUBACKs
     and PUBLISHes of all its stages in one event-loop batch leave in one ``send``. Every bus still parses its
