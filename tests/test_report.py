@@ -619,3 +619,17 @@ def test_when_the_kept_columns_cannot_hold_whole_words_a_word_folds_and_no_numbe
         assert max(len(line.rstrip()) for line in out.splitlines()) <= width, width
         for number in ("700", "773", "96%", "838", "81%", "within"):
             assert number in out, (width, number)
+
+
+def test_a_predicted_report_calls_its_latencies_predicted_and_claims_no_tax() -> None:
+    """compare --predict's page: nothing was measured, so no section calls a latency measured and the
+    summary's tax column (measured - predicted) is empty rather than 0 ms."""
+    doc = render_html(make_runs(), CONFIGS, budget_ms=BUDGET, predicted=True)
+    assert "measured latency" not in doc and "<th>measured</th>" not in doc.replace(' class="num"', "")
+    assert "the number is the predicted latency" in doc and "mean predicted latency" in doc
+    summary = doc.split('id="summary"', 1)[1].split("</table>", 1)[0]
+    rows = re.findall(r"<tr>(.*?)</tr>", summary, re.S)[1:]
+    tax_col = [re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)[8] for row in rows]
+    assert tax_col and all(re.sub(r"<[^>]+>", "", c) == "—" for c in tax_col), tax_col
+    live = render_html(make_runs(), CONFIGS, budget_ms=BUDGET)
+    assert "the number is the measured latency" in live

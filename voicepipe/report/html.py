@@ -196,7 +196,11 @@ def _findings(names: Sequence[str], sums: Sequence[Summary], budget_ms: float) -
 
 
 def _summary(
-    names: Sequence[str], runs: Sequence[Sequence[TurnRecord]], sums: Sequence[Summary], budget_ms: float
+    names: Sequence[str],
+    runs: Sequence[Sequence[TurnRecord]],
+    sums: Sequence[Summary],
+    budget_ms: float,
+    predicted: bool = False,
 ) -> str:
     has_quality = any(r.quality is not None for recs in runs for r in recs)
     head: list[tuple[str, bool]] = [
@@ -225,7 +229,7 @@ def _summary(
             esc(_ms(s.p99_ms)),
             f'<span class="{cls}">{_pct(s.within_budget)}</span>',
             _pct(s.under_200ms),
-            esc(_ms(s.tax_p50_ms)),
+            "—" if predicted else esc(_ms(s.tax_p50_ms)),  # a prediction pays no tax: none was measured
             fmt_usd(s.mean_cost_usd),
         ]
         if has_quality:
@@ -327,7 +331,11 @@ def _shared_x(runs: Sequence[Sequence[TurnRecord]], budget_ms: float) -> float:
 
 
 def _waterfall(
-    names: Sequence[str], runs: Sequence[Sequence[TurnRecord]], stages: Sequence[str], budget_ms: float
+    names: Sequence[str],
+    runs: Sequence[Sequence[TurnRecord]],
+    stages: Sequence[str],
+    budget_ms: float,
+    seen: str = "measured",
 ) -> str:
     per = max(10, WATERFALL_MAX_BARS // max(1, len(runs)))
     x_max = _shared_x(runs, budget_ms)
@@ -374,7 +382,7 @@ def _waterfall(
         "waterfall",
         "Per-turn waterfall",
         "Each bar is one turn, from the end of the user's speech (left) to the first reply audio heard "
-        "(right end), split into the stages that held it in time order; the number is the measured latency, "
+        f"(right end), split into the stages that held it in time order; the number is the {seen} latency, "
         "✗ marks a turn over the budget. Hover a segment for its exact part.",
         "".join(parts) + note_html,
     )
@@ -410,7 +418,9 @@ def _cdf(
     )
 
 
-def _breakdown(names: Sequence[str], sums: Sequence[Summary], stages: Sequence[str], budget_ms: float) -> str:
+def _breakdown(
+    names: Sequence[str], sums: Sequence[Summary], stages: Sequence[str], budget_ms: float, seen: str = "measured"
+) -> str:
     bars = []
     rows = []
     for name, s in zip(names, sums, strict=True):
@@ -441,7 +451,7 @@ def _breakdown(names: Sequence[str], sums: Sequence[Summary], stages: Sequence[s
         "breakdown",
         "Where the milliseconds go",
         "Mean time each stage held an answered turn, stacked in pipeline order; the bar's length is the mean "
-        "measured latency, so the stage that crowds the budget line is the one to work on.",
+        f"{seen} latency, so the stage that crowds the budget line is the one to work on.",
         chart + _table(head, rows),
     )
 
@@ -505,7 +515,11 @@ def _missed_label(r: TurnRecord, config: str, width: float) -> str:
 
 
 def _missed(
-    names: Sequence[str], runs: Sequence[Sequence[TurnRecord]], stages: Sequence[str], budget_ms: float
+    names: Sequence[str],
+    runs: Sequence[Sequence[TurnRecord]],
+    stages: Sequence[str],
+    budget_ms: float,
+    seen: str = "measured",
 ) -> str:
     multi = len(runs) > 1
     missed = [(n, r) for n, recs in zip(names, runs, strict=True) for r in recs if not r.within_budget]
@@ -520,7 +534,7 @@ def _missed(
         ("session", False),
         ("turn", True),
         ("user said", False),
-        ("measured", True),
+        (seen, True),
         ("over by", True),
         ("largest part", False),
         ("part ms", True),
@@ -750,6 +764,7 @@ def render_html(
     ``predicted``: the records are predictions on virtual time (``compare --predict``), nothing was run
     live: the page says so, and has no measured-vs-predicted panel (there is no measurement)."""
     labels = list(runs)
+    seen = "predicted" if predicted else "measured"  # what the latencies on the page are
     recs = [list(runs[k]) for k in labels]
     heading, short = display_names(labels) if len(labels) > 1 else ("config", labels)
     names = [_name(k, r) for k, r in zip(short, recs, strict=True)]
@@ -770,13 +785,13 @@ def render_html(
         f'<header><h1>{esc(title)}</h1><p class="sub">{esc(sub)}</p>',
         _findings(names, sums, budget_ms),
         "</header>",
-        _summary(names, recs, sums, budget_ms),
+        _summary(names, recs, sums, budget_ms, predicted),
         incidents_section(names, labels, runs, incidents or {}),
         _fixes(names, labels, recs, fixes or {}, budget_ms),
-        _waterfall(names, recs, stages, budget_ms),
+        _waterfall(names, recs, stages, budget_ms, seen),
         _cdf(names, recs, sums, budget_ms),
-        _breakdown(names, sums, stages, budget_ms),
-        _missed(names, recs, stages, budget_ms),
+        _breakdown(names, sums, stages, budget_ms, seen),
+        _missed(names, recs, stages, budget_ms, seen),
         "" if predicted else _tax(names, recs, budget_ms),
         _config(names, labels, configs),
         "<footer>Generated by voicepipe. Latency is predicted on virtual time from the hardware and service "
