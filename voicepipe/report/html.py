@@ -474,12 +474,21 @@ def _fixes(
             )
             continue
         (st, wh), part_ms, total = found
-        text = (
-            f"<b>{esc(name)}</b>: {len(missed)} of {len(recs)} turns missed {fmt_num(budget_ms)} ms; the largest "
-            f'part of them is <span class="swatch" style="background:{stage_colour(st)}"></span>{esc(st)} · '
-            f"{esc(wh)}, {part_ms:,.0f} ms of {total:,.0f} ms on average."
-        )
         a = fixes.get(label)
+        if a is not None and a.talked_over:  # the advice's finding: the endpoint, not the largest part
+            (st, wh), part_ms = a.part, a.part_ms
+            text = (
+                f"<b>{esc(name)}</b>: {len(missed)} of {len(recs)} turns missed; on {a.talked_over} of them the "
+                "agent talked over the user (the endpoint came mid-sentence: "
+                f'<span class="swatch" style="background:{stage_colour(st)}"></span>{esc(st)} · {esc(wh)}, '
+                f"{part_ms:,.0f} ms)."
+            )
+        else:
+            text = (
+                f"<b>{esc(name)}</b>: {len(missed)} of {len(recs)} turns missed {fmt_num(budget_ms)} ms; the "
+                f'largest part of them is <span class="swatch" style="background:{stage_colour(st)}"></span>'
+                f"{esc(st)} · {esc(wh)}, {part_ms:,.0f} ms of {total:,.0f} ms on average."
+            )
         if a is not None and a.fix is not None and a.command:
             text += (
                 f" Try {esc(a.fix.what)}: <code>{esc(a.command)}</code> — predicted p50 "
