@@ -29,6 +29,9 @@ def vp(*args: str, cwd=None) -> subprocess.CompletedProcess[str]:
         (["no-such-command"], "No such command 'no-such-command'"),
         (["hardware", "validate", "--tier", "3"], "'--tier'"),
         (["hardware", "predict", "-H", "h100-sxm"], "Missing option '--model'"),
+        # a global option after the command: the error says where it goes
+        (["run", "cafe-order", "-v"], "it goes before the command (`voicepipe -v run ...`)"),
+        (["hardware", "validate", "--log-format", "json"], "(`voicepipe --log-format"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(args, needle):

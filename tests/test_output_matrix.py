@@ -123,3 +123,35 @@ def test_compare_predict_exports_say_they_are_predictions(outputs):
     assert not any("voicepipe.measured_s" in s["attributes"] for s in spans)
     # the modelled stage spans travel too, not only one root per turn
     assert len(spans) > 2 * sum(1 for s in spans if s["name"] == "turn")
+
+
+# the other commands that write a file a flag names
+OTHER_WRITERS = [
+    (["hardware", "sweep", "--hardware", "h100-sxm", "--model", "llama-3.1-8b"], "--json"),
+    (["hardware", "validate"], "--json"),
+    (["calibrate", "http://127.0.0.1:9/v1", "--model", "m"], "--out"),
+    (["profile", "import", "results.json"], "--out"),
+]
+
+
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [(COMMANDS[c][0], f) for c, f in PAIRS] + OTHER_WRITERS,
+    ids=[f"{c} {f}" for c, f in PAIRS] + [f"{' '.join(a[:2])} {f}" for a, f in OTHER_WRITERS],
+)
+def test_an_output_path_in_a_missing_folder_is_refused_before_anything_runs(tmp_path, args, flag):
+    """A live run would measure for minutes and then lose its outputs at the write: the path is checked
+    first, one line naming the flag, exit 2, nothing written."""
+    sc = tmp_path / "tiny.yaml"
+    sc.write_text(yaml.safe_dump(tiny_scenario(turns=1).model_dump(mode="json")))
+    target = tmp_path / "no-such-folder" / "out.file"
+    argv = [a.format(sc=sc) for a in args] + [flag, str(target)]
+    r = CliRunner().invoke(app, argv, env={"COLUMNS": "160"})
+    assert r.exit_code == 2, (r.exit_code, r.output)
+    assert flag in r.output and "does not exist" in r.output
+    assert "Traceback" not in r.output and not target.parent.exists()
+
+
+def test_an_output_path_that_is_a_directory_is_refused(tmp_path):
+    r = CliRunner().invoke(app, ["predict", "cafe-order", "--json", str(tmp_path)], env={"COLUMNS": "200"})
+    assert r.exit_code == 2 and "is a directory" in r.output

@@ -19,6 +19,7 @@ from rich.console import Console
 from voicepipe.messages import Span
 from voicepipe.records import BreakdownPart, TurnRecord
 from voicepipe.report import otel_json, read_csv, read_otel, render_html, write_csv, write_otel
+from voicepipe.report.advice import Advice, Candidate
 from voicepipe.report.export import otel_proto, span_name
 from voicepipe.report.svg import esc, nice_ticks, stage_colour
 from voicepipe.report.table import print_summary, print_turns
@@ -619,3 +620,34 @@ def test_when_the_kept_columns_cannot_hold_whole_words_a_word_folds_and_no_numbe
         assert max(len(line.rstrip()) for line in out.splitlines()) <= width, width
         for number in ("700", "773", "96%", "838", "81%", "within"):
             assert number in out, (width, number)
+
+
+def test_a_predicted_report_calls_its_latencies_predicted_and_claims_no_tax() -> None:
+    """compare --predict's page: nothing was measured, so no section calls a latency measured and the
+    summary's tax column (measured - predicted) is empty rather than 0 ms."""
+    doc = render_html(make_runs(), CONFIGS, budget_ms=BUDGET, predicted=True)
+    assert "measured latency" not in doc and "<th>measured</th>" not in doc.replace(' class="num"', "")
+    assert "the number is the predicted latency" in doc and "mean predicted latency" in doc
+    summary = doc.split('id="summary"', 1)[1].split("</table>", 1)[0]
+    rows = re.findall(r"<tr>(.*?)</tr>", summary, re.S)[1:]
+    tax_col = [re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)[8] for row in rows]
+    assert tax_col and all(re.sub(r"<[^>]+>", "", c) == "—" for c in tax_col), tax_col
+    live = render_html(make_runs(), CONFIGS, budget_ms=BUDGET)
+    assert "the number is the measured latency" in live
+
+
+def test_the_fix_panel_names_the_talked_over_endpoint_its_advice_acts_on() -> None:
+    """When the misses are mostly talk-over, the advice changes the endpointing: the report says that is
+    why (as the terminal does), not that some other largest part is to blame."""
+    runs = make_runs()
+    fix = Candidate("smart endpointing", None, ("asr.endpointing=smart",))
+    advice = Advice(
+        5, 6, BUDGET, ("asr", "endpoint wait"), 200.0, 600.0, fix, 425.0, 0.83, 572.0, 0.17,
+        "voicepipe run x --set asr.endpointing=smart", talked_over=5,
+    )  # fmt: skip
+    doc = render_html(runs, CONFIGS, budget_ms=BUDGET, fixes={"baseline": advice, "council": None})
+    panel = re.sub(r"<[^>]+>", "", doc.split('id="fixes"', 1)[1].split("</section>", 1)[0])
+    baseline = panel.split("baseline:", 1)[1].split("council:", 1)[0]
+    assert "talked over the user" in baseline and "asr · endpoint wait, 200 ms" in baseline
+    assert "largest part" not in baseline and "Try smart endpointing" in baseline
+    assert "largest part" in panel.split("council:", 1)[1]

@@ -26,7 +26,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import multiprocessing as mp
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
 I = TypeVar("I")  # noqa: E741
@@ -46,6 +46,19 @@ class ItemFailed(Exception):
         super().__init__(f"item {index}: {error}")
         self.index = index
         self.error = error
+
+
+def earliest_failure_known(failed: Mapping[int, BaseException], pending: Iterable[int], n: int) -> bool:
+    """Has an item failed before every item still running (so no earlier item can fail any more)?"""
+    return bool(failed) and min(failed) < min(pending, default=n)
+
+
+def in_item_order(done: Mapping[int, R], failed: Mapping[int, BaseException], n: int) -> list[R]:
+    """The ``n`` results in item order, or the earliest failure (in item order) as :class:`ItemFailed`."""
+    if failed:
+        i = min(failed)
+        raise ItemFailed(i, failed[i]) from failed[i]
+    return [done[i] for i in range(n)]
 
 
 def default_workers() -> int:
@@ -139,12 +152,9 @@ class ForkPool(Generic[I, R]):
                     done[i] = f.result()
                 else:
                     failed[i] = err
-            if failed and min(failed) < min((self.futures[f] for f in pending), default=len(self.items)):
+            if earliest_failure_known(failed, (self.futures[f] for f in pending), len(self.items)):
                 break  # no earlier item can fail any more: report this one now
-        if failed:
-            i = min(failed)
-            raise ItemFailed(i, failed[i]) from failed[i]
-        return [done[i] for i in range(len(self.items))]
+        return in_item_order(done, failed, len(self.items))
 
 
 class Batch(Protocol[R]):

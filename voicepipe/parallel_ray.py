@@ -32,7 +32,7 @@ from typing import Any, Generic, TypeVar
 import ray
 
 from voicepipe.errors import UserError
-from voicepipe.parallel import Executor, ItemFailed, Report
+from voicepipe.parallel import Executor, Report, earliest_failure_known, in_item_order
 
 I = TypeVar("I")  # noqa: E741
 R = TypeVar("R")
@@ -127,12 +127,9 @@ class RayBatch(Generic[I, R]):
                     done[i] = value
                 else:
                     failed[i] = value
-            if failed and min(failed) < min((self.refs[r] for r in pending), default=len(self.items)):
+            if earliest_failure_known(failed, (self.refs[r] for r in pending), len(self.items)):
                 break  # no earlier item can fail any more: report this one now
-        if failed:
-            i = min(failed)
-            raise ItemFailed(i, failed[i]) from failed[i]
-        return [done[i] for i in range(len(self.items))]
+        return in_item_order(done, failed, len(self.items))
 
 
 class RayExecutor(Executor):

@@ -111,6 +111,26 @@ app.command("capacity")(capacity.capacity)
 _ClickError: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
 
 
+def global_option_hint(exc: Exception) -> str:
+    """For an option the command does not have but ``voicepipe`` itself does (``run X -v``): where it goes."""
+    name = getattr(exc, "option_name", None)
+    ctx = getattr(exc, "ctx", None)
+    if not name or ctx is None or ctx.parent is None:
+        return ""
+    root = ctx.find_root().command
+    opt = next((p for p in root.params if name in p.opts or name in p.secondary_opts), None)
+    if opt is None:
+        return ""
+    given = name if getattr(opt, "is_flag", False) or getattr(opt, "count", False) else f"{name} {opt.metavar or 'VALUE'}"
+    chain = []
+    c = ctx
+    while c.parent is not None:
+        chain.append(c.info_name)
+        c = c.parent
+    command = " ".join(reversed(chain))
+    return f"; {name} is an option of voicepipe itself: it goes before the command (`voicepipe {given} {command} ...`)"
+
+
 def internal_error_line(exc: BaseException) -> str:
     """The one line an uncaught exception prints: its type and message on one line (`-vv` also logs the
     traceback, without local variables)."""
@@ -135,7 +155,7 @@ def main() -> None:
             sys.exit(getattr(exc, "exit_code", ExitCode.USAGE))
         ctx = getattr(exc, "ctx", None)
         where = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
-        message = exc.format_message()  # type: ignore[attr-defined]
+        message = exc.format_message() + global_option_hint(exc)  # type: ignore[attr-defined]
         err.print(f"error: {message}{where}", highlight=False, markup=False, soft_wrap=True)
         sys.exit(getattr(exc, "exit_code", ExitCode.USAGE))
     except typer.Abort:

@@ -28,6 +28,7 @@ from voicepipe.backends.calibrate import (
 from voicepipe.backends.openai import config_from_spec
 from voicepipe.backends.profile import Point, dump_profile, profile_from_points
 from voicepipe.cli.common import err, out
+from voicepipe.cli.options import writable
 from voicepipe.errors import UserError
 from voicepipe.exitcodes import ExitCode
 
@@ -122,7 +123,7 @@ def calibrate_cmd(
         str, typer.Argument(help="API base of an OpenAI-compatible server, e.g. http://127.0.0.1:8080/v1")
     ],
     model: Annotated[str, typer.Option("--model", "-m", help="Model name the server serves.")],
-    out_path: Annotated[Path, typer.Option("--out", "-o", help="Write the profile YAML here.")],
+    out_path: Annotated[Path, typer.Option("--out", "-o", help="Write the profile YAML here.", callback=writable)],
     concurrency: Annotated[str, typer.Option(help="Clients in flight, comma-separated levels.")] = "1,4,16",
     requests: Annotated[int, typer.Option(min=1, help="Counted requests per level (warm-up excluded).")] = 32,
     prompt_tokens: Annotated[str, typer.Option(help="Prompt length(s) in tokens, comma-separated.")] = "256",
@@ -197,7 +198,7 @@ def calibrate_cmd(
 def import_cmd(
     results: Annotated[Path, typer.Argument(help="A `vllm bench serve --save-result` JSON file.")],
     out_path: Annotated[
-        Path | None, typer.Option("--out", "-o", help="Profile YAML (default: RESULTS.yaml).")
+        Path | None, typer.Option("--out", "-o", help="Profile YAML (default: RESULTS.yaml).", callback=writable)
     ] = None,
     name: Annotated[str | None, typer.Option(help="Profile name.")] = None,
 ) -> None:

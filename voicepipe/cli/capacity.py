@@ -27,7 +27,7 @@ from voicepipe.cli.common import (
     user_errors,
     virtual_variants,
 )
-from voicepipe.cli.options import ConfigsOpt, ScenariosArg, SetOpt, VaryOpt, WideOpt
+from voicepipe.cli.options import ConfigsOpt, ScenariosArg, SetOpt, VaryOpt, WideOpt, writable
 from voicepipe.compare import display_names, plan_variants
 from voicepipe.config import load_config
 from voicepipe.executors import EXECUTOR_HELP, executor_for
@@ -255,13 +255,19 @@ def capacity(
     ] = 0.0,
     json_out: Annotated[
         Path | None,
-        typer.Option("--json", metavar="FILE", help="JSON lines: one per load level, then limits."),
+        typer.Option(
+            "--json", metavar="FILE", help="JSON lines: one per load level, then limits.", callback=writable
+        ),
     ] = None,
     csv: Annotated[
-        Path | None, typer.Option("--csv", metavar="FILE", help="One row per load level (and device).")
+        Path | None, typer.Option(
+            "--csv", metavar="FILE", help="One row per load level (and device).", callback=writable
+        )
     ] = None,
     report: Annotated[
-        Path | None, typer.Option("--report", metavar="FILE", help="HTML: table and p90-vs-load chart.")
+        Path | None, typer.Option(
+            "--report", metavar="FILE", help="HTML: table and p90-vs-load chart.", callback=writable
+        )
     ] = None,
     wide: WideOpt = False,
     jobs: Annotated[

@@ -45,6 +45,7 @@ from voicepipe.cli.options import (
     VaryOpt,
     WideOpt,
     broker_block,
+    writable,
 )
 from voicepipe.compare import compare_rows, display_names, plan_variants, verdict
 from voicepipe.config import BrokerOverrides, PipelineConfig, config_dict
@@ -119,6 +120,7 @@ def compare(
             "--json",
             metavar="FILE",
             help="Write every turn record (JSON lines) with its configuration label.",
+            callback=writable,
         ),
     ] = None,
     fmt: FormatOpt = OutputFormat.table,

@@ -23,6 +23,7 @@ from rich.table import Table
 
 from voicepipe.backends.empirical import profiles
 from voicepipe.backends.hardware import FAST_MAX_BATCH, deploy, make_hardware_backend
+from voicepipe.cli.options import writable
 from voicepipe.errors import UserError
 from voicepipe.executors import EXECUTOR_HELP, executor_for
 from voicepipe.exitcodes import ExitCode
@@ -271,7 +272,7 @@ FormatOpt = typer.Option("table", "--format", help="table or json (stdout)")
 VALIDATE_ROWS = 20  # rows `hardware validate` shows by default: its largest errors
 
 
-JsonOpt = typer.Option(None, "--json", help="also write the result as JSON to this file")
+JsonOpt = typer.Option(None, "--json", help="also write the result as JSON to this file", callback=writable)
 
 
 def _predict(

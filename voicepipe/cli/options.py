@@ -21,6 +21,21 @@ import typer
 from voicepipe.config import BrokerOverrides
 
 
+def writable(path: Path | None) -> Path | None:
+    """The callback of every option that names a file to write: its folder must exist and the path must not
+    be a directory, checked before the command runs (a live run would otherwise measure for minutes and then
+    fail to write). A bad path is click's one line and exit 2; existing non-regular files (``/dev/stdout``)
+    are allowed."""
+    if path is None:
+        return None
+    if path.is_dir():
+        raise typer.BadParameter(f"{path} is a directory, not a file")
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise typer.BadParameter(f"cannot write {path}: folder {folder} does not exist")
+    return path
+
+
 class OutputFormat(StrEnum):
     table = "table"
     json = "json"
@@ -35,7 +50,9 @@ FormatOpt = Annotated[
     typer.Option("--format", help="stdout: tables, or JSON lines (one turn record each, nothing else)."),
 ]
 OtelOpt = Annotated[
-    Path | None, typer.Option("--otel", metavar="FILE", help="Per-turn spans as OTLP/JSON traces.")
+    Path | None, typer.Option(
+        "--otel", metavar="FILE", help="Per-turn spans as OTLP/JSON traces.", callback=writable
+    ),
 ]
 OtlpOpt = Annotated[
     str | None,
@@ -88,9 +105,11 @@ VaryOpt = Annotated[
 ]
 SessionsOpt = Annotated[int, typer.Option("--sessions", "-n", min=1, help="Concurrent copies of each.")]
 ReportOpt = Annotated[
-    Path | None, typer.Option("--report", metavar="FILE", help="Self-contained HTML report.")
+    Path | None, typer.Option("--report", metavar="FILE", help="Self-contained HTML report.", callback=writable)
 ]
-CsvOpt = Annotated[Path | None, typer.Option("--csv", metavar="FILE", help="Turn records as CSV.")]
+CsvOpt = Annotated[
+    Path | None, typer.Option("--csv", metavar="FILE", help="Turn records as CSV.", callback=writable)
+]
 ScenariosArg = Annotated[
     list[str],
     typer.Argument(metavar="SCENARIO", help="Scenario files or shipped names (see `scenarios`)."),

@@ -22,6 +22,7 @@ from voicepipe.cli.options import (
     SessionsOpt,
     SetOpt,
     WideOpt,
+    writable,
 )
 from voicepipe.config import check_speech, load_config
 from voicepipe.errors import UserError
@@ -34,7 +35,7 @@ def predict(
     set_: SetOpt = None,
     sessions: SessionsOpt = 1,
     json_out: Annotated[
-        Path | None, typer.Option("--json", metavar="FILE", help="One JSON prediction per line.")
+        Path | None, typer.Option("--json", metavar="FILE", help="One JSON prediction per line.", callback=writable)
     ] = None,
     fmt: FormatOpt = OutputFormat.table,
     wide: WideOpt = False,

@@ -45,6 +45,7 @@ from voicepipe.cli.options import (
     SetOpt,
     WideOpt,
     broker_block,
+    writable,
 )
 from voicepipe.config import BrokerOverrides, PipelineConfig, check_speech, config_dict, load_config
 from voicepipe.errors import UserError, check_run_id
@@ -129,7 +130,9 @@ def run(
     set_: SetOpt = None,
     broker: BrokerOverrides = BrokerOverrides(),
     json_out: Annotated[
-        Path | None, typer.Option("--json", metavar="FILE", help="Write one JSON turn record per line.")
+        Path | None, typer.Option(
+            "--json", metavar="FILE", help="Write one JSON turn record per line.", callback=writable
+        )
     ] = None,
     summary_json: Annotated[
         Path | None,
@@ -139,6 +142,7 @@ def run(
             help="Write the run's counters as JSON: turns expected/completed/failed/lost with reasons, "
             "messages received/refused by reason (dead letters, duplicate ids), event-loop lag, and the "
             "turns not trusted (an event-loop stall or a message burst while they were in flight).",
+            callback=writable,
         ),
     ] = None,
     fmt: FormatOpt = OutputFormat.table,

@@ -97,7 +97,11 @@ def _findings(
 
 
 def _summary(
-    names: Sequence[str], runs: Sequence[Sequence[TurnRecord]], sums: Sequence[Summary], budget_ms: float
+    names: Sequence[str],
+    runs: Sequence[Sequence[TurnRecord]],
+    sums: Sequence[Summary],
+    budget_ms: float,
+    predicted: bool = False,
 ) -> str:
     has_quality = any(r.quality is not None for recs in runs for r in recs)
     head: list[tuple[str, bool]] = [
@@ -126,7 +130,7 @@ def _summary(
             esc(_ms(s.p99_ms)),
             f'<span class="{cls}">{_pct(s.within_budget)}</span>',
             _pct(s.under_200ms),
-            esc(_ms(s.tax_p50_ms)),
+            "—" if predicted else esc(_ms(s.tax_p50_ms)),  # a prediction pays no tax: none was measured
             fmt_usd(s.mean_cost_usd),
         ]
         if has_quality:
@@ -172,7 +176,11 @@ def _summary(
 
 
 def _waterfall(
-    names: Sequence[str], runs: Sequence[Sequence[TurnRecord]], stages: Sequence[str], budget_ms: float
+    names: Sequence[str],
+    runs: Sequence[Sequence[TurnRecord]],
+    stages: Sequence[str],
+    budget_ms: float,
+    seen: str = "measured",
 ) -> str:
     per = max(10, WATERFALL_MAX_BARS // max(1, len(runs)))
     x_max = _shared_x(runs, budget_ms)
@@ -224,7 +232,7 @@ def _waterfall(
         "waterfall",
         "Per-turn waterfall",
         "Each bar is one turn, from the end of the user's speech (left) to the first reply audio heard "
-        "(right end), split into the stages that held it in time order; the number is the measured latency, "
+        f"(right end), split into the stages that held it in time order; the number is the {seen} latency, "
         "✗ marks a turn over the budget. Hover a segment for its exact part.",
         "".join(parts) + note_html,
     )
@@ -260,7 +268,9 @@ def _cdf(
     )
 
 
-def _breakdown(names: Sequence[str], sums: Sequence[Summary], stages: Sequence[str], budget_ms: float) -> str:
+def _breakdown(
+    names: Sequence[str], sums: Sequence[Summary], stages: Sequence[str], budget_ms: float, seen: str = "measured"
+) -> str:
     bars = []
     rows = []
     for name, s in zip(names, sums, strict=True):
@@ -291,7 +301,7 @@ def _breakdown(names: Sequence[str], sums: Sequence[Summary], stages: Sequence[s
         "breakdown",
         "Where the milliseconds go",
         "Mean time each stage held an answered turn, stacked in pipeline order; the bar's length is the mean "
-        "measured latency, so the stage that crowds the budget line is the one to work on.",
+        f"{seen} latency, so the stage that crowds the budget line is the one to work on.",
         chart + _table(head, rows),
     )
 
@@ -314,12 +324,21 @@ def _fixes(
             )
             continue
         (st, wh), part_ms, total = found
-        text = (
-            f"<b>{esc(name)}</b>: {len(missed)} of {len(recs)} turns missed {fmt_num(budget_ms)} ms; the largest "
-            f'part of them is <span class="swatch" style="background:{stage_colour(st)}"></span>{esc(st)} · '
-            f"{esc(wh)}, {part_ms:,.0f} ms of {total:,.0f} ms on average."
-        )
         a = fixes.get(label)
+        if a is not None and a.talked_over:  # the advice's finding: the endpoint, not the largest part
+            (st, wh), part_ms = a.part, a.part_ms
+            text = (
+                f"<b>{esc(name)}</b>: {len(missed)} of {len(recs)} turns missed; on {a.talked_over} of them the "
+                "agent talked over the user (the endpoint came mid-sentence: "
+                f'<span class="swatch" style="background:{stage_colour(st)}"></span>{esc(st)} · {esc(wh)}, '
+                f"{part_ms:,.0f} ms)."
+            )
+        else:
+            text = (
+                f"<b>{esc(name)}</b>: {len(missed)} of {len(recs)} turns missed {fmt_num(budget_ms)} ms; the "
+                f'largest part of them is <span class="swatch" style="background:{stage_colour(st)}"></span>'
+                f"{esc(st)} · {esc(wh)}, {part_ms:,.0f} ms of {total:,.0f} ms on average."
+            )
         if a is not None and a.fix is not None and a.command:
             text += (
                 f" Try {esc(a.fix.what)}: <code>{esc(a.command)}</code> — predicted p50 "
@@ -355,7 +374,11 @@ def _missed_label(r: TurnRecord, config: str, width: float) -> str:
 
 
 def _missed(
-    names: Sequence[str], runs: Sequence[Sequence[TurnRecord]], stages: Sequence[str], budget_ms: float
+    names: Sequence[str],
+    runs: Sequence[Sequence[TurnRecord]],
+    stages: Sequence[str],
+    budget_ms: float,
+    seen: str = "measured",
 ) -> str:
     multi = len(runs) > 1
     missed = [(n, r) for n, recs in zip(names, runs, strict=True) for r in recs if not r.within_budget]
@@ -370,7 +393,7 @@ def _missed(
         ("session", False),
         ("turn", True),
         ("user said", False),
-        ("measured", True),
+        (seen, True),
         ("over by", True),
         ("largest part", False),
         ("part ms", True),
