@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from voicepipe.bus.memory import MemoryBroker
-from voicepipe.clock import VirtualDeadlock, now_ns, run_virtual, sleep_until_ns
+from voicepipe.clock import Latch, VirtualDeadlock, now_ns, run_virtual, sleep_until_ns, wait_within
 from voicepipe.messages import Cancel, CancelReason, Envelope, SessionEnd
 
 
@@ -37,6 +37,53 @@ def test_a_deadlock_raises_instead_of_hanging():
         run_virtual(stuck())
     with pytest.raises(TimeoutError):  # a timeout is a timer: it fires at once on virtual time
         run_virtual(asyncio.wait_for(stuck(), 30))
+
+
+def test_wait_within_returns_what_the_future_brings_or_times_out_at_the_limit_on_virtual_time():
+    async def main() -> list[object]:
+        loop = asyncio.get_running_loop()
+        got: list[object] = []
+        fut: asyncio.Future[str] = loop.create_future()
+        loop.call_later(2.0, fut.set_result, "reply")
+        got += [await wait_within(fut, 3.0), now_ns()]
+        failing: asyncio.Future[str] = loop.create_future()
+        loop.call_later(1.0, failing.set_exception, ValueError("failed turn"))
+        with pytest.raises(ValueError, match="failed turn"):
+            await wait_within(failing, 3.0)
+        got.append(now_ns())
+        never: asyncio.Future[str] = loop.create_future()
+        with pytest.raises(TimeoutError):
+            await wait_within(never, 0.5)
+        got += [now_ns(), never.cancelled()]  # cancelled on a timeout, as asyncio.wait_for does
+        latch = Latch()
+        with pytest.raises(TimeoutError):
+            await wait_within(latch.future(), 0.25, cancel=False)
+        got.append(latch.is_set())  # a latch outlives a timed-out wait on it
+        loop.call_later(1.0, latch.set)
+        await wait_within(latch.future(), 5.0, cancel=False)
+        got += [now_ns(), latch.is_set()]
+        await wait_within(latch.future(), 5.0, cancel=False)  # already set: no wait
+        got.append(now_ns())
+        return got
+
+    assert run_virtual(main()) == [
+        "reply", 2_000_000_000, 3_000_000_000, 3_500_000_000, True, False, 4_750_000_000, True, 4_750_000_000
+    ]
+
+
+def test_a_task_cancelled_in_wait_within_cancels_the_future_unless_told_not_to():
+    async def main() -> tuple[bool, bool]:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        latch = Latch()
+        waits = [loop.create_task(wait_within(fut, 10)), loop.create_task(wait_within(latch.future(), 10, cancel=False))]
+        await asyncio.sleep(1)
+        for t in waits:
+            t.cancel()
+        await asyncio.gather(*waits, return_exceptions=True)
+        return fut.cancelled(), latch.future().cancelled()
+
+    assert run_virtual(main()) == (True, False)
 
 
 def test_memory_bus_delivers_each_message_once_in_order_to_every_subscriber():

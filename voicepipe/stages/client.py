@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from voicepipe.clock import now_ns, sleep_until_ns
+from voicepipe.clock import Latch, now_ns, sleep_until_ns, wait_within
 from voicepipe.measure import measure
 from voicepipe.messages import (
     Audio,
@@ -135,7 +135,7 @@ class Listening:
     words: int
     end_of_speech_ns: int
     first: asyncio.Future[tuple[int, Envelope[Audio]]]
-    done: asyncio.Event = field(default_factory=asyncio.Event)
+    done: Latch = field(default_factory=Latch)  # the reply is over (played, stopped or failed)
     play_until_ns: int = 0
     premature: bool = False  # a reply to a partial utterance arrived (or was cancelled)
     barge_in_ns: int = 0  # when the user started talking over the reply
@@ -309,7 +309,7 @@ class Client(Stage):
                 record.barge_in_stop_ms = (lis.stopped_ns - lis.barge_in_ns) / 1e6
         elif cfg.client.playout == "full" and record.status == "ok":
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(lis.done.wait(), cfg.client.turn_timeout_s)
+                await wait_within(lis.done.future(), cfg.client.turn_timeout_s, cancel=False)
             await sleep_until_ns(lis.play_until_ns)
         else:
             await self.publish(Envelope.of(Cancel(reason=CancelReason.HEARD), run, session, k))
@@ -343,7 +343,7 @@ class Client(Stage):
         span = modelled_span("transport", "uplink", at_ns, uplink)
         await self.publish(Envelope.of(SpeechStart(), self.ctx.run, session, k, [span]))
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(lis.done.wait(), self.cfg.client.turn_timeout_s)
+            await wait_within(lis.done.future(), self.cfg.client.turn_timeout_s, cancel=False)
         await sleep_until_ns(lis.play_until_ns)
 
     async def _await_reply(
@@ -362,7 +362,7 @@ class Client(Stage):
             "backend": cfg.backend_label(),
         }
         try:
-            got, env = await asyncio.wait_for(lis.first, cfg.client.turn_timeout_s + 10)
+            got, env = await wait_within(lis.first, cfg.client.turn_timeout_s + 10)
         except TimeoutError:
             return TurnRecord(**base, status="timeout", premature_endpoint=lis.premature, **lis.talked_over())
         except TurnFailed as exc:
