@@ -17,6 +17,7 @@ import pkgutil
 import secrets
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,6 +82,9 @@ COMMANDS: dict[str, list[str]] = {
     "hardware-predict": ["hardware", "predict", "-H", "h100-sxm", "-m", "llama-3.1-8b", "--json", "{out}/hw.json"],
     "stage-help": ["stage", "--help"],
 }  # fmt: skip
+# one worker runs the module, so its shared fixture (14 CLI processes) runs once, not once per xdist worker
+pytestmark = pytest.mark.xdist_group("secret_surface")
+
 REFUSED = ("predict-bare", "capacity-bare", "compare-predict-bare", "predict-set-shorthand")
 
 
@@ -96,16 +100,20 @@ def secret_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str
         "prof": str(_config(tmp, "prof.yaml", profile=True)),
     }
     env = {**os.environ, KEY_ENV: key, "COLUMNS": "120"}
-    ran: dict[str, Ran] = {}
-    for name, template in COMMANDS.items():
+
+    def one(name: str) -> Ran:
         out = tmp / name
         out.mkdir()
-        args = tuple(a.format(out=out, **subs) for a in template)
+        args = tuple(a.format(out=out, **subs) for a in COMMANDS[name])
         p = subprocess.run(
-            [sys.executable, "-m", "voicepipe.cli", *args], capture_output=True, text=True, env=env, timeout=120
+            [sys.executable, "-m", "voicepipe.cli", *args], capture_output=True, text=True, env=env, timeout=180
         )
         files = {f.name: f.read_text(errors="replace") for f in sorted(out.iterdir())}
-        ran[name] = Ran(args, p.returncode, p.stdout, p.stderr, files)
+        return Ran(args, p.returncode, p.stdout, p.stderr, files)
+
+    # independent processes (each its own output folder), three at a time: the module's wall time, not its checks
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        ran = dict(zip(COMMANDS, pool.map(one, COMMANDS), strict=True))
     return key, ran
 
 
