@@ -50,6 +50,8 @@ class SpeechServer:
     chunk_ms: float = 40.0
     kill_after: int = 2
     fail_first: int = 0
+    per_s_ms: float = 0.0  # transcription: extra wait per second of audio (a decoder's real-time factor)
+    per_word_ms: float = 0.0  # speech: extra wait per input word before the first audio
     seen: list[Seen] = field(default_factory=list)
     port: int = 0
 
@@ -143,6 +145,7 @@ class SpeechServer:
         text = self._recognise(pcm) if self.asr == "pocketsphinx" else f"heard {seen.samples} samples"
         if seen.fields.get("stream") != "true":
             return self._plain(h, 200, {"text": text})
+        time.sleep(self.per_s_ms * seen.samples / 16_000 / 1e3)
         self._start_stream(h, "text/event-stream")
         time.sleep(self.first_ms / 1e3)
         words = text.split()
@@ -186,7 +189,7 @@ class SpeechServer:
         fmt = req.get("response_format", "mp3")
         x = self._audio(str(req.get("input", "")))
         self._start_stream(h, "audio/wav" if fmt == "wav" else "audio/pcm")
-        time.sleep(self.first_ms / 1e3)
+        time.sleep((self.first_ms + self.per_word_ms * len(str(req.get("input", "")).split())) / 1e3)
         if fmt == "wav":
             rate = self.rate
             head = b"RIFF\xff\xff\xff\xffWAVEfmt " + (16).to_bytes(4, "little") + b"\x01\x00\x01\x00"

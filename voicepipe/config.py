@@ -27,6 +27,7 @@ from pydantic import (
 
 from voicepipe.backends import UnknownBackend, build_backend, resolve_named, validate_spec
 from voicepipe.backends.speech import AsrEngine, TtsEngine
+from voicepipe.backends.speech_profile import apply_profiles
 from voicepipe.bus.mqtt import BrokerAddress
 from voicepipe.errors import UserError, from_validation, redact_url
 from voicepipe.files import read_text, read_yaml_mapping
@@ -192,6 +193,7 @@ class ASRConfig(Strict):
     # endpointing; with a 200 ms VAD wait that leaves ~100 ms (Deepgram nova-3 p50 247 ms incl. VAD wait,
     # Pipecat stt-benchmark). p90 from the same benchmark's spread.
     finalize_ms: Dist = Dist(median=100.0, p90=140.0)
+    profile: str | None = Field(None, max_length=4096)  # `calibrate --stage asr` file: sets finalize_ms
 
 
 class RuleWhen(Strict):
@@ -310,6 +312,7 @@ class TTSConfig(Strict):
     voice: str = Field("en-us", pattern=r"^[A-Za-z0-9_+-]{1,40}$")  # espeak-ng voice of the reply
     # Cartesia Sonic-3 p50 188 ms time to first audio (Coval independent benchmark, May 2026); p90 assumed.
     ttfb_ms: Dist = Dist(median=188.0, p90=260.0)
+    profile: str | None = Field(None, max_length=4096)  # `calibrate --stage tts` file: sets ttfb_ms
     aggregate: Literal["clause", "sentence"] = "clause"
     min_clause_words: int = Field(3, ge=1, le=MAX_LIST)  # don't synthesise a lone "Sure," — too choppy
     words_per_minute: Wpm = 165.0  # speaking rate of the reply audio
@@ -355,9 +358,8 @@ class PipelineConfig(Strict):
         """Every route the router can take must lead somewhere (else turns would silently time out)."""
         names = sorted(self.agent.backends())
         if self.main_agent not in names:
-            raise ValueError(
-                f"router.agent: {self.main_agent!r} is not an agent (agents: {', '.join(names)})"
-            )
+            agents = ", ".join(names)
+            raise ValueError(f"router.agent: {self.main_agent!r} is not an agent (agents: {agents})")
         dests = {"router.default": self.router.default, "router.classifier_low": self.router.classifier_low}
         dests |= {f"router.rules.{i}.to": r.to for i, r in enumerate(self.router.rules)}
         for where, dest in dests.items():
@@ -392,11 +394,8 @@ class PipelineConfig(Strict):
         """The config's own cache answers, at its TTS speaking rate (a scenario's lines: check_speech)."""
         wpm = self.tts.words_per_minute
         for j, e in enumerate(self.cache.entries):
-            said = too_long(
-                f"cache.entries.{j}.answer",
-                reply_speech_ms(e["answer"], wpm),
-                f"tts.words_per_minute {wpm:g}",
-            )
+            where, ms = f"cache.entries.{j}.answer", reply_speech_ms(e["answer"], wpm)
+            said = too_long(where, ms, f"tts.words_per_minute {wpm:g}")
             if said:
                 raise ValueError(said)
         return self
@@ -544,6 +543,7 @@ def load_config(
     for s in sets:
         apply_set(data, s)
     where = source if not sets else f"{source} (with --set)"
+    apply_profiles(data)  # asr.profile / tts.profile: the measured figure replaces the modelled one
     if isinstance(data.get("broker"), dict) and data["broker"].get("insecure") is not False:
         # a shared config file must not switch certificate checks off for whoever runs it
         raise UserError(where, "broker.insecure: only the --insecure flag turns certificate verification off")

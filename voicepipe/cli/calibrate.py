@@ -27,6 +27,7 @@ from voicepipe.backends.calibrate import (
 )
 from voicepipe.backends.openai import config_from_spec
 from voicepipe.backends.profile import Point, dump_profile, profile_from_points
+from voicepipe.cli.calibrate_speech import calibrate_speech
 from voicepipe.cli.common import err, out
 from voicepipe.cli.options import writable
 from voicepipe.errors import UserError
@@ -122,8 +123,22 @@ def calibrate_cmd(
     url: Annotated[
         str, typer.Argument(help="API base of an OpenAI-compatible server, e.g. http://127.0.0.1:8080/v1")
     ],
-    model: Annotated[str, typer.Option("--model", "-m", help="Model name the server serves.")],
     out_path: Annotated[Path, typer.Option("--out", "-o", help="Write the profile YAML here.", callback=writable)],
+    model: Annotated[
+        str | None, typer.Option("--model", "-m", help="Model name the server serves (required for llm).")
+    ] = None,
+    stage: Annotated[
+        str, typer.Option(help="llm (chat completions), asr (/audio/transcriptions) or tts (/audio/speech).")
+    ] = "llm",
+    lengths: Annotated[
+        str | None, typer.Option(help="asr: seconds of audio (1,2,4); tts: words of text (3,8,16).")
+    ] = None,
+    reference: Annotated[
+        float | None, typer.Option(help="asr/tts: the length the profile's figure is for (2 s / 8 words).")
+    ] = None,
+    config: Annotated[
+        Path | None, typer.Option("--config", "-c", help="asr/tts: the config whose model --against shows.")
+    ] = None,
     concurrency: Annotated[str, typer.Option(help="Clients in flight, comma-separated levels.")] = "1,4,16",
     requests: Annotated[int, typer.Option(min=1, help="Counted requests per level (warm-up excluded).")] = 32,
     prompt_tokens: Annotated[str, typer.Option(help="Prompt length(s) in tokens, comma-separated.")] = "256",
@@ -138,11 +153,24 @@ def calibrate_cmd(
     price_out: Annotated[float, typer.Option(help="USD per million output tokens.")] = 0.0,
     versus: Annotated[
         str | None,
-        typer.Option("--against", help="Also print the hardware model DEVICE/MODEL at the same settings."),
+        typer.Option(
+            "--against",
+            help="Also print the hardware model DEVICE/MODEL at the same settings (asr/tts: `model`).",
+        ),
     ] = None,
 ) -> None:
     """Measure an OpenAI-compatible endpoint (vLLM-style table) and write an empirical profile."""
     try:
+        if stage in ("asr", "tts"):
+            calibrate_speech(
+                "asr" if stage == "asr" else "tts", api_base(url), model, out_path, _ints(concurrency, "--concurrency"),
+                requests, lengths, reference, api_key_env, timeout, versus, config,
+            )  # fmt: skip
+            return
+        if stage != "llm":
+            raise UserError("--stage", f"{stage!r}: expected llm, asr or tts")
+        if not model:
+            raise UserError("--model", "the model name the server serves is required for --stage llm")
         settings = Settings(
             concurrency=_ints(concurrency, "--concurrency"),
             requests=requests,
