@@ -269,7 +269,7 @@ PrecisionOpt = typer.Option(None, "--precision", help="weights: bf16|fp16|fp8|in
 KvOpt = typer.Option(None, "--kv-precision", help="KV cache: bf16|fp16|fp8|int8|fp4 (default: the model's)")
 StackOpt = typer.Option(None, "--stack", help="serving stack profile (`hardware list`; default vllm)")
 FormatOpt = typer.Option("table", "--format", help="table or json (stdout)")
-VALIDATE_ROWS = 20  # rows `hardware validate` shows by default: its largest errors
+VALIDATE_ROWS = 6  # rows `hardware validate` shows by default: its largest errors (then the slice table)
 
 
 JsonOpt = typer.Option(None, "--json", help="also write the result as JSON to this file", callback=writable)
@@ -459,7 +459,7 @@ def validate(
     ),
     wide: bool = WideOpt,
 ) -> None:
-    """Published measurements vs the model: leave-one-source-out residuals, median / worst error.
+    """Published measurements vs the model: residuals held out by publisher family, per slice.
 
     The filters choose the rows shown; the summary lines are always over every point. The table shows the
     largest errors of those rows unless --all (JSON always has every chosen row)."""
@@ -498,6 +498,9 @@ def validate(
         "modelled": True,
         "fitted_on_all": rep.theta_all,
         "summary": val.summary_lines(rep),
+        "held_out_by": "publisher family",
+        "slices": [x.model_dump() for x in val.slice_table(val.residuals(rep.rows))],
+        "coverage": [x.model_dump() for x in val.coverage(val.residuals(rep.rows))],
         "rows": [
             {
                 "id": r.point.id,
@@ -511,7 +514,10 @@ def validate(
                 "error": r.error,
                 "reason": r.reason,
                 "source": r.point.source,
-                "held_out_with": r.point.held_out_with,
+                "held_out_with": r.point.family,
+                "group": r.point.held_out_with,
+                "publisher_family": r.point.publisher_family,
+                "speculative": r.point.speculative,
             }
             for r in rows
         ],
@@ -520,7 +526,7 @@ def validate(
         return
     chosen = rows
     if worst is None and not all_ and len(rows) > VALIDATE_ROWS:
-        rows = sorted(rows, key=lambda r: -abs(r.error) if r.error is not None else -math.inf)[:VALIDATE_ROWS]
+        rows = sorted(rows, key=lambda r: -abs(r.error) if r.error is not None else math.inf)[:VALIDATE_ROWS]
     cols = [Col("id", justify="left", text=True, min_width=12), Col("tier", 3), Col("metric", 2, "left"),
             Col("published"), Col("held out"), Col("error", text=True, min_width=6)]  # fmt: skip
     cells = [
@@ -532,7 +538,7 @@ def validate(
     con = _console()
     capped = len(rows) < len(chosen)
     shown = "" if len(chosen) == len(rep.rows) else f" — {len(chosen)} of {len(rep.rows)} rows"
-    title = f"Published vs modelled (predicted with the point's source held out){shown}"
+    title = f"Published vs modelled (predicted with the point's publisher family held out){shown}"
     if capped:
         title = f"{title} — the {len(rows)} largest errors"
     print_fitted(con, cols, cells, wide=wide, title=title)
@@ -549,3 +555,5 @@ def validate(
         )
     for line in val.summary_lines(rep):
         con.print(line)
+    for line in val.slice_lines(val.residuals(rep.rows)):
+        con.print(line, highlight=False)

@@ -1,4 +1,4 @@
-"""Validation against published measurements: fit the few global constants, leave-one-source-out error.
+"""Validation against published measurements: fit the few global constants, error held out by publisher family.
 
 :mod:`~voicepipe.hardware.validate.points` (the published points, each reduced to step parts),
 :mod:`~voicepipe.hardware.validate.fit` (the constants fitted to them, held-out predictions) and
@@ -42,14 +42,28 @@ from voicepipe.hardware.validate.fit import (
     summary_lines,
 )
 from voicepipe.hardware.validate.points import Metric, Point, Prepared, points, prepare, stack_key
+from voicepipe.hardware.validate.slices import (
+    LEVEL,
+    Coverage,
+    Residual,
+    SliceRow,
+    config_slices,
+    coverage,
+    interval,
+    residuals,
+    slice_lines,
+    slice_table,
+)
 
 __all__ = [
     "BOUNDS",
     "FEW",
+    "LEVEL",
     "ODD",
     "ONE_SIDED",
     "SPEED_METRICS",
     "Accuracy",
+    "Coverage",
     "Evidence",
     "Group",
     "Metric",
@@ -57,22 +71,30 @@ __all__ = [
     "Point",
     "Prepared",
     "Report",
+    "Residual",
     "Row",
+    "SliceRow",
     "Summary",
     "accuracy",
     "accuracy_line",
     "architecture",
     "batch_of",
+    "config_slices",
+    "coverage",
     "evidence",
     "evidence_lines",
     "fit",
+    "interval",
     "markdown",
     "near_report",
     "points",
     "predicted",
     "prepare",
+    "residuals",
     "run",
     "shipped_accuracy",
+    "slice_lines",
+    "slice_table",
     "speed_ratio",
     "stack_key",
     "summary_lines",

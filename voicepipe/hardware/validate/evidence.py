@@ -22,6 +22,7 @@ from voicepipe.hardware import catalog
 from voicepipe.hardware.doctable import write_between
 from voicepipe.hardware.validate.fit import BEGIN, END, Report, Row, markdown, run
 from voicepipe.hardware.validate.points import Metric, Point, stack_key
+from voicepipe.hardware.validate.slices import Residual, architecture, residuals
 
 # rates (higher is faster); every other metric is a time
 SPEED_METRICS: frozenset[Metric] = frozenset({"tok_s_user", "tok_s_total"})
@@ -67,13 +68,8 @@ class Accuracy(BaseModel):
     by_architecture: dict[str, Evidence]  # keys: architecture()
     by_device: dict[str, Evidence]
     by_stack: dict[str, Evidence]
-
-
-def architecture(model: catalog.ModelSpec) -> str:
-    """The model's class as far as the physics distinguishes it: MLA attention, mixture of experts, dense."""
-    if model.kv_dim is not None:
-        return "mla"
-    return "moe" if model.is_moe else "dense"
+    # every answered point's held-out residual with its slices: the per-slice table and the intervals
+    residuals: list[Residual]
 
 
 def evidence(rows: list[Row]) -> Evidence:
@@ -100,7 +96,9 @@ def _grouped(rows: list[Row], key: Callable[[Point], str]) -> dict[str, Evidence
 
 def accuracy(rep: Report) -> Accuracy:
     """:class:`Accuracy` of a validation run."""
-    answered = [r for r in rep.rows if r.error is not None and not r.point.sram_fit]  # fit points: no evidence
+    # fit points are no evidence; speculative points never speak for a prediction (none is speculative:
+    # `hardware predict --speculative` applies the speculative model on top of a plain one)
+    answered = [r for r in rep.rows if r.error is not None and not r.point.sram_fit and not r.point.is_speculative]
     return Accuracy(
         summary=Summary(
             **evidence(answered).model_dump(),
@@ -115,6 +113,7 @@ def accuracy(rep: Report) -> Accuracy:
         by_architecture=_grouped(answered, lambda p: architecture(catalog.model(p.model))),
         by_device=_grouped(answered, lambda p: p.device),
         by_stack=_grouped(answered, lambda p: stack_key(p.stack)),
+        residuals=residuals(answered),
     )
 
 
@@ -133,7 +132,7 @@ def accuracy_line(acc: Accuracy | None = None) -> str:
     a = (shipped_accuracy() if acc is None else acc).summary
     return (
         f"cross-validated on {a.points} published measurements, nearly all GPUs (the fitted GPU constants "
-        f"refit without each source): median error {a.median_error_pct} % (tier 1: "
+        f"refit without each publisher family): median error {a.median_error_pct} % (tier 1: "
         f"{a.tier1_median_error_pct} %), {a.within_30_pct} % within ±30 % — `voicepipe hardware "
         "validate`, docs/hardware-model.md §3"
     )

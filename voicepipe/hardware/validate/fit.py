@@ -1,9 +1,9 @@
-"""Fit the few global constants to the published points; leave-one-source-out predictions by the engine.
+"""Fit the few global constants to the published points; predictions held out by publisher family, by the engine.
 
 Every point is a run of the serving engine (:mod:`~voicepipe.hardware.validate.points`,
 :mod:`voicepipe.hardware.workload`): its metric is a figure of that run (mean TTFT, mean time per output
 token, mean decode-only step, throughput, end-to-end latency). A held-out row is the engine's run under
-the constants fitted without the point's source.
+the constants fitted without any point of its publisher family.
 
 The fit needs thousands of constant sets θ = (η_mem, MFU, η_wq, η_moe, τ) over all points, so it re-times
 each point's step mix rather than re-running it: a figure is a weighted sum of the run's step times
@@ -61,7 +61,8 @@ def efficiency(theta: FArray | None) -> Efficiency:
 def engine_run(x: Prepared, theta: FArray | None = None) -> Run:
     """The point's run on the engine under the constants ``theta`` (None: the shipped ones)."""
     assert x.system is not None
-    server = DeviceServer(replace(x.system, eff=efficiency(theta)), max_batch=max(x.batch, 1), prompt_cache=False)
+    server = DeviceServer(replace(x.system, eff=efficiency(theta)), max_batch=max(x.batch, 1), prompt_cache=False,
+                          spec=x.spec)  # fmt: skip
     if x.workload == "static":
         return static_batch(server, x.requests, x.prompt, x.out)
     rounds = 1 if x.requests == 1 else STEADY_ROUNDS
@@ -202,7 +203,7 @@ def fit(b: Batch, start_steps: int = 3, tol: float = 1e-3) -> FArray:
 @dataclass(frozen=True)
 class Row:
     point: Point
-    predicted: float | None  # leave-one-source-out prediction
+    predicted: float | None  # held-out prediction (the point's whole publisher family left out of the fit)
     reason: str = ""
 
     @property
@@ -215,6 +216,7 @@ class Report:
     rows: tuple[Row, ...]
     theta_all: dict[str, float]  # fitted on every answerable point
     sources: int
+    families: int = 0  # publisher families held out one at a time
 
     def errors(self, tier: int | None = None) -> FArray:
         return np.array(
@@ -228,22 +230,27 @@ class Report:
 
 @cache
 def run() -> Report:
-    """Fit on all points (the shipped defaults' basis) and leave-one-source-out predictions, each a run
-    of the engine under the constants fitted without the point's source."""
+    """Fit on all points (the shipped defaults' basis) and held-out predictions by publisher family
+    (:attr:`~voicepipe.hardware.validate.points.Point.family`): each point is a run of the engine under
+    the constants fitted without every point of its family. A speculative point is predicted (with its
+    stated settings) but never trains the fit, whose re-timing has no speculative term."""
     prepared = [prepare(p) for p in points()]
     ok = [x for x in prepared if not x.reason]
-    full = batch_of(ok)
+    trainable = [i for i, x in enumerate(ok) if x.spec is None]
+    full = batch_of([ok[i] for i in trainable])
     theta_all = fit(full)
-    sources = sorted({x.point.held_out_with for x in ok})
-    loso: dict[str, float] = {}
-    for src in sources:
-        train = [i for i, x in enumerate(ok) if x.point.held_out_with != src]
+    families = sorted({x.point.family for x in ok})
+    held: dict[str, float] = {}
+    for fam in families:
+        train = [j for j, i in enumerate(trainable) if ok[i].point.family != fam]
         theta = fit(_subset(full, train)) if train else theta_all
         for x in ok:
-            if x.point.held_out_with == src:
-                loso[x.point.id] = metric_of(x, engine_run(x, theta))
-    rows = tuple(Row(x.point, loso.get(x.point.id), x.reason) for x in prepared)
-    return Report(rows, dict(zip(FITTED, (float(f"{v:.3g}") for v in theta_all), strict=True)), len(sources))
+            if x.point.family == fam:
+                held[x.point.id] = metric_of(x, engine_run(x, theta))
+    rows = tuple(Row(x.point, held.get(x.point.id), x.reason) for x in prepared)
+    sources = len({x.point.held_out_with for x in ok})
+    shipped = dict(zip(FITTED, (float(f"{v:.3g}") for v in theta_all), strict=True))
+    return Report(rows, shipped, sources, len(families))
 
 
 def _subset(b: Batch, keep: list[int]) -> Batch:
@@ -268,9 +275,10 @@ def summary_lines(rep: Report) -> list[str]:
         f"{k} {v * 1e6:.3g} µs" if k.endswith("_s") else f"{k} {v:g}" for k, v in rep.theta_all.items()
     )
     return [
-        f"leave-one-source-out absolute error, tier 1: {stat(rep.errors(1))}",
-        f"leave-one-source-out absolute error, all tiers: {stat(rep.errors())}",
-        f"{len(rep.rows)} points from {rep.sources} sources; {unanswered} cannot be answered (reason in the table)",
+        f"leave-one-family-out absolute error, tier 1: {stat(rep.errors(1))}",
+        f"leave-one-family-out absolute error, all tiers: {stat(rep.errors())}",
+        f"{len(rep.rows)} points from {rep.sources} sources and {rep.families} publisher families; "
+        f"{unanswered} cannot be answered (reason in the table)",
         f"constants fitted on every answerable point: {theta}",
     ]
 

@@ -16,6 +16,7 @@ latency and a burst's throughput are figures of a static batch: B requests arriv
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -28,6 +29,7 @@ from voicepipe.hardware import catalog
 from voicepipe.hardware.model import (
     DEFAULT_EFFICIENCY,
     DoesNotFit,
+    Speculative,
     System,
     make_system,
     running_sequences,
@@ -99,6 +101,27 @@ class Point(BaseModel):
     def held_out_with(self) -> str:
         return self.group or self.source
 
+    @property
+    def family(self) -> str:
+        """What the family hold-out holds out together: the publisher's name (its text before any " (" or
+        ","), so one vendor's docs and blogs, or one framework's maintainers, are one family and each
+        independent author its own; without a publisher, the point's source group."""
+        name = self.publisher.split(" (")[0].split(",")[0].strip()
+        return name or self.held_out_with
+
+    @property
+    def is_speculative(self) -> bool:
+        """Measured with speculative decoding (any method other than "none")."""
+        return self.speculative not in (None, "", "none")
+
+    def speculative_settings(self) -> Speculative | None:
+        """The speculative model's settings the point states (``alpha=…``, ``gamma=…``, ``draft_cost=…`` in
+        ``speculative``), or None when any is missing."""
+        got = dict(re.findall(r"(alpha|gamma|draft_cost)=([0-9.]+)", self.speculative or ""))
+        if not {"alpha", "gamma", "draft_cost"} <= got.keys():
+            return None
+        return Speculative(float(got["alpha"]), int(float(got["gamma"])), float(got["draft_cost"]))
+
 
 @cache
 def points() -> tuple[Point, ...]:
@@ -136,6 +159,7 @@ class Prepared:
     batch: int = 0  # the batch that runs (≤ the published one)
     prompt: int = 0
     out: int = 0  # output tokens (DEFAULT_OUTPUT where unpublished)
+    spec: Speculative | None = None  # the stated speculative settings the run decodes with
 
 
 def stack_key(name: str) -> str:
@@ -146,7 +170,11 @@ def stack_key(name: str) -> str:
 
 
 def prepare(p: Point) -> Prepared:
-    """A point's configuration as an engine run (see :class:`Prepared`)."""
+    """A point's configuration as an engine run (see :class:`Prepared`). A speculative point runs with
+    the speculative model at its stated settings; without them it is left out, never run without it."""
+    spec = p.speculative_settings()
+    if p.is_speculative and spec is None:
+        return Prepared(p, reason="speculative, no α")  # the speculative model needs α, γ and draft cost
     try:
         dev = catalog.device(p.device)
     except ValueError:
@@ -192,4 +220,4 @@ def prepare(p: Point) -> Prepared:
     steady = p.metric in STEADY_STATE or p.metric == "itl_median_ms" or p.closed_loop
     requests = asked if p.batch is not None else batch
     return Prepared(p, system=system, workload="steady" if steady else "static", requests=requests,
-                    batch=batch, prompt=prompt, out=out)  # fmt: skip
+                    batch=batch, prompt=prompt, out=out, spec=spec)  # fmt: skip
