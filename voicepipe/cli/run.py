@@ -110,7 +110,6 @@ def print_run_counters(result: RunResult) -> None:
         f"{c.duplicates} duplicates dropped (envelope id seen before: redelivered, replayed or tampered), "
         f"{c.late} late, {c.lost} lost in transit, {c.handler_errors} handler errors",
         style="yellow" if dead or c.duplicates or c.lost or c.handler_errors else None, highlight=False,
-        soft_wrap=True,
     )  # fmt: skip
     untrusted = sum(not r.trusted for r in result.records)
     if result.lag is not None or untrusted:
@@ -120,7 +119,7 @@ def print_run_counters(result: RunResult) -> None:
             line += (f"{' — but ' if line else ''}NOT TRUSTED for {untrusted} turns ({kinds}): this process's "
                      "load may have made their latency and tax (each record's `distrust` says why)")  # fmt: skip
         overloaded = result.lag is not None and result.lag.overloaded
-        err.print(line, style="bold red" if overloaded or untrusted else None, highlight=False, soft_wrap=True)
+        err.print(line, style="bold red" if overloaded or untrusted else None, highlight=False)
 
 
 @broker_block
