@@ -42,6 +42,7 @@ from voicepipe.hardware.validate.fit import (
     summary_lines,
 )
 from voicepipe.hardware.validate.points import Metric, Point, Prepared, points, prepare, stack_key
+from voicepipe.hardware.validate.ranges import THIN, Ranges, fmt_range, ranges, thin_slices
 from voicepipe.hardware.validate.slices import (
     LEVEL,
     Coverage,
@@ -62,6 +63,7 @@ __all__ = [
     "ODD",
     "ONE_SIDED",
     "SPEED_METRICS",
+    "THIN",
     "Accuracy",
     "Coverage",
     "Evidence",
@@ -73,6 +75,7 @@ __all__ = [
     "Report",
     "Residual",
     "Row",
+    "Ranges",
     "SliceRow",
     "Summary",
     "accuracy",
@@ -84,12 +87,14 @@ __all__ = [
     "evidence",
     "evidence_lines",
     "fit",
+    "fmt_range",
     "interval",
     "markdown",
     "near_report",
     "points",
     "predicted",
     "prepare",
+    "ranges",
     "residuals",
     "run",
     "shipped_accuracy",
@@ -98,6 +103,7 @@ __all__ = [
     "speed_ratio",
     "stack_key",
     "summary_lines",
+    "thin_slices",
     "twins",
     "update_doc",
 ]
