@@ -474,7 +474,7 @@ def sweep(
         f"{FAST_MAX_BATCH}; default = the backend's max_batch {dep.max_batch}."
     )
     thin = sorted({t for g in rngs for t in g.thin})
-    con.print(_range_note(payload["interval_level"], thin), highlight=False, markup=False)
+    con.print(_range_note(LEVEL, thin), highlight=False, markup=False)
     _print_near(con, near)
 
 
