@@ -67,7 +67,9 @@ def test_sweep_table_shows_the_range_beside_the_value():
     out = json.loads(run("sweep", "-H", "h100-sxm", "-m", "llama-3.1-8b", "--batches", "8", "--format", "json").stdout)
     text = run("sweep", "-H", "h100-sxm", "-m", "llama-3.1-8b", "--batches", "8", "--wide").stdout
     row = next(r for r in out["rows"] if r["batch"] == 8)
-    assert f"{row['step_ms']:.2f} {val.fmt_range(*row['intervals']['step_ms'])}" in text
+    assert f"{row['per_user_tps']:.1f} {val.fmt_range(*row['intervals']['tokens_per_second'])}" in text
+    assert f"{row['aggregate_tps']:.0f} {val.fmt_range(*row['intervals']['aggregate_tokens_per_second'])}" in text
+    assert f"{row['ttft_ms']:.0f} {val.fmt_range(*row['intervals']['ttft_ms'])}" in text
 
 
 def test_a_configuration_without_evidence_gets_a_wider_interval_than_a_well_covered_one():

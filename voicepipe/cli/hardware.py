@@ -458,7 +458,7 @@ def sweep(
     cells = [
         [
             str(r["batch"]) if r["fits"] else f"{r['batch']}→{r['effective_batch']}", str(r["chips"]),
-            _with_range(f"{r['step_ms']:.2f}", g, "step_ms"),
+            f"{r['step_ms']:.2f}",  # its range is tok/s user's, inverted (JSON has both)
             _with_range(f"{r['per_user_tps']:.1f}", g, "tokens_per_second"),
             _with_range(f"{r['aggregate_tps']:.0f}", g, "aggregate_tokens_per_second"),
             f"{r['usd_per_mtok_out']:.3f}", _with_range(f"{r['ttft_ms']:.0f}", g, "ttft_ms"), r["mode"],
