@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import closing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
@@ -36,7 +36,7 @@ from voicepipe.report.term import Col, SafeConsole, hyphenated, print_fitted
 from voicepipe.safeprint import printable
 
 if TYPE_CHECKING:
-    from voicepipe.hardware.validate import NearReport
+    from voicepipe.hardware.validate import NearReport, Ranges
 
 app = typer.Typer(
     help="Hardware models: which device/model answers inside the turn budget.", no_args_is_help=True,
@@ -74,6 +74,26 @@ def _near(dev: catalog.Device, mdl: catalog.ModelSpec, stk: catalog.Stack | None
     from voicepipe.hardware.validate import near_report  # lazy: start-up time
 
     return near_report(dev.key, mdl, _evidence_stack(dev, stk))
+
+
+def _ranges(dev: catalog.Device, mdl: catalog.ModelSpec, stk: catalog.Stack | None, batch: int, precision: str,
+            values: dict[str, float]) -> Ranges:  # fmt: skip
+    """The 80 % ranges of ``values`` from the shipped held-out residuals (voicepipe.hardware.validate.ranges)."""
+    from voicepipe.hardware.validate import ranges, shipped_accuracy  # lazy: start-up time
+
+    return _guard(lambda: ranges(shipped_accuracy(), values, dev.key, dev.kind, _evidence_stack(dev, stk), mdl, batch,
+                                 precision))  # fmt: skip
+
+
+def _with_range(text: str, rng: Ranges, metric: str) -> str:
+    from voicepipe.hardware.validate import fmt_range  # lazy: start-up time
+
+    return f"{text} {fmt_range(*rng.intervals[metric])}"
+
+
+def _range_note(level: float, thin: Sequence[str]) -> str:
+    far = f"; widened, far from evidence: {', '.join(thin)}" if thin else ""
+    return f"(low–high): the {level:.0%} range from the held-out residuals of this configuration's slices{far}"
 
 
 def _print_near(con: Console, near: NearReport) -> None:
@@ -269,6 +289,10 @@ PrecisionOpt = typer.Option(None, "--precision", help="weights: bf16|fp16|fp8|in
 KvOpt = typer.Option(None, "--kv-precision", help="KV cache: bf16|fp16|fp8|int8|fp4 (default: the model's)")
 StackOpt = typer.Option(None, "--stack", help="serving stack profile (`hardware list`; default vllm)")
 FormatOpt = typer.Option("table", "--format", help="table or json (stdout)")
+LEVEL = 0.8  # the ranges' level (voicepipe.hardware.validate.slices.LEVEL; a test keeps them equal)
+RANGED = ("ttft_ms", "step_ms", "tokens_per_second", "aggregate_tokens_per_second")  # metrics with a range
+SWEEP_KEYS = {"ttft_ms": "ttft_ms", "step_ms": "step_ms", "tokens_per_second": "per_user_tps",
+              "aggregate_tokens_per_second": "aggregate_tps"}  # fmt: skip
 VALIDATE_ROWS = 6  # rows `hardware validate` shows by default: its largest errors (then the slice table)
 
 
@@ -317,6 +341,10 @@ def predict(
         _fail(f"--tp: {exc}" if "tp" in str(exc) else str(exc))
     out = p.as_dict()
     out["modelled"] = True
+    rng = _ranges(dev, mdl, stk, p.batch, p.precision, {m: getattr(p, m) for m in RANGED})
+    out["intervals"] = {m: list(v) for m, v in rng.intervals.items()}
+    out["interval_level"] = rng.level
+    out["interval_far_from_evidence"] = list(rng.thin)
     out["weight_only"] = dev.kind == "hbm" and dev.weight_only(p.precision)  # no math at that precision
     out["validation"] = _validation()
     near = _near(dev, mdl, stk)
@@ -336,10 +364,10 @@ def predict(
         ("max batch at this context", f"{p.max_batch_fits}"),
         ("weights", f"{p.weights_gb:.1f} GB"),
         ("KV cache", f"{p.kv_gb:.2f} GB"),
-        ("TTFT (idle, no queue)", f"{p.ttft_ms:.1f} ms"),
-        ("decode step", f"{p.step_ms:.2f} ms"),
-        ("tok/s per request", f"{p.tokens_per_second:.1f}"),
-        ("tok/s aggregate", f"{p.aggregate_tokens_per_second:.1f}"),
+        ("TTFT (idle, no queue)", _with_range(f"{p.ttft_ms:.1f} ms", rng, "ttft_ms")),
+        ("decode step", _with_range(f"{p.step_ms:.2f} ms", rng, "step_ms")),
+        ("tok/s per request", _with_range(f"{p.tokens_per_second:.1f}", rng, "tokens_per_second")),
+        ("tok/s aggregate", _with_range(f"{p.aggregate_tokens_per_second:.1f}", rng, "aggregate_tokens_per_second")),
         ("bound", p.bound),
         ("step: memory / compute", f"{p.memory_ms:.2f} / {p.compute_ms:.2f} ms"),
         ("step: all-reduce / fixed", f"{p.comm_ms:.2f} / {p.overhead_ms:.2f} ms"),
@@ -351,6 +379,7 @@ def predict(
         t.add_row(k, v)
     con = _console()
     con.print(t)
+    con.print(_range_note(rng.level, rng.thin), highlight=False, markup=False)
     con.print(_accuracy())
     _print_near(con, near)
 
@@ -409,11 +438,17 @@ def sweep(
     job = SweepJob(dev, mdl, prompt_tokens, output_tokens, tp, precision, kv_precision, stk, FAST_MAX_BATCH,
                    dep.max_batch)  # fmt: skip
     rows = _sweep_rows(job, bs, executor)
+    rngs = []
+    for r in rows:
+        rng = _ranges(dev, mdl, stk, r["batch"], dep.system.precision, {m: r[k] for m, k in SWEEP_KEYS.items()})
+        r["intervals"] = {m: list(v) for m, v in rng.intervals.items()}
+        r["interval_far_from_evidence"] = list(rng.thin)
+        rngs.append(rng)
     near = _near(dev, mdl, stk)
     payload = {
         "hardware": dev.key, "model": mdl.key, "precision": dep.system.precision, "kv_precision": dep.system.kv,
         "stack": dep.system.serving.key, "default_max_batch": dep.max_batch, "fast_max_batch": FAST_MAX_BATCH,
-        "modelled": True, "validation": _validation(),
+        "modelled": True, "validation": _validation(), "interval_level": LEVEL,
         "validation_near": near.model_dump(), "rows": rows,
     }  # fmt: skip
     if _emit_json(payload, fmt, json_out):
@@ -423,10 +458,12 @@ def sweep(
     cells = [
         [
             str(r["batch"]) if r["fits"] else f"{r['batch']}→{r['effective_batch']}", str(r["chips"]),
-            f"{r['step_ms']:.2f}", f"{r['per_user_tps']:.1f}", f"{r['aggregate_tps']:.0f}",
-            f"{r['usd_per_mtok_out']:.3f}", f"{r['ttft_ms']:.0f}", r["mode"],
+            f"{r['step_ms']:.2f}",  # its range is tok/s user's, inverted (JSON has both)
+            _with_range(f"{r['per_user_tps']:.1f}", g, "tokens_per_second"),
+            _with_range(f"{r['aggregate_tps']:.0f}", g, "aggregate_tokens_per_second"),
+            f"{r['usd_per_mtok_out']:.3f}", _with_range(f"{r['ttft_ms']:.0f}", g, "ttft_ms"), r["mode"],
         ]
-        for r in rows
+        for r, g in zip(rows, rngs, strict=True)
     ]  # fmt: skip
     con = _console()
     title = f"{dev.key}/{mdl.key} @ {dep.system.precision}, {prompt_tokens} in / {output_tokens} out"
@@ -436,6 +473,8 @@ def sweep(
         f"$/Mtok = chips x ${dev.price_per_chip_hour}/chip-h / aggregate throughput. fast = max_batch "
         f"{FAST_MAX_BATCH}; default = the backend's max_batch {dep.max_batch}."
     )
+    thin = sorted({t for g in rngs for t in g.thin})
+    con.print(_range_note(LEVEL, thin), highlight=False, markup=False)
     _print_near(con, near)
 
 

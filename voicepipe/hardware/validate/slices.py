@@ -68,6 +68,7 @@ class Residual(BaseModel):
     batch: str
     phase: str
     precision: str
+    device_kind: str = "hbm"  # the device's memory kind: hbm or sram (whose physics differ)
     log_speed: float  # log(modelled speed / published speed)
 
     def slice(self, kind: str) -> str:
@@ -83,7 +84,8 @@ def residual(row: Row) -> Residual | None:
     return Residual(
         id=p.id, family=p.family, publisher_family=p.publisher_family or "unknown",
         architecture=architecture(catalog.model(p.model)), batch=batch_regime(p.batch), phase=phase(p.metric),
-        precision=precision_class(p.precision), log_speed=round(math.log(speed), 4),
+        precision=precision_class(p.precision), device_kind=catalog.device(p.device).kind,
+        log_speed=round(math.log(speed), 4),
     )  # fmt: skip
 
 
@@ -114,7 +116,7 @@ def slice_table(res: Sequence[Residual]) -> list[SliceRow]:
     return out
 
 
-def _cell(res: Sequence[Residual], want: dict[str, str], exclude_family: str | None = None) -> list[float]:
+def cell(res: Sequence[Residual], want: dict[str, str], exclude_family: str | None = None) -> list[float]:
     """The residuals of the finest cell around ``want`` with at least MIN_POINTS (coarsening in order)."""
     pool = [r for r in res if r.family != exclude_family]
     keys = ["phase", "batch", "architecture", "precision"]
@@ -140,7 +142,7 @@ def interval(value: float, rate: bool, want: dict[str, str], res: Sequence[Resid
              exclude_family: str | None = None) -> tuple[float, float] | None:  # fmt: skip
     """The 80 % range of a modelled ``value`` (a rate when ``rate``, else a time): the true speed is the
     modelled speed over exp(residual)."""
-    band = speed_band(_cell(res, want, exclude_family))
+    band = speed_band(cell(res, want, exclude_family))
     if band is None:
         return None
     lo, hi = band  # log(modelled/true speed): true speed = modelled · exp(−s)
@@ -169,7 +171,7 @@ def coverage(res: Sequence[Residual]) -> list[Coverage]:
     per slice (the residual itself is held out by family too)."""
     hits: list[tuple[Residual, bool, float]] = []
     for r in res:
-        band = speed_band(_cell(res, {k: r.slice(k) for k in KINDS[1:]}, exclude_family=r.family))
+        band = speed_band(cell(res, {k: r.slice(k) for k in KINDS[1:]}, exclude_family=r.family))
         if band is None:
             continue
         hits.append((r, band[0] <= r.log_speed <= band[1], math.exp(band[1] - band[0])))
