@@ -165,18 +165,28 @@ async def until_signalled(
 ) -> None:
     """Await ``coro`` (a server: stages until cancelled) and stop it cleanly on any of ``signals``, or on
     a cancel of this task. The handlers are installed here, on the loop, not inherited: a process started
-    with SIGINT ignored (``nohup``, some supervisors and test runners) still stops on Ctrl-C or SIGTERM."""
-    task = asyncio.current_task()
-    assert task is not None
+    with SIGINT ignored (``nohup``, some supervisors and test runners) still stops on Ctrl-C or SIGTERM.
+    The server runs as its own task and is cancelled until it ends: a cancel that lands where the server
+    absorbs it (a shutdown step, a reconnect) is sent again, so a signal always stops the process."""
     loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
     for sig in signals:
-        loop.add_signal_handler(sig, task.cancel)
+        loop.add_signal_handler(sig, stop.set)
+    inner = asyncio.ensure_future(coro)
+    waiter = asyncio.ensure_future(stop.wait())
     try:
-        with contextlib.suppress(asyncio.CancelledError):
-            await coro
+        with contextlib.suppress(asyncio.CancelledError):  # a cancel of this task: stop the server too
+            await asyncio.wait({inner, waiter}, return_when=asyncio.FIRST_COMPLETED)
     finally:
+        waiter.cancel()
+        while not inner.done():
+            inner.cancel()
+            await asyncio.wait({inner}, timeout=1.0)
         for sig in signals:
             loop.remove_signal_handler(sig)
+    failed = None if inner.cancelled() else inner.exception()
+    if failed is not None:
+        raise failed
 
 
 class Workers:
