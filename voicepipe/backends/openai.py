@@ -82,6 +82,28 @@ def parse_shorthand(spec: str) -> dict[str, Any]:
     return {"endpoint": url, "model": model}
 
 
+
+async def sse_data(resp: httpx.Response, host: str) -> AsyncIterator[str]:
+    """The ``data`` of each server-sent event of ``resp`` (its lines joined), as the event ends; comments
+    (keep-alives) skipped, a last event without its blank line still given; a line of an unknown field is
+    an :class:`EndpointError` naming ``host``. The chat stream and the speech transcript stream read it."""
+    data: list[str] = []
+    async for line in resp.aiter_lines():
+        if line.startswith(":"):
+            continue  # SSE comment (keep-alive)
+        if line == "":
+            if data:
+                yield "\n".join(data)
+            data = []
+            continue
+        name, _, value = line.partition(":")
+        if name == "data":
+            data.append(value.removeprefix(" "))
+        elif name not in ("event", "id", "retry"):
+            raise EndpointError(f"malformed SSE from {host}: line {line[:60]!r}")
+    if data:
+        yield "\n".join(data)
+
 def config_from_spec(spec: dict[str, Any]) -> EndpointConfig:
     """Validate an endpoint mapping (ValueError names the field)."""
     known = {"endpoint", "model", "api_key_env", "prices", "timeout", "profile", "system", "name", "extra"}
@@ -230,22 +252,9 @@ class EndpointStream:
         self._changed.set()
 
     async def _consume(self, resp: httpx.Response) -> None:
-        data: list[str] = []
-        async for line in resp.aiter_lines():
-            if line.startswith(":"):
-                continue  # SSE comment (keep-alive)
-            if line == "":
-                if data and self._event("\n".join(data)):
-                    return
-                data = []
-                continue
-            name, _, value = line.partition(":")
-            if name == "data":
-                data.append(value.removeprefix(" "))
-            elif name not in ("event", "id", "retry"):
-                raise EndpointError(f"malformed SSE from {self.backend.cfg.host}: line {line[:60]!r}")
-        if data and self._event("\n".join(data)):
-            return
+        async for data in sse_data(resp, self.backend.cfg.host):
+            if self._event(data):
+                return
         raise EndpointError(
             f"stream from {self.backend.cfg.host} ended without [DONE] after {len(self.pieces)} pieces"
         )

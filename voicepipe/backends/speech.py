@@ -45,7 +45,7 @@ import numpy as np
 from pydantic import AfterValidator
 
 from voicepipe.backends.base import EndpointError
-from voicepipe.backends.openai import MAX_ERROR_BODY, _http_reason, _timeout_what, _tls
+from voicepipe.backends.openai import MAX_ERROR_BODY, _http_reason, _timeout_what, _tls, sse_data
 from voicepipe.clock import now_ns
 
 RATE = 16_000
@@ -255,8 +255,6 @@ async def transcribe(
 async def _read_events(
     ep: SpeechEndpoint, resp: httpx.Response, out: Transcript, on_delta: Callable[[str], None] | None
 ) -> None:
-    data: list[str] = []
-
     def event(raw: str) -> bool:
         if raw.strip() == "[DONE]":
             return bool(out.text or out.deltas)
@@ -281,21 +279,9 @@ async def _read_events(
             return True
         return False
 
-    async for line in resp.aiter_lines():
-        if line.startswith(":"):
-            continue
-        if line == "":
-            if data and event("\n".join(data)):
-                return
-            data = []
-            continue
-        name, _, value = line.partition(":")
-        if name == "data":
-            data.append(value.removeprefix(" "))
-        elif name not in ("event", "id", "retry"):
-            raise EndpointError(f"malformed SSE from {ep.host}: line {line[:60]!r}")
-    if data and event("\n".join(data)):
-        return
+    async for data in sse_data(resp, ep.host):
+        if event(data):
+            return
     raise EndpointError(f"transcript stream from {ep.host} ended without transcript.text.done")
 
 
