@@ -152,7 +152,7 @@ def test_spec_errors_are_one_line_naming_the_field(monkeypatch):
     cases = {
         "openai:http://h/v1": "expected openai:URL#model",
         json.dumps({"endpoint": "ftp://x", "model": "m"}): "endpoint: 'ftp://x' is not an http(s) URL",
-        json.dumps({"endpoint": "http://x/v1", "model": "m", "api_key_env": "VP_MISSING"}): "api_key_env",
+        json.dumps({"endpoint": "http://x/v1", "model": "m", "api_key_env": ""}): "api_key_env",
         json.dumps({"endpoint": "http://x/v1", "model": "m", "tmeout": 3}): "tmeout: unknown endpoint field",
         "./no-such.yaml": "no such profile file",
     }

@@ -8,7 +8,7 @@ import yaml
 from tests.conftest import tiny_scenario
 from voicepipe.config import load_config
 from voicepipe.errors import UserError
-from voicepipe.modelled import on_virtual_time
+from voicepipe.modelled import on_virtual_time, require_keys
 from voicepipe.predict import predict
 
 DEAD = "http://127.0.0.1:9/v1"  # nothing listens there: a request would fail, so none may be made
@@ -80,3 +80,24 @@ def test_the_input_config_is_not_changed(profile_file):
     before = cfg.model_dump()
     on_virtual_time(cfg)
     assert cfg.model_dump() == before
+
+
+def test_a_calibrated_endpoint_predicts_without_its_api_key_but_a_live_run_needs_it(profile_file, monkeypatch):
+    """Virtual time sends no request, so the key's variable may be unset; a live run refuses up front."""
+    monkeypatch.delenv("VP_UNSET_KEY_42", raising=False)
+    cfg = load_config(None, [f"agent.backend={endpoint(profile_file, api_key_env='VP_UNSET_KEY_42')}"])
+    assert predict(cfg, [tiny_scenario()])  # the profile answers
+    with pytest.raises(UserError, match=r"agent\.backend: api_key_env: .*VP_UNSET_KEY_42.* is not set"):
+        require_keys(cfg)
+    monkeypatch.setenv("VP_UNSET_KEY_42", "secret")
+    require_keys(cfg)  # set: nothing to refuse
+
+
+def test_a_speech_endpoints_missing_key_is_refused_for_a_live_run(monkeypatch):
+    monkeypatch.delenv("VP_UNSET_KEY_43", raising=False)
+    spec = yaml.safe_dump({"endpoint": "http://127.0.0.1:9/v1", "api_key_env": "VP_UNSET_KEY_43"},
+                          default_flow_style=True).strip()  # fmt: skip
+    real = ["client.voice=espeak-ng", "vad.engine=webrtc", "tts.engine=espeak-ng"]
+    cfg = load_config(None, [*real, f"asr.engine={spec}"])
+    with pytest.raises(UserError, match=r"asr\.engine: api_key_env"):
+        require_keys(cfg, "my.yaml")

@@ -16,15 +16,22 @@ passes through. It walks every backend spec of a configuration (``agent.backend`
 Every other spec (empirical names, hardware, profile files) is kept as it is. The result is a new
 configuration; the input is not changed. A configuration with no endpoint comes back unchanged (the same
 object), so calling this twice costs nothing.
+
+The live counterpart is :func:`require_keys`: a live run (``run``, ``compare``, ``stage``) sends requests,
+so every endpoint (LLM or speech) whose spec names an ``api_key_env`` needs that variable set, checked
+before anything starts (a UserError naming the field). Virtual time sends none, so a calibrated endpoint
+predicts without its key.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from voicepipe.backends import build_backend, is_endpoint_spec
 from voicepipe.backends.openai import EndpointBackend
 from voicepipe.backends.profile import ProfileBackend
+from voicepipe.backends.speech import speech_endpoint
 from voicepipe.config import PipelineConfig
 from voicepipe.errors import UserError
 
@@ -58,9 +65,8 @@ def profile_spec(spec: Spec, field: str, source: str = "") -> Spec:
         )
     inline: dict[str, Any] = prof.profile.model_dump(mode="json", exclude_none=True)
     inline["name"] = backend.name
-    inline["description"] = (
-        f"calibrated profile of {backend.name} (modelled on virtual time)"
-        + (f": {prof.profile.description}" if prof.profile.description else "")
+    inline["description"] = f"calibrated profile of {backend.name} (modelled on virtual time)" + (
+        f": {prof.profile.description}" if prof.profile.description else ""
     )
     if isinstance(spec, dict) and spec.get("prices") is not None:  # the endpoint's own prices win, as live
         p = backend.prices
@@ -86,8 +92,35 @@ def on_virtual_time(cfg: PipelineConfig, source: str = "") -> PipelineConfig:
     )
     new_council = council.model_copy(
         update={
-            "members": [profile_spec(m, f"council.members.{i}", source) for i, m in enumerate(council.members)],
+            "members": [
+                profile_spec(m, f"council.members.{i}", source) for i, m in enumerate(council.members)
+            ],
             "judge": None if council.judge is None else profile_spec(council.judge, "council.judge", source),
         }
     )
     return cfg.model_copy(update={"agent": new_agent, "council": new_council})
+
+
+LOCAL_SPEECH = ("model", "pocketsphinx", "espeak-ng")
+
+
+def require_keys(cfg: PipelineConfig, source: str = "") -> None:
+    """UserError naming the field of the first endpoint whose ``api_key_env`` variable is not set."""
+    specs: list[tuple[str, Spec]] = [("agent.backend", cfg.agent.backend)]
+    specs += [(f"agent.extra.{k}", v) for k, v in cfg.agent.extra.items()]
+    specs += [(f"council.members.{i}", m) for i, m in enumerate(cfg.council.members)]
+    specs += [] if cfg.council.judge is None else [("council.judge", cfg.council.judge)]
+    for field, spec in specs:
+        if is_endpoint_spec(spec):
+            backend = build_backend(spec)
+            assert isinstance(backend, EndpointBackend)
+            _need(backend.cfg.api_key_env, field, source)
+    for kind, engine in (("asr", cfg.asr.engine), ("tts", cfg.tts.engine)):
+        if engine not in LOCAL_SPEECH:
+            _need(speech_endpoint(kind, engine).api_key_env, f"{kind}.engine", source)
+
+
+def _need(var: str | None, field: str, source: str) -> None:
+    if var is not None and var not in os.environ:
+        where = ": ".join(p for p in (source, field) if p)
+        raise UserError(where, f"api_key_env: environment variable {var!r} is not set (a live run sends it)")

@@ -82,7 +82,6 @@ def parse_shorthand(spec: str) -> dict[str, Any]:
     return {"endpoint": url, "model": model}
 
 
-
 async def sse_data(resp: httpx.Response, host: str) -> AsyncIterator[str]:
     """The ``data`` of each server-sent event of ``resp`` (its lines joined), as the event ends; comments
     (keep-alives) skipped, a last event without its blank line still given; a line of an unknown field is
@@ -104,6 +103,7 @@ async def sse_data(resp: httpx.Response, host: str) -> AsyncIterator[str]:
     if data:
         yield "\n".join(data)
 
+
 def config_from_spec(spec: dict[str, Any]) -> EndpointConfig:
     """Validate an endpoint mapping (ValueError names the field)."""
     known = {"endpoint", "model", "api_key_env", "prices", "timeout", "profile", "system", "name", "extra"}
@@ -117,8 +117,8 @@ def config_from_spec(spec: dict[str, Any]) -> EndpointConfig:
     if not isinstance(model, str) or not model:
         raise ValueError("model: the endpoint's model name is required")
     key_env = spec.get("api_key_env")
-    if key_env is not None and (not isinstance(key_env, str) or key_env not in os.environ):
-        raise ValueError(f"api_key_env: environment variable {key_env!r} is not set")
+    if key_env is not None and (not isinstance(key_env, str) or not key_env):
+        raise ValueError(f"api_key_env: {key_env!r} is not an environment variable's name")
     prices = NO_PRICES
     if spec.get("prices") is not None:
         p = spec["prices"]

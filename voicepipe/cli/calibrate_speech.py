@@ -9,6 +9,7 @@ lognormal, independent of length and load. The profile is used as ``asr.profile:
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -34,9 +35,21 @@ def _floats(raw: str, where: str) -> tuple[float, ...]:
 
 
 def levels_table(levels: list[Level], kind: str, host: str) -> Table:
-    what = "finalisation (sent -> final transcript)" if kind == "asr" else "time to first audio (sent -> first chunk)"
+    what = (
+        "finalisation (sent -> final transcript)"
+        if kind == "asr"
+        else "time to first audio (sent -> first chunk)"
+    )
     t = Table(title=f"MEASURED: {host} {what}, warm-up excluded", title_justify="left")
-    for c in ("clients", "audio s" if kind == "asr" else "words", "ok", "failed", "median ms", "p90 ms", "p99 ms"):
+    for c in (
+        "clients",
+        "audio s" if kind == "asr" else "words",
+        "ok",
+        "failed",
+        "median ms",
+        "p90 ms",
+        "p99 ms",
+    ):
         t.add_column(c, justify="right")
     for lv in levels:
         t.add_row(str(lv.concurrency), f"{lv.length:g}", str(lv.requests), str(lv.failed), f"{lv.median_ms:.1f}",
@@ -53,6 +66,8 @@ def calibrate_speech(
         raise UserError("--against", f"{against!r}: for a speech stage, --against model (the modelled stage)")
     spec: dict[str, Any] = {"endpoint": url, "timeout": timeout, **({"model": model} if model else {})}
     if api_key_env:
+        if api_key_env not in os.environ:
+            raise UserError("--api-key-env", f"environment variable {api_key_env!r} is not set")
         spec["api_key_env"] = api_key_env
     try:
         ep = speech_endpoint(kind, spec)

@@ -52,6 +52,7 @@ from voicepipe.config import BrokerOverrides, PipelineConfig, config_dict
 from voicepipe.errors import UserError
 from voicepipe.executors import EXECUTOR_HELP, executor_for
 from voicepipe.exitcodes import ExitCode
+from voicepipe.modelled import require_keys
 from voicepipe.parallel import ItemFailed
 from voicepipe.records import TurnRecord, account
 from voicepipe.report.advice import advice
@@ -154,7 +155,12 @@ def compare(
         scs = load_scenarios(scenario)
         check_variants_speech(variants, scs)
         if executor is not None and not predict:
-            raise UserError("--executor", "only with --predict (a live compare runs one configuration at a time)")
+            raise UserError(
+                "--executor", "only with --predict (a live compare runs one configuration at a time)"
+            )
+        if not predict:
+            for label, vcfg in variants:
+                require_keys(vcfg, label if len(variants) > 1 else "")
 
     as_json = fmt == OutputFormat.json
     sink = RecordSink(json_out, stdout=as_json)

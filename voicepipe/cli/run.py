@@ -49,6 +49,7 @@ from voicepipe.cli.options import (
 )
 from voicepipe.config import BrokerOverrides, PipelineConfig, check_speech, config_dict, load_config
 from voicepipe.errors import UserError, check_run_id
+from voicepipe.modelled import require_keys
 from voicepipe.records import TurnRecord
 from voicepipe.report.advice import advice, base_command, print_advice
 from voicepipe.runner import WORKERS_NEED_BROKER, run_pipeline
@@ -129,9 +130,10 @@ def run(
     set_: SetOpt = None,
     broker: BrokerOverrides = BrokerOverrides(),
     json_out: Annotated[
-        Path | None, typer.Option(
+        Path | None,
+        typer.Option(
             "--json", metavar="FILE", help="Write one JSON turn record per line.", callback=writable
-        )
+        ),
     ] = None,
     summary_json: Annotated[
         Path | None,
@@ -198,6 +200,7 @@ def run(
         if record is not None:
             sets.append(f"client.record={json.dumps(str(record))}")
         cfg = load_config(config, sets, broker)
+        require_keys(cfg, str(config) if config else "")
         if cfg.real_audio:
             check_engines(cfg.vad.engine, cfg.asr.engine, cfg.tts.engine, cfg.client.voice)
         elif record is not None:
@@ -231,7 +234,9 @@ def run(
         sink.close()
     expected = sum(len(s.turns) for s in scs) * sessions
     # what the outputs describe: the run's result, or (stopped before it had one) the turns that arrived
-    held = result or RunResult(run=run_id or "", broker="", records=list(sink.records), expected_turns=expected)
+    held = result or RunResult(
+        run=run_id or "", broker="", records=list(sink.records), expected_turns=expected
+    )
     if result is None and ending is not None:  # stopped before the run had a result
         held.signalled = ending.signum
         held.ended = None if ending.signum is not None else ending.why or "a failure of the run"

@@ -15,6 +15,7 @@ from voicepipe.cli.common import err, run_error, safe_url, stage_names, user_err
 from voicepipe.cli.options import ConfigOpt, SetOpt, broker_block
 from voicepipe.config import BrokerOverrides, PipelineConfig, load_config
 from voicepipe.errors import UserError, check_run_id
+from voicepipe.modelled import require_keys
 from voicepipe.stages.guard import require_shared_token
 from voicepipe.workers import run_live_loop, serve_stages, until_signalled
 
@@ -34,6 +35,7 @@ def stage(
     """
     with user_errors():
         cfg = load_config(config, set_ or [], broker)
+        require_keys(cfg, str(config) if config else "")
         chosen = stage_names(names, "stage")
         check_run_id(run_id)
         if not cfg.broker.url:
