@@ -115,9 +115,10 @@ def require_keys(cfg: PipelineConfig, source: str = "") -> None:
             backend = build_backend(spec)
             assert isinstance(backend, EndpointBackend)
             _need(backend.cfg.api_key_env, field, source)
-    for kind, engine in (("asr", cfg.asr.engine), ("tts", cfg.tts.engine)):
-        if engine not in LOCAL_SPEECH:
-            _need(speech_endpoint(kind, engine).api_key_env, f"{kind}.engine", source)
+    if cfg.asr.engine not in LOCAL_SPEECH:
+        _need(speech_endpoint("asr", cfg.asr.engine).api_key_env, "asr.engine", source)
+    if cfg.tts.engine not in LOCAL_SPEECH:
+        _need(speech_endpoint("tts", cfg.tts.engine).api_key_env, "tts.engine", source)
 
 
 def _need(var: str | None, field: str, source: str) -> None:
