@@ -651,3 +651,20 @@ def test_the_fix_panel_names_the_talked_over_endpoint_its_advice_acts_on() -> No
     assert "talked over the user" in baseline and "asr · endpoint wait, 200 ms" in baseline
     assert "largest part" not in baseline and "Try smart endpointing" in baseline
     assert "largest part" in panel.split("council:", 1)[1]
+
+
+def test_the_cache_line_gives_a_hit_p50_only_when_there_were_hits():
+    from rich.console import Console
+
+    from voicepipe.report.table import print_paths
+
+    def cache_line(records: list[TurnRecord]) -> str:
+        con = Console(record=True, width=200)
+        print_paths(con, records)
+        return next(line for line in con.export_text().splitlines() if line.startswith("cache:"))
+
+    misses = [make_record(i, path="agent").model_copy(update={"route": "agent (cache miss)"}) for i in range(3)]
+    misses.append(make_record(5, path="council"))  # two paths, so the table and its cache line print
+    assert "hit p50" not in cache_line(misses) and "0 hits" in cache_line(misses)
+    hits = [*misses, make_record(9, path="cache")]
+    assert "hit p50" in cache_line(hits) and "1 hits" in cache_line(hits)

@@ -227,10 +227,10 @@ def print_paths(console: Console, records: Sequence[TurnRecord], wide: bool = Fa
     hits = [r for r in records if r.path == "cache"]
     lookups = len(hits) + sum(1 for r in records if r.route.endswith("(cache miss)"))
     if lookups:
-        hit_p50 = summarise(hits).p50_ms if hits else None
+        p50 = f", hit p50 {_ms(summarise(hits).p50_ms)} ms voice-to-voice" if hits else ""
         console.print(
             f"cache: {lookups} lookups, {len(hits)} hits ({len(hits) / lookups:.0%}), "
-            f"{sum(r.false_hit for r in hits)} false hits, hit p50 {_ms(hit_p50)} ms voice-to-voice",
+            f"{sum(r.false_hit for r in hits)} false hits{p50}",
             highlight=False,
         )
     console.print(
