@@ -310,9 +310,20 @@ def test_validate_prints_the_per_slice_table_held_out_by_family():
     r = runner.invoke(app, ["validate"], env={"COLUMNS": "200"})
     assert r.exit_code == 0, r.output
     assert "held out by publisher family, per slice" in r.output
-    for line in ("publisher_family: vendor", "publisher_family: framework", "publisher_family: independent",
-                 "architecture: dense", "architecture: moe", "architecture: mla", "batch: batch 1",
-                 "batch: batched", "phase: ttft", "phase: decode", "precision: quantised", "precision: 16-bit"):
+    for line in (
+        "publisher_family: vendor",
+        "publisher_family: framework",
+        "publisher_family: independent",
+        "architecture: dense",
+        "architecture: moe",
+        "architecture: mla",
+        "batch: batch 1",
+        "batch: batched",
+        "phase: ttft",
+        "phase: decode",
+        "precision: quantised",
+        "precision: 16-bit",
+    ):
         assert line in r.output, line
     r = runner.invoke(app, ["validate", "--format", "json"])
     data = json.loads(r.output)
@@ -561,6 +572,13 @@ def test_hardware_validate_filters_by_exact_device_model_and_stack():
     assert r.exit_code == 2 and "--device: no published point has 'H100-SXM'" in r.output
 
 
+def test_the_validate_title_counts_the_filtered_rows_and_then_the_worst_kept():
+    tier1 = sum(1 for row in val.run().rows if row.point.tier == 1)
+    r = runner.invoke(app, ["validate", "--tier", "1", "--worst", "3"], env={"COLUMNS": "250"})
+    assert r.exit_code == 0, r.output
+    assert f"{tier1} of {len(val.run().rows)} rows, the 3 largest errors" in r.output
+
+
 def test_hardware_validate_cli_prints_the_summary():
     r = runner.invoke(app, ["validate"])
     assert r.exit_code == 0, r.output
@@ -683,10 +701,6 @@ def test_per_sequence_host_cost_grows_with_the_batch():
     assert gap[0] == pytest.approx(v0.seq_overhead_us * 1e-6)
     assert gap[2] == pytest.approx(256 * v0.seq_overhead_us * 1e-6)
     assert gap[0] < gap[1] < gap[2]
-
-
-
-
 
 
 def test_sustained_bandwidth_and_matmul_rates_come_from_measurements_or_the_default_share():
@@ -815,12 +829,6 @@ def test_lockstep_batch_outgrowing_its_cache_balances_its_tokens():
     assert 0 < g.tail_batch < g.evicted
     # the evicted re-prefill what they held: at least c1 and at most p + o tokens each
     assert c1 * g.evicted < g.reprefill_tokens < (p + o) * g.evicted
-
-
-
-
-
-
 
 
 def test_kv_rereads_follow_the_heads_one_read_serves():

@@ -539,6 +539,7 @@ def validate(
         and (stack is None or val.stack_key(r.point.stack) == stack)
         and (architecture is None or val.architecture(catalog.model(r.point.model)) == architecture)
     ]
+    matching = len(rows)  # the rows the filters chose, before --worst keeps the largest errors of them
     if worst is not None:
         rows = sorted((r for r in rows if r.error is not None), key=lambda r: -abs(r.error or 0.0))[:worst]
     payload = {
@@ -584,7 +585,9 @@ def validate(
     ]  # fmt: skip
     con = _console()
     capped = len(rows) < len(chosen)
-    shown = "" if len(chosen) == len(rep.rows) else f" — {len(chosen)} of {len(rep.rows)} rows"
+    shown = "" if matching == len(rep.rows) else f" — {matching} of {len(rep.rows)} rows"
+    if worst is not None and len(chosen) < matching:
+        shown = f"{shown or f' — {matching} rows'}, the {len(chosen)} largest errors"
     title = f"Published vs modelled (predicted with the point's publisher family held out){shown}"
     if capped:
         title = f"{title} — the {len(rows)} largest errors"
