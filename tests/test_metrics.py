@@ -87,6 +87,37 @@ def test_advice_names_the_largest_part_and_a_fix_that_predicts_better() -> None:
     assert summarise(again).p50_ms == pytest.approx(a.fix_p50_ms)
 
 
+def test_the_suggested_command_sets_each_key_once() -> None:
+    """The user's own --set of the key the fix changes is replaced, not repeated beside the new value."""
+    recs, cfg = _records(["agent.backend=sonnet-gpu"])
+    base = [
+        "voicepipe",
+        "run",
+        "cafe-order",
+        "--set",
+        "agent.backend=sonnet-gpu",
+        "--set=seed=7",
+        "--set",
+        "x=1",
+    ]
+    a = advice(recs, cfg, ["cafe-order"], base)
+    assert a is not None and a.fix is not None and a.command
+    words = a.command.split()
+    keys = [w.removeprefix("--set=").partition("=")[0] for i, w in enumerate(words)
+            if w.startswith("--set=") or (i and words[i - 1] == "--set")]  # fmt: skip
+    assert len(keys) == len(set(keys)), a.command
+    # a --set fix replaces the user's override of its key and keeps the others
+    from voicepipe.report.advice import _without_keys
+
+    assert _without_keys(base, {"agent.backend", "seed"}) == [
+        "voicepipe",
+        "run",
+        "cafe-order",
+        "--set",
+        "x=1",
+    ]
+
+
 def test_no_advice_when_nothing_missed_and_no_fake_fix() -> None:
     recs, cfg = _records(["budget_ms=5000"])
     assert advice(recs, cfg, ["cafe-order"]) is None

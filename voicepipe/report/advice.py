@@ -213,7 +213,9 @@ def advice(
     if talked * 2 >= len(missed):  # mostly premature endpoints: the endpointing is what to change
         talked_recs = [r for r in missed if r.talked_over]
         part = ("asr", "endpoint wait")
-        part_ms = sum(p.ms for r in talked_recs for p in r.breakdown if (p.stage, p.what) == part) / len(talked_recs)
+        part_ms = sum(p.ms for r in talked_recs for p in r.breakdown if (p.stage, p.what) == part) / len(
+            talked_recs
+        )
     else:
         talked = 0
     base = Advice(len(missed), len(records), cfg.budget_ms, part, part_ms, total, None, talked_over=talked)
@@ -233,7 +235,8 @@ def advice(
         if s.p50_ms is None or now.p50_ms is None:
             continue
         better = (s.within_budget, -s.p50_ms) > (now.within_budget, -now.p50_ms) and (
-            s.p50_ms < now.p50_ms or bool(talked)  # waiting longer to stop talking over the user costs latency
+            s.p50_ms < now.p50_ms
+            or bool(talked)  # waiting longer to stop talking over the user costs latency
         )
         if better and (best is None or (s.within_budget, -s.p50_ms) > (best[2], -best[1])):
             best = (c, s.p50_ms, s.within_budget)
@@ -246,10 +249,28 @@ def advice(
         default = PipelineConfig()
         cmd += [f"--set=budget_ms={cfg.budget_ms:g}"] if cfg.budget_ms != default.budget_ms else []
         cmd += [f"--set=seed={cfg.seed}"] if cfg.seed != default.seed else []
+    cmd = _without_keys(cmd, {s.partition("=")[0] for s in c.sets})
     return Advice(
         base.missed, base.turns, base.budget_ms, part, part_ms, total, c, p50, within,
         now.p50_ms, now.within_budget, shlex.join([*cmd, *_flags(c)]), talked,
     )  # fmt: skip
+
+
+def _without_keys(cmd: list[str], keys: set[str]) -> list[str]:
+    """``cmd`` without its ``--set K=V`` / ``--set=K=V`` overrides of ``keys`` (the change sets them anew)."""
+    out: list[str] = []
+    skip = False
+    for i, a in enumerate(cmd):
+        if skip:
+            skip = False
+            continue
+        if a == "--set" and i + 1 < len(cmd) and cmd[i + 1].partition("=")[0] in keys:
+            skip = True
+            continue
+        if a.startswith("--set=") and a.removeprefix("--set=").partition("=")[0] in keys:
+            continue
+        out.append(a)
+    return out
 
 
 def base_command(
