@@ -310,20 +310,9 @@ def test_validate_prints_the_per_slice_table_held_out_by_family():
     r = runner.invoke(app, ["validate"], env={"COLUMNS": "200"})
     assert r.exit_code == 0, r.output
     assert "held out by publisher family, per slice" in r.output
-    for line in (
-        "publisher_family: vendor",
-        "publisher_family: framework",
-        "publisher_family: independent",
-        "architecture: dense",
-        "architecture: moe",
-        "architecture: mla",
-        "batch: batch 1",
-        "batch: batched",
-        "phase: ttft",
-        "phase: decode",
-        "precision: quantised",
-        "precision: 16-bit",
-    ):
+    for line in ("publisher_family: vendor", "publisher_family: framework", "publisher_family: independent",
+                 "architecture: dense", "architecture: moe", "architecture: mla", "batch: batch 1",
+                 "batch: batched", "phase: ttft", "phase: decode", "precision: quantised", "precision: 16-bit"):
         assert line in r.output, line
     r = runner.invoke(app, ["validate", "--format", "json"])
     data = json.loads(r.output)
@@ -703,6 +692,10 @@ def test_per_sequence_host_cost_grows_with_the_batch():
     assert gap[0] < gap[1] < gap[2]
 
 
+
+
+
+
 def test_sustained_bandwidth_and_matmul_rates_come_from_measurements_or_the_default_share():
     h200, h100, b200 = cat.device("h200-sxm"), cat.device("h100-sxm"), cat.device("b200")
     # a recorded microbenchmark is used as is; an unrecorded device gets the default share of its datasheet
@@ -829,6 +822,12 @@ def test_lockstep_batch_outgrowing_its_cache_balances_its_tokens():
     assert 0 < g.tail_batch < g.evicted
     # the evicted re-prefill what they held: at least c1 and at most p + o tokens each
     assert c1 * g.evicted < g.reprefill_tokens < (p + o) * g.evicted
+
+
+
+
+
+
 
 
 def test_kv_rereads_follow_the_heads_one_read_serves():

@@ -65,8 +65,9 @@ def profile_spec(spec: Spec, field: str, source: str = "") -> Spec:
         )
     inline: dict[str, Any] = prof.profile.model_dump(mode="json", exclude_none=True)
     inline["name"] = backend.name
-    inline["description"] = f"calibrated profile of {backend.name} (modelled on virtual time)" + (
-        f": {prof.profile.description}" if prof.profile.description else ""
+    inline["description"] = (
+        f"calibrated profile of {backend.name} (modelled on virtual time)"
+        + (f": {prof.profile.description}" if prof.profile.description else "")
     )
     if isinstance(spec, dict) and spec.get("prices") is not None:  # the endpoint's own prices win, as live
         p = backend.prices
@@ -92,9 +93,7 @@ def on_virtual_time(cfg: PipelineConfig, source: str = "") -> PipelineConfig:
     )
     new_council = council.model_copy(
         update={
-            "members": [
-                profile_spec(m, f"council.members.{i}", source) for i, m in enumerate(council.members)
-            ],
+            "members": [profile_spec(m, f"council.members.{i}", source) for i, m in enumerate(council.members)],
             "judge": None if council.judge is None else profile_spec(council.judge, "council.judge", source),
         }
     )

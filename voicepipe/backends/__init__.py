@@ -86,9 +86,7 @@ def validate_spec(spec: str | dict[str, Any]) -> None:
 
 def is_endpoint_spec(spec: object) -> bool:
     """Does ``spec`` name a real OpenAI-compatible endpoint (``openai:URL#model`` or ``{endpoint: ...}``)?"""
-    return (isinstance(spec, str) and spec.startswith("openai:")) or (
-        isinstance(spec, dict) and "endpoint" in spec
-    )
+    return (isinstance(spec, str) and spec.startswith("openai:")) or (isinstance(spec, dict) and "endpoint" in spec)
 
 
 def _endpoint(spec: str | dict[str, Any]) -> Backend:

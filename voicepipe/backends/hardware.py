@@ -249,9 +249,7 @@ class HardwareBackend:
     def predict(self, req: LLMRequest, rng: np.random.Generator) -> Timing:
         """Idle device: deterministic physics (``rng`` unused)."""
         dep = self.deployment
-        server = DeviceServer(
-            dep.system, max_batch=dep.max_batch, spec=dep.spec, prompt_cache=dep.prompt_cache
-        )
+        server = DeviceServer(dep.system, max_batch=dep.max_batch, spec=dep.spec, prompt_cache=dep.prompt_cache)
         r = alone(server, req)  # the engine's run of this request with nothing else on the device
         if req.output_tokens > 1:
             return Timing(ttft_s=r.ttft_s, tpot_s=r.tpot_s)

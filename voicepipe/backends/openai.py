@@ -82,6 +82,7 @@ def parse_shorthand(spec: str) -> dict[str, Any]:
     return {"endpoint": url, "model": model}
 
 
+
 async def sse_data(resp: httpx.Response, host: str) -> AsyncIterator[str]:
     """The ``data`` of each server-sent event of ``resp`` (its lines joined), as the event ends; comments
     (keep-alives) skipped, a last event without its blank line still given; a line of an unknown field is
@@ -102,7 +103,6 @@ async def sse_data(resp: httpx.Response, host: str) -> AsyncIterator[str]:
             raise EndpointError(f"malformed SSE from {host}: line {line[:60]!r}")
     if data:
         yield "\n".join(data)
-
 
 def config_from_spec(spec: dict[str, Any]) -> EndpointConfig:
     """Validate an endpoint mapping (ValueError names the field)."""

@@ -96,11 +96,7 @@ def speech_endpoint(kind: Literal["asr", "tts"], spec: str | dict[str, Any]) -> 
     key_env = spec.get("api_key_env")
     if key_env is not None and (not isinstance(key_env, str) or not key_env):
         raise ValueError(f"api_key_env: {key_env!r} is not an environment variable's name")
-    timeout, retries, rate = (
-        spec.get("timeout", 30.0),
-        spec.get("retries", 0),
-        spec.get("sample_rate", 24_000),
-    )
+    timeout, retries, rate = spec.get("timeout", 30.0), spec.get("retries", 0), spec.get("sample_rate", 24_000)
     if not isinstance(timeout, int | float) or isinstance(timeout, bool) or not 0 < timeout <= 600:
         raise ValueError("timeout: must be a number of seconds in (0, 600]")
     if not isinstance(retries, int) or isinstance(retries, bool) or not 0 <= retries <= 10:
@@ -134,12 +130,8 @@ def engine_spec(kind: Literal["asr", "tts"], local: str, v: Any) -> Any:
     return v
 
 
-AsrEngine = Annotated[
-    str | dict[str, Any], AfterValidator(functools.partial(engine_spec, "asr", "pocketsphinx"))
-]
-TtsEngine = Annotated[
-    str | dict[str, Any], AfterValidator(functools.partial(engine_spec, "tts", "espeak-ng"))
-]
+AsrEngine = Annotated[str | dict[str, Any], AfterValidator(functools.partial(engine_spec, "asr", "pocketsphinx"))]
+TtsEngine = Annotated[str | dict[str, Any], AfterValidator(functools.partial(engine_spec, "tts", "espeak-ng"))]
 
 _clients: dict[tuple[int, float], httpx.AsyncClient] = {}
 
@@ -317,9 +309,7 @@ def _wav_header(buf: bytes, host: str) -> tuple[int, int] | None:
                               int.from_bytes(buf[pos + 12 : pos + 16], "little"),
                               int.from_bytes(buf[pos + 22 : pos + 24], "little"))  # fmt: skip
             if ch != 1 or bits != 16:
-                raise EndpointError(
-                    f"malformed audio from {host}: {ch} channels, {bits}-bit (need mono 16-bit)"
-                )
+                raise EndpointError(f"malformed audio from {host}: {ch} channels, {bits}-bit (need mono 16-bit)")
         elif cid == b"data":
             if rate is None:
                 raise EndpointError(f"malformed audio from {host}: data before fmt")

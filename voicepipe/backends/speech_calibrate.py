@@ -146,29 +146,21 @@ def profile(
     p90/median ratio of the one-client level nearest to it."""
     f = fit(levels)
     c = min(lv.concurrency for lv in levels)
-    near = min(
-        (lv for lv in levels if lv.concurrency == c and lv.requests),
-        key=lambda lv: abs(lv.length - reference),
-    )
+    near = min((lv for lv in levels if lv.concurrency == c and lv.requests), key=lambda lv: abs(lv.length - reference))
     ratio = near.p90_ms / near.median_ms if near.median_ms else 1.0
     median = f.at(reference)
     return {
         "kind": ep.kind,
         SETTING[ep.kind]: {"median": round(median, 3), "p90": round(median * max(1.0, ratio), 3)},
         "fit": {
-            **{k: round(v, 4) for k, v in asdict(f).items()},
-            "reference": reference,
+            **{k: round(v, 4) for k, v in asdict(f).items()}, "reference": reference,
             "unit": "seconds of audio" if ep.kind == "asr" else "words",
             "over": f"medians at {c} client(s); p90 = median x the measured p90/median at {near.length:g}",
         },
         "points": [asdict(lv) for lv in levels],
         "source": {
-            "tool": f"voicepipe calibrate --stage {ep.kind}",
-            "date": datetime.now(UTC).isoformat(timespec="seconds"),
-            "host": ep.host,
-            "model": ep.model,
-            "client": platform.node(),
-            "settings": settings,
+            "tool": f"voicepipe calibrate --stage {ep.kind}", "date": datetime.now(UTC).isoformat(timespec="seconds"),
+            "host": ep.host, "model": ep.model, "client": platform.node(), "settings": settings,
             "measured": "client side, this process's monotonic clock: request sent -> "
             + ("final transcript" if ep.kind == "asr" else "first audio chunk"),
         },

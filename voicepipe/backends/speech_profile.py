@@ -25,9 +25,7 @@ def stage_figure(kind: Literal["asr", "tts"], path: str) -> dict[str, float]:
     it is not a profile of that stage)."""
     data = read_yaml_mapping(path, "a speech profile", f"{kind}.profile")
     if data.get("kind") != kind:
-        raise UserError(
-            path, f"kind: a profile of {data.get('kind')!r}, not of {kind!r} (given as {kind}.profile)"
-        )
+        raise UserError(path, f"kind: a profile of {data.get('kind')!r}, not of {kind!r} (given as {kind}.profile)")
     fig = data.get(SETTING[kind])
     if not isinstance(fig, dict):
         raise UserError(path, f"{SETTING[kind]}: missing (a mapping median, p90)")

@@ -98,9 +98,7 @@ app.add_typer(
     help="LLM hardware models: list, show, predict, sweep, validate against published measurements.",
 )
 app.command("calibrate")(calibrate.calibrate_cmd)
-app.add_typer(
-    calibrate.profile_app, name="profile", help="User profiles: import a `vllm bench serve` result."
-)
+app.add_typer(calibrate.profile_app, name="profile", help="User profiles: import a `vllm bench serve` result.")
 app.command("run")(run.run)
 app.command("compare")(compare.compare)
 app.command("predict")(predict.predict)
@@ -123,11 +121,7 @@ def global_option_hint(exc: Exception) -> str:
     opt = next((p for p in root.params if name in p.opts or name in p.secondary_opts), None)
     if opt is None:
         return ""
-    given = (
-        name
-        if getattr(opt, "is_flag", False) or getattr(opt, "count", False)
-        else f"{name} {opt.metavar or 'VALUE'}"
-    )
+    given = name if getattr(opt, "is_flag", False) or getattr(opt, "count", False) else f"{name} {opt.metavar or 'VALUE'}"
     chain = []
     c = ctx
     while c.parent is not None:

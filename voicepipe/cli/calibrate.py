@@ -124,9 +124,7 @@ def calibrate_cmd(
     url: Annotated[
         str, typer.Argument(help="API base of an OpenAI-compatible server, e.g. http://127.0.0.1:8080/v1")
     ],
-    out_path: Annotated[
-        Path, typer.Option("--out", "-o", help="Write the profile YAML here.", callback=writable)
-    ],
+    out_path: Annotated[Path, typer.Option("--out", "-o", help="Write the profile YAML here.", callback=writable)],
     model: Annotated[
         str | None, typer.Option("--model", "-m", help="Model name the server serves (required for llm).")
     ] = None,
@@ -231,8 +229,7 @@ def calibrate_cmd(
 def import_cmd(
     results: Annotated[Path, typer.Argument(help="A `vllm bench serve --save-result` JSON file.")],
     out_path: Annotated[
-        Path | None,
-        typer.Option("--out", "-o", help="Profile YAML (default: RESULTS.yaml).", callback=writable),
+        Path | None, typer.Option("--out", "-o", help="Profile YAML (default: RESULTS.yaml).", callback=writable)
     ] = None,
     name: Annotated[str | None, typer.Option(help="Profile name.")] = None,
 ) -> None:
@@ -249,3 +246,4 @@ def import_cmd(
         out.print(f"wrote {target}: TTFT median {prof.ttft_ms.median:.1f} ms, {prof.tokens_per_s:.1f} tok/s")
     except UserError as exc:
         raise _fail(exc) from None
+

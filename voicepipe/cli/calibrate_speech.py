@@ -35,21 +35,9 @@ def _floats(raw: str, where: str) -> tuple[float, ...]:
 
 
 def levels_table(levels: list[Level], kind: str, host: str) -> Table:
-    what = (
-        "finalisation (sent -> final transcript)"
-        if kind == "asr"
-        else "time to first audio (sent -> first chunk)"
-    )
+    what = "finalisation (sent -> final transcript)" if kind == "asr" else "time to first audio (sent -> first chunk)"
     t = Table(title=f"MEASURED: {host} {what}, warm-up excluded", title_justify="left")
-    for c in (
-        "clients",
-        "audio s" if kind == "asr" else "words",
-        "ok",
-        "failed",
-        "median ms",
-        "p90 ms",
-        "p99 ms",
-    ):
+    for c in ("clients", "audio s" if kind == "asr" else "words", "ok", "failed", "median ms", "p90 ms", "p99 ms"):
         t.add_column(c, justify="right")
     for lv in levels:
         t.add_row(str(lv.concurrency), f"{lv.length:g}", str(lv.requests), str(lv.failed), f"{lv.median_ms:.1f}",

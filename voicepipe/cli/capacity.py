@@ -260,14 +260,14 @@ def capacity(
         ),
     ] = None,
     csv: Annotated[
-        Path | None,
-        typer.Option("--csv", metavar="FILE", help="One row per load level (and device).", callback=writable),
+        Path | None, typer.Option(
+            "--csv", metavar="FILE", help="One row per load level (and device).", callback=writable
+        )
     ] = None,
     report: Annotated[
-        Path | None,
-        typer.Option(
+        Path | None, typer.Option(
             "--report", metavar="FILE", help="HTML: table and p90-vs-load chart.", callback=writable
-        ),
+        )
     ] = None,
     wide: WideOpt = False,
     jobs: Annotated[

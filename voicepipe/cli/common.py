@@ -208,13 +208,8 @@ def write_outputs(
     records = [r for rs in runs.values() for r in rs]
     if report:
         html = render_html(
-            runs,
-            configs,
-            budget_ms=budget_ms,
-            fixes=fixes() if fixes else None,
-            incidents=incidents,
-            predicted=predicted,
-            notes=notes,
+            runs, configs, budget_ms=budget_ms, fixes=fixes() if fixes else None, incidents=incidents,
+            predicted=predicted, notes=notes,
         )
         report.write_text(html, encoding="utf-8")
         err.print(f"report: {report}")

@@ -155,9 +155,7 @@ def compare(
         scs = load_scenarios(scenario)
         check_variants_speech(variants, scs)
         if executor is not None and not predict:
-            raise UserError(
-                "--executor", "only with --predict (a live compare runs one configuration at a time)"
-            )
+            raise UserError("--executor", "only with --predict (a live compare runs one configuration at a time)")
         if not predict:
             for label, vcfg in variants:
                 require_keys(vcfg, label if len(variants) > 1 else "")

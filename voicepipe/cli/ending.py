@@ -35,7 +35,9 @@ class Ending:
     signum: int | None = None  # the signal that stopped the run
 
 
-def stopped_by(cfg: PipelineConfig, exc: BaseException, measured: int) -> tuple[RunResult | None, Ending]:
+def stopped_by(
+    cfg: PipelineConfig, exc: BaseException, measured: int
+) -> tuple[RunResult | None, Ending]:
     """The run's result (if it had one) and its ending, for an exception a live run raised; re-raises a
     start-up failure with nothing measured as its one-line exit, and exits it never caught."""
     if isinstance(exc, Interrupted):

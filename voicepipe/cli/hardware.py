@@ -39,8 +39,7 @@ if TYPE_CHECKING:
     from voicepipe.hardware.validate import NearReport, Ranges
 
 app = typer.Typer(
-    help="Hardware models: which device/model answers inside the turn budget.",
-    no_args_is_help=True,
+    help="Hardware models: which device/model answers inside the turn budget.", no_args_is_help=True,
     pretty_exceptions_enable=False,
     pretty_exceptions_show_locals=False,
 )
@@ -94,9 +93,7 @@ def _with_range(text: str, rng: Ranges, metric: str) -> str:
 
 def _range_note(level: float, thin: Sequence[str]) -> str:
     far = f"; widened, far from evidence: {', '.join(thin)}" if thin else ""
-    return (
-        f"(low–high): the {level:.0%} range from the held-out residuals of this configuration's slices{far}"
-    )
+    return f"(low–high): the {level:.0%} range from the held-out residuals of this configuration's slices{far}"
 
 
 def _print_near(con: Console, near: NearReport) -> None:
@@ -370,10 +367,7 @@ def predict(
         ("TTFT (idle, no queue)", _with_range(f"{p.ttft_ms:.1f} ms", rng, "ttft_ms")),
         ("decode step", _with_range(f"{p.step_ms:.2f} ms", rng, "step_ms")),
         ("tok/s per request", _with_range(f"{p.tokens_per_second:.1f}", rng, "tokens_per_second")),
-        (
-            "tok/s aggregate",
-            _with_range(f"{p.aggregate_tokens_per_second:.1f}", rng, "aggregate_tokens_per_second"),
-        ),
+        ("tok/s aggregate", _with_range(f"{p.aggregate_tokens_per_second:.1f}", rng, "aggregate_tokens_per_second")),
         ("bound", p.bound),
         ("step: memory / compute", f"{p.memory_ms:.2f} / {p.compute_ms:.2f} ms"),
         ("step: all-reduce / fixed", f"{p.comm_ms:.2f} / {p.overhead_ms:.2f} ms"),
@@ -446,9 +440,7 @@ def sweep(
     rows = _sweep_rows(job, bs, executor)
     rngs = []
     for r in rows:
-        rng = _ranges(
-            dev, mdl, stk, r["batch"], dep.system.precision, {m: r[k] for m, k in SWEEP_KEYS.items()}
-        )
+        rng = _ranges(dev, mdl, stk, r["batch"], dep.system.precision, {m: r[k] for m, k in SWEEP_KEYS.items()})
         r["intervals"] = {m: list(v) for m, v in rng.intervals.items()}
         r["interval_far_from_evidence"] = list(rng.thin)
         rngs.append(rng)

@@ -50,8 +50,9 @@ FormatOpt = Annotated[
     typer.Option("--format", help="stdout: tables, or JSON lines (one turn record each, nothing else)."),
 ]
 OtelOpt = Annotated[
-    Path | None,
-    typer.Option("--otel", metavar="FILE", help="Per-turn spans as OTLP/JSON traces.", callback=writable),
+    Path | None, typer.Option(
+        "--otel", metavar="FILE", help="Per-turn spans as OTLP/JSON traces.", callback=writable
+    ),
 ]
 OtlpOpt = Annotated[
     str | None,
@@ -104,8 +105,7 @@ VaryOpt = Annotated[
 ]
 SessionsOpt = Annotated[int, typer.Option("--sessions", "-n", min=1, help="Concurrent copies of each.")]
 ReportOpt = Annotated[
-    Path | None,
-    typer.Option("--report", metavar="FILE", help="Self-contained HTML report.", callback=writable),
+    Path | None, typer.Option("--report", metavar="FILE", help="Self-contained HTML report.", callback=writable)
 ]
 CsvOpt = Annotated[
     Path | None, typer.Option("--csv", metavar="FILE", help="Turn records as CSV.", callback=writable)
@@ -141,9 +141,7 @@ _BROKER_PARAMS = (
         annotation=Annotated[
             Path | None,
             typer.Option(
-                "--ca-file",
-                metavar="FILE",
-                help="PEM CA file that signed the broker's certificate (mqtts://).",
+                "--ca-file", metavar="FILE", help="PEM CA file that signed the broker's certificate (mqtts://)."
             ),
         ],
     ),

@@ -35,8 +35,7 @@ def predict(
     set_: SetOpt = None,
     sessions: SessionsOpt = 1,
     json_out: Annotated[
-        Path | None,
-        typer.Option("--json", metavar="FILE", help="One JSON prediction per line.", callback=writable),
+        Path | None, typer.Option("--json", metavar="FILE", help="One JSON prediction per line.", callback=writable)
     ] = None,
     fmt: FormatOpt = OutputFormat.table,
     wide: WideOpt = False,

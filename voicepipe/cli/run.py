@@ -130,10 +130,9 @@ def run(
     set_: SetOpt = None,
     broker: BrokerOverrides = BrokerOverrides(),
     json_out: Annotated[
-        Path | None,
-        typer.Option(
+        Path | None, typer.Option(
             "--json", metavar="FILE", help="Write one JSON turn record per line.", callback=writable
-        ),
+        )
     ] = None,
     summary_json: Annotated[
         Path | None,
@@ -234,9 +233,7 @@ def run(
         sink.close()
     expected = sum(len(s.turns) for s in scs) * sessions
     # what the outputs describe: the run's result, or (stopped before it had one) the turns that arrived
-    held = result or RunResult(
-        run=run_id or "", broker="", records=list(sink.records), expected_turns=expected
-    )
+    held = result or RunResult(run=run_id or "", broker="", records=list(sink.records), expected_turns=expected)
     if result is None and ending is not None:  # stopped before the run had a result
         held.signalled = ending.signum
         held.ended = None if ending.signum is not None else ending.why or "a failure of the run"

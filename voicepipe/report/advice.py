@@ -213,9 +213,7 @@ def advice(
     if talked * 2 >= len(missed):  # mostly premature endpoints: the endpointing is what to change
         talked_recs = [r for r in missed if r.talked_over]
         part = ("asr", "endpoint wait")
-        part_ms = sum(p.ms for r in talked_recs for p in r.breakdown if (p.stage, p.what) == part) / len(
-            talked_recs
-        )
+        part_ms = sum(p.ms for r in talked_recs for p in r.breakdown if (p.stage, p.what) == part) / len(talked_recs)
     else:
         talked = 0
     base = Advice(len(missed), len(records), cfg.budget_ms, part, part_ms, total, None, talked_over=talked)
@@ -235,8 +233,7 @@ def advice(
         if s.p50_ms is None or now.p50_ms is None:
             continue
         better = (s.within_budget, -s.p50_ms) > (now.within_budget, -now.p50_ms) and (
-            s.p50_ms < now.p50_ms
-            or bool(talked)  # waiting longer to stop talking over the user costs latency
+            s.p50_ms < now.p50_ms or bool(talked)  # waiting longer to stop talking over the user costs latency
         )
         if better and (best is None or (s.within_budget, -s.p50_ms) > (best[2], -best[1])):
             best = (c, s.p50_ms, s.within_budget)
