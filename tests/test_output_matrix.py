@@ -155,3 +155,23 @@ def test_an_output_path_in_a_missing_folder_is_refused_before_anything_runs(tmp_
 def test_an_output_path_that_is_a_directory_is_refused(tmp_path):
     r = CliRunner().invoke(app, ["predict", "cafe-order", "--json", str(tmp_path)], env={"COLUMNS": "200"})
     assert r.exit_code == 2 and "is a directory" in r.output
+
+
+@pytest.mark.parametrize(
+    ("cmd", "flag"),
+    [("predict", "--json"), ("capacity", "--csv"), ("compare-predict", "--report"), ("run", "--summary-json")],
+)
+def test_an_output_the_disk_refuses_is_one_line_exit_2_and_the_others_are_written(tmp_path, cmd, flag):
+    """/dev/full takes the open and refuses the write (as a full disk does): the command names the output,
+    writes every other one it was asked for, and exits 2 — not an internal error (5)."""
+    args, flags = COMMANDS[cmd]
+    sc = tmp_path / "tiny.yaml"
+    sc.write_text(yaml.safe_dump(tiny_scenario(turns=1).model_dump(mode="json")))
+    files = {f: ("/dev/full" if f == flag else str(tmp_path / name)) for f, name in flags.items()}
+    argv = [a.format(sc=sc) for a in args] + [x for f, path in files.items() for x in (f, path)]
+    r = CliRunner().invoke(app, argv, env={"COLUMNS": "200"})
+    assert r.exit_code == 2, (r.exit_code, r.output)
+    assert f"{flag} /dev/full: could not be written" in r.output and "internal error" not in r.output
+    for f, path in files.items():
+        if f != flag:
+            assert Path(path).stat().st_size > 0, f"{f} was not written"

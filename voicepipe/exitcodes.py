@@ -1,8 +1,8 @@
 """The command line's exit codes, in one place: every command exits with one of :class:`ExitCode`.
 
 When several apply, the first in this order wins: a signal (130, 143), a broker outage (4), an internal
-error (5), turns not measured (3), a requirement missed (1). Bad input (2) stops a command before it runs,
-so it never meets the others. Whatever the code, the outputs that were asked for are written first with
+error (5), an output that could not be written (2), turns not measured (3), a requirement missed (1). Bad
+input (2) stops a command before it runs, so it never meets the others. Whatever the code, the outputs that were asked for are written first with
 the turns measured so far.
 """
 
@@ -21,7 +21,8 @@ class ExitCode(IntEnum):
 
     USAGE = 2
     """Bad input: a command-line option, a file or one of its fields, or a broker that cannot be reached
-    (or refuses the run) when the run starts. One ``error:`` line naming it, nothing run."""
+    (or refuses the run) when the run starts. One ``error:`` line naming it, nothing run. Also an output
+    the system would not take after the run (a full disk): one line naming it, every other output written."""
 
     TURNS_NOT_MEASURED = 3
     """The run finished, but some expected turns have no measurement (failed, lost, timed out or never

@@ -26,7 +26,7 @@ import typer
 
 from voicepipe import __version__
 from voicepipe.cli import calibrate, capacity, compare, hardware, predict, run, scenarios, schema, stage
-from voicepipe.cli.common import err, out
+from voicepipe.cli.common import err, out, unwritable_line
 from voicepipe.clock.gc import tune_for_runs
 from voicepipe.errors import UserError
 from voicepipe.exitcodes import ExitCode
@@ -166,6 +166,14 @@ def main() -> None:
         sys.exit(ExitCode.INTERRUPTED)
     except UserError as exc:  # a library path that raised it past its command's user_errors()
         err.print(f"error: {exc}", highlight=False, markup=False, soft_wrap=True)
+        sys.exit(ExitCode.USAGE)
+    except OSError as exc:  # a file the system would not take (disk full, folder gone): not a bug
+        if exc.filename is None:
+            logging.getLogger("voicepipe.cli").debug("uncaught exception", exc_info=True)
+            err.print(internal_error_line(exc), highlight=False, markup=False, soft_wrap=True)
+            sys.exit(ExitCode.INTERNAL_ERROR)
+        err.print(printable(f"error: {unwritable_line(exc)}", newlines=False), highlight=False, markup=False,
+                  soft_wrap=True)  # fmt: skip
         sys.exit(ExitCode.USAGE)
     except Exception as exc:  # a bug: one line (never a traceback, whose frames could hold secrets)
         logging.getLogger("voicepipe.cli").debug("uncaught exception", exc_info=True)

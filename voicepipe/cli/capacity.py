@@ -19,6 +19,7 @@ from rich.text import Text
 
 from voicepipe.capacity import Level, LevelJob, Limit, conversation_s, level_batch, limit, parse_loads
 from voicepipe.cli.common import (
+    Writes,
     check_variants_speech,
     fail,
     load_scenarios,
@@ -31,6 +32,7 @@ from voicepipe.cli.options import ConfigsOpt, ScenariosArg, SetOpt, VaryOpt, Wid
 from voicepipe.compare import display_names, plan_variants
 from voicepipe.config import load_config
 from voicepipe.executors import EXECUTOR_HELP, executor_for
+from voicepipe.exitcodes import ExitCode
 from voicepipe.parallel import ItemFailed
 from voicepipe.report.svg import (
     HALO,
@@ -333,14 +335,18 @@ def capacity(
     print_fitted(out, cols, rows, wide=wide, title=title, caption=modelled_caption(hop_ms))
     for lim in limits:
         out.print(lim.sentence(), highlight=False, markup=False)
+    writes = Writes()  # each output attempted; one that fails is a line and exit 2
     if json_out:
         lines = [json.dumps({"kind": "level", **lv.to_json()}) for lv in levels]
         lines += [json.dumps({"kind": "limit", "label": lim.label, "budget_ms": lim.budget_ms,
                               "largest_ok": lim.largest_ok.load.value if lim.largest_ok else None,
                               "first_over": lim.first_over.load.value if lim.first_over else None,
                               "crossing": lim.crossing, "answer": lim.sentence()}) for lim in limits]  # fmt: skip
-        json_out.write_text("\n".join(lines) + "\n")
+        writes("--json", json_out, lambda: json_out.write_text("\n".join(lines) + "\n"))
     if csv:
-        write_csv(csv, levels)
+        writes("--csv", csv, lambda: write_csv(csv, levels))
     if report:
-        report.write_text(report_html(levels, limits, budget, title))
+        html = report_html(levels, limits, budget, title)
+        writes("--report", report, lambda: report.write_text(html))
+    if writes.failed:
+        raise typer.Exit(ExitCode.USAGE)

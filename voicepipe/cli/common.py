@@ -8,6 +8,7 @@ warnings and errors go to :data:`err` (stderr). A bad input is one ``error:`` li
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -104,9 +105,37 @@ def stage_names(raw: str | list[str] | None, where: str) -> list[str]:
     return names
 
 
+def unwritable_line(exc: OSError, option: str = "", path: Path | str | None = None) -> str:
+    """``--csv out.csv: could not be written (No space left on device)``: one line naming the output."""
+    name = path if path is not None else exc.filename
+    return f"{option + ' ' if option else ''}{name}: could not be written ({exc.strerror or exc})"
+
+
+class Writes:
+    """The outputs a command writes after its run, each attempted even when an earlier one failed (nothing
+    measured is lost to one bad path); :attr:`failed` holds one printed line per output not written, and
+    :func:`voicepipe.cli.ending.finish` exits 2 for them."""
+
+    def __init__(self) -> None:
+        self.failed: list[str] = []
+
+    def __call__(self, option: str, path: Path | str, write: Callable[[], object]) -> bool:
+        try:
+            write()
+        except OSError as exc:
+            self.fail(unwritable_line(exc, option, path))
+            return False
+        return True
+
+    def fail(self, line: str) -> None:
+        self.failed.append(line)
+        err.print(f"[bold red]error:[/] {escape(line)}", highlight=False, soft_wrap=True)
+
+
 class RecordSink:
     """Writes turn records as they arrive (JSON lines to ``--json FILE`` and/or stdout), so nothing measured
-    is lost; derives the per-turn metric columns (ttft_ms...) the records carry."""
+    is lost; derives the per-turn metric columns (ttft_ms...) the records carry. A file the system stops
+    taking (a full disk) is said once and dropped; the run and its records go on (:meth:`unwritten`)."""
 
     def __init__(self, path: Path | None, label: str = "", stdout: bool = False) -> None:
         self.path = path
@@ -114,33 +143,50 @@ class RecordSink:
         self.fh = path.open("w") if path else None
         self.stdout = stdout
         self.records: list[TurnRecord] = []
+        self.failed: str | None = None  # why --json stopped being written
 
     def __call__(self, rec: TurnRecord) -> None:
         if self.label:
             rec.label = self.label
         self.records.append(rec)
-        line = json.dumps(rec.model_dump(mode="json")) + "\n"
-        if self.fh:
-            self.fh.write(line)
-            self.fh.flush()
-        if self.stdout:
-            sys.stdout.write(line)
-            sys.stdout.flush()
+        self._line(json.dumps(rec.model_dump(mode="json")) + "\n")
 
     def write_raw(self, data: dict[str, Any]) -> None:
         """One JSON line that is not a turn record (a prediction)."""
-        line = json.dumps(data) + "\n"
+        self._line(json.dumps(data) + "\n")
+
+    def _line(self, line: str) -> None:
         if self.fh:
-            self.fh.write(line)
+            try:
+                self.fh.write(line)
+                self.fh.flush()
+            except OSError as exc:
+                self._fail(exc)
         if self.stdout:
             sys.stdout.write(line)
+            sys.stdout.flush()
+
+    def _fail(self, exc: OSError) -> None:
+        self.failed = unwritable_line(exc, "--json", self.path)
+        err.print(f"[bold red]error:[/] {escape(self.failed)}", highlight=False, soft_wrap=True)
+        fh, self.fh = self.fh, None
+        if fh is not None:
+            with contextlib.suppress(OSError):
+                fh.close()
 
     def close(self) -> None:
         if self.fh:
-            self.fh.close()
+            try:
+                self.fh.close()
+            except OSError as exc:
+                self._fail(exc)
             self.fh = None
         if self.stdout:
             sys.stdout.flush()
+
+    def unwritten(self) -> list[str]:
+        """The line saying why ``--json`` stopped being written, if it did."""
+        return [self.failed] if self.failed else []
 
 
 def progress_bar(total: int, label: str) -> Progress:
@@ -200,29 +246,31 @@ def write_outputs(
     incidents: Mapping[str, Incidents] | None = None,
     predicted: bool = False,
     notes: dict[str, list[str]] | None = None,
-) -> None:
+    writes: Writes | None = None,
+) -> Writes:
     """Write the requested exports; ``fixes`` (only called for a report) gives label → advice;
     ``incidents`` (label → outages, stage deaths, early end) go in the report's Incidents section;
     ``predicted``: the records are predictions (the report says so); ``notes`` (label → lines) what a
-    live run counted beyond its records, for the report."""
+    live run counted beyond its records, for the report. Each is attempted even when one before it could
+    not be written; the result (``writes``, or a new one) lists those that failed."""
+    writes = writes if writes is not None else Writes()
     records = [r for rs in runs.values() for r in rs]
     if report:
         html = render_html(
             runs, configs, budget_ms=budget_ms, fixes=fixes() if fixes else None, incidents=incidents,
             predicted=predicted, notes=notes,
         )
-        report.write_text(html, encoding="utf-8")
-        err.print(f"report: {report}")
-    if csv:
-        write_csv(records, csv)
+        if writes("--report", report, lambda: report.write_text(html, encoding="utf-8")):
+            err.print(f"report: {report}")
+    if csv and writes("--csv", csv, lambda: write_csv(records, csv)):
         err.print(f"csv: {csv}")
-    if otel:
-        write_otel(records, otel)
+    if otel and writes("--otel", otel, lambda: write_otel(records, otel)):
         err.print(f"otel: {otel}")
     if otlp_endpoint:
         with user_errors():
             n = push_otlp(records, otlp_endpoint)
         err.print(f"otlp: {n} spans pushed to {otlp_endpoint}", highlight=False)
+    return writes
 
 
 @dataclass(frozen=True)
@@ -242,12 +290,12 @@ def predicted_exports(
     variants: Sequence[tuple[str, PipelineConfig]],
     each: Sequence[Sequence[TurnPrediction]],
     outputs: Outputs | None,
-) -> None:
+) -> list[str]:
     """The exports of a prediction (``compare --predict``), through :func:`write_outputs` like a live run's:
     records whose latency is the prediction, with the virtual run's modelled spans (run ``predict``; trace
     times are the virtual clock placed at the moment of export); the report says PREDICTED."""
     if outputs is None or not outputs.wanted():
-        return
+        return []
     at = time.time_ns()
     runs = {
         label: [p.export_record(label, at) for p in preds]
@@ -258,18 +306,22 @@ def predicted_exports(
     budget = variants[0][1].budget_ms if variants else 800.0
     # the report's tables read a turn's latency from measured_ms (it is the prediction there, and the page
     # says PREDICTED); the CSV and traces are rows for other tools: nothing in them claims a measurement
-    write_outputs(runs, configs, outputs.report, None, None, budget, predicted=True)
+    writes = write_outputs(runs, configs, outputs.report, None, None, budget, predicted=True)
     unmeasured = {
         k: [r.model_copy(update={"measured_ms": None, "tax_ms": None}) for r in rs] for k, rs in runs.items()
     }
-    write_outputs(unmeasured, configs, None, outputs.csv, outputs.otel, budget, outputs.otlp_endpoint)
+    write_outputs(unmeasured, configs, None, outputs.csv, outputs.otel, budget, outputs.otlp_endpoint, writes=writes)
+    return writes.failed
 
 
-def gate_exit(reqs: list[gate.Requirement], records: list[TurnRecord]) -> None:
-    """After everything is printed and written: name each ``--require`` the turns missed, then exit 1."""
+def gate_exit(reqs: list[gate.Requirement], records: list[TurnRecord], unwritten: Sequence[str] = ()) -> None:
+    """After everything is printed and written: name each ``--require`` the turns missed, then exit 2 when
+    an output could not be written (``unwritten``, printed already), else 1 when a requirement was missed."""
     lines = gate.missed(reqs, records)
     for line in lines:
         err.print(f"[bold red]error:[/] {line}", highlight=False, soft_wrap=True)
+    if unwritten:
+        raise typer.Exit(ExitCode.USAGE)
     if lines:
         raise typer.Exit(ExitCode.REQUIREMENT_MISSED)
 

@@ -95,16 +95,17 @@ def compare_predicted(
         for p in preds:
             sink.write_raw({**p.to_json(), "label": label})
     sink.close()
-    predicted_exports(variants, each, outputs)
-    if fmt == OutputFormat.json:
-        return
-    rows = compare_rows(runs)
-    heading, names = display_names(list(runs))
-    per_run = sum(len(s.turns) for s in scs) * sessions
-    title = f"compare (predicted): {', '.join(s.name for s in scs)} · {per_run} turns each"
-    print_compare(out, rows, names, heading, title, caption=PREDICTED, wide=wide)
-    for line in verdict(rows, names):
-        out.print(line, highlight=False, markup=False)
+    unwritten = [*sink.unwritten(), *predicted_exports(variants, each, outputs)]
+    if fmt != OutputFormat.json:
+        rows = compare_rows(runs)
+        heading, names = display_names(list(runs))
+        per_run = sum(len(s.turns) for s in scs) * sessions
+        title = f"compare (predicted): {', '.join(s.name for s in scs)} · {per_run} turns each"
+        print_compare(out, rows, names, heading, title, caption=PREDICTED, wide=wide)
+        for line in verdict(rows, names):
+            out.print(line, highlight=False, markup=False)
+    if unwritten:
+        raise typer.Exit(ExitCode.USAGE)
 
 
 @broker_block
@@ -222,7 +223,7 @@ def compare(
             err.print(f"[yellow]{label}: {res.deadletters} malformed bus message(s) dead-lettered[/]")
     cfgs = dict(variants)
     budget = next(iter(cfgs.values())).budget_ms
-    write_outputs(
+    writes = write_outputs(
         runs, {k: config_dict(cfgs[k]) for k in runs}, report, csv, otel, budget, otlp_endpoint,
         lambda: {k: advice(runs[k], cfgs[k], scenario) for k in runs},
         {k: res.incidents() for k, res in results.items()},
@@ -231,4 +232,4 @@ def compare(
     accounts = [
         results[k].accounting() if k in results else account(runs.get(k, []), per_run) for k, _ in variants
     ]
-    finish(ending, [], [r for rs in runs.values() for r in rs], accounts)
+    finish(ending, [], [r for rs in runs.values() for r in rs], accounts, [*sink.unwritten(), *writes.failed])

@@ -10,6 +10,7 @@ cannot be reached) stays its usual one line and exit 2. :func:`finish` prints th
 from __future__ import annotations
 
 import signal
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import structlog
@@ -65,9 +66,11 @@ def finish(
     reqs: list[gate.Requirement],
     records: list[TurnRecord],
     accounts: list[Accounting],
+    unwritten: Sequence[str] = (),
 ) -> None:
     """The last lines on stderr and the exit: each ``--require`` missed, the turns not measured, the early
-    end; then the exit code of the first that applies (:mod:`voicepipe.exitcodes`), or return (0)."""
+    end; then the exit code of the first that applies (:mod:`voicepipe.exitcodes`), or return (0).
+    ``unwritten``: the outputs that could not be written (their lines are printed already): exit 2."""
     missed = gate.missed(reqs, records)
     for line in missed:
         err.print(f"[bold red]error:[/] {escape(line)}", highlight=False, soft_wrap=True)
@@ -82,6 +85,8 @@ def finish(
                 highlight=False, soft_wrap=True,
             )  # fmt: skip
         raise typer.Exit(ending.code)
+    if unwritten:
+        raise typer.Exit(ExitCode.USAGE)
     if done < expected:
         err.print(
             f"[bold red]error:[/] {expected - done} of {expected} expected turns not measured (the turns line "

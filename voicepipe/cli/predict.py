@@ -69,4 +69,4 @@ def predict(
         fix = advice(records, cfg, scenario, base_command("predict", scenario, config, set_ or []))
         if fix:
             print_advice(out, fix)
-    gate_exit(reqs, records)
+    gate_exit(reqs, records, sink.unwritten())

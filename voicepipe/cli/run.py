@@ -21,6 +21,7 @@ from voicepipe import gate
 from voicepipe.audio.engines import REAL_AUDIO_SETS, check_engines
 from voicepipe.cli.common import (
     RecordSink,
+    Writes,
     err,
     load_scenarios,
     out,
@@ -237,8 +238,10 @@ def run(
     if result is None and ending is not None:  # stopped before the run had a result
         held.signalled = ending.signum
         held.ended = None if ending.signum is not None else ending.why or "a failure of the run"
+    writes = Writes()
     if summary_json:  # the run's counters (the turn records stay one per line in --json)
-        summary_json.write_text(json.dumps(held.summary_json(), indent=2) + "\n", encoding="utf-8")
+        text = json.dumps(held.summary_json(), indent=2) + "\n"
+        writes("--summary-json", summary_json, lambda: summary_json.write_text(text, encoding="utf-8"))
     if not as_json:
         if not quiet:
             print_turns(out, sink.records, cfg.budget_ms, wide=wide)
@@ -263,5 +266,6 @@ def run(
     write_outputs(
         {name: sink.records}, {name: config_dict(cfg)}, report, csv, otel, cfg.budget_ms, otlp_endpoint,
         lambda: {name: fix}, {name: held.incidents()}, notes={name: [refusals_line(result)]} if result else None,
+        writes=writes,
     )  # fmt: skip
-    finish(ending, reqs, sink.records, [held.accounting()])
+    finish(ending, reqs, sink.records, [held.accounting()], [*sink.unwritten(), *writes.failed])
