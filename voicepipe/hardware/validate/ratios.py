@@ -142,7 +142,14 @@ class RatioSummary(BaseModel):
     within_10_pct: int  # share of pairs, in %
     within_30_pct: int
     by_phase: dict[str, float]  # median error % per phase
+    by_source: dict[
+        str, tuple[int, float]
+    ]  # source URL: (pairs, median error %); two sources give most pairs
     point_median_error_pct: float  # the same points' own held-out median error, for comparison
+
+
+def _median_pct(rp: Sequence[RatioPair]) -> float:
+    return round(float(np.median([p.error for p in rp])) * 100, 1)
 
 
 def ratio_summary(rp: Sequence[RatioPair], rows: Sequence[Row]) -> RatioSummary | None:
@@ -157,8 +164,9 @@ def ratio_summary(rp: Sequence[RatioPair], rows: Sequence[Row]) -> RatioSummary 
         pairs=len(rp), sources=len({p.source for p in rp}), harnesses=len(keys),
         median_error_pct=round(float(np.median(errs)) * 100, 1),
         within_10_pct=round(float((errs <= 0.10).mean()) * 100), within_30_pct=round(float((errs <= 0.30).mean()) * 100),
-        by_phase={ph: round(float(np.median([p.error for p in rp if p.phase == ph])) * 100, 1)
-                  for ph in sorted({p.phase for p in rp})},
+        by_phase={ph: _median_pct([p for p in rp if p.phase == ph]) for ph in sorted({p.phase for p in rp})},
+        by_source={src: (sum(p.source == src for p in rp), _median_pct([p for p in rp if p.source == src]))
+                   for src in sorted({p.source for p in rp})},
         point_median_error_pct=round(float(np.median(own)) * 100, 1) if own else 0.0,
     )  # fmt: skip
 
@@ -168,11 +176,13 @@ def ratio_line(s: RatioSummary | None) -> str:
     if s is None:
         return "cross-device ratios: no source measured two devices with one harness"
     phases = ", ".join(f"{k} {v:g} %" for k, v in s.by_phase.items())
+    per_source = sorted(v for _, v in s.by_source.values())
     return (
         f"cross-device ratios (same source and settings, two devices or chip counts; held out by family): "
         f"median error {s.median_error_pct:g} % over {s.pairs} pairs from {s.sources} sources "
-        f"({s.within_10_pct} % within ±10 %, {s.within_30_pct} % within ±30 %; by phase: {phases}); "
-        f"the same points' own median error {s.point_median_error_pct:g} %"
+        f"({s.within_10_pct} % within ±10 %, {s.within_30_pct} % within ±30 %; by phase: {phases}; "
+        f"per source {', '.join(f'{v:g} %' for v in per_source)}); the same points' own median error "
+        f"{s.point_median_error_pct:g} %"
     )
 
 
