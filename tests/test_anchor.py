@@ -24,11 +24,13 @@ from voicepipe.hardware.validate.ratios import (
     MIN_RATIOS,
     anchored_intervals,
     pairs,
+    ratio_accuracy,
     ratio_band,
     ratio_pairs,
     ratio_report,
     residual_pairs,
 )
+from voicepipe.hardware.workload import steady, throughput
 
 runner = CliRunner()
 
@@ -154,6 +156,23 @@ def test_an_anchored_backend_is_the_same_engine_as_predict_anchor(tmp_path):
         build_backend({"hardware": "h100-sxm", "model": "llama-3.1-70b", "anchor": str(path)})
 
 
+def test_a_loaded_anchored_device_reads_the_same_from_predict_and_the_backend(tmp_path):
+    path, n = profile_file(tmp_path, anchor()), 16
+    r = cli("hardware", "predict", "-H", "h100-sxm", "-m", "llama-3.1-8b", "--batch", str(n), "--prompt-tokens",
+            "256", "--output-tokens", "64", "--anchor", str(path), "--format", "json")  # fmt: skip
+    got = json.loads(r.stdout)
+    b = build_backend({"hardware": "h100-sxm", "model": "llama-3.1-8b", "anchor": str(path), "max_batch": n})
+    assert isinstance(b.server, AnchoredServer)
+    run = steady(AnchoredServer(b.system, b.anchor[2], max_batch=n, prompt_cache=False), n, 256, 64)
+    assert got["ttft_ms"] == pytest.approx(run.ttft_s * 1e3, rel=1e-9)
+    assert got["tokens_per_second"] == pytest.approx(1 / run.tpot_s, rel=1e-9)
+    assert got["aggregate_tokens_per_second"] == pytest.approx(throughput(run, static=False), rel=1e-9)
+    assert got["tokens_per_second"] < json.loads(
+        cli("hardware", "predict", "-H", "h100-sxm", "-m", "llama-3.1-8b", "--prompt-tokens", "256",
+            "--output-tokens", "64", "--anchor", str(path), "--format", "json").stdout
+    )["tokens_per_second"]  # fmt: skip  # load slows a user down, anchored too
+
+
 @pytest.mark.parametrize("f", [Factors(1.4, 0.7), Factors(0.6, 1.5), Factors(1.0, 1.0)])
 def test_an_anchored_step_never_shortens_when_work_is_added(f):
     dev, mdl = catalog.device("h100-sxm"), catalog.model("llama-3.1-8b")
@@ -240,3 +259,7 @@ def test_validate_reports_cross_device_ratios():
     got = json.loads(r.stdout)["cross_device_ratios"]
     assert got["summary"]["pairs"] == len(got["pairs"]) >= 100
     assert 0 < got["summary"]["median_error_pct"] < 100
+    # what an anchored prediction prints comes from the shipped residuals: the same pairs and error
+    shipped = ratio_accuracy(residual_pairs(points(), shipped_accuracy().residuals))
+    assert shipped["pairs"] == got["summary"]["pairs"]
+    assert shipped["median_error_pct"] == pytest.approx(got["summary"]["median_error_pct"], abs=0.2)

@@ -32,7 +32,7 @@ from voicepipe.hardware import catalog
 from voicepipe.hardware.model import DoesNotFit, Speculative
 from voicepipe.hardware.model import predict as model_predict
 from voicepipe.hardware.validate import points, shipped_accuracy
-from voicepipe.hardware.validate.ratios import anchored_intervals, residual_pairs
+from voicepipe.hardware.validate.ratios import anchored_intervals, ratio_accuracy, residual_pairs
 from voicepipe.hardware.validate.slices import LEVEL
 from voicepipe.report.term import SafeConsole
 from voicepipe.safeprint import printable
@@ -79,12 +79,16 @@ def predict_anchored(
     except (UserError, DoesNotFit, ValueError) as exc:
         _fail(str(exc))
     values = anchored_prediction(p, dev, mdl, stk, spec, f)
-    intervals, basis = anchored_intervals(values, residual_pairs(points(), shipped_accuracy().residuals))
+    ratios = residual_pairs(points(), shipped_accuracy().residuals)
+    intervals, basis = anchored_intervals(values, ratios)
+    held = ratio_accuracy(ratios)
     modelled = {m: getattr(p, m) for m in METRICS}
     out = {
         **p.as_dict(), **values, "modelled": True, "anchored": describe_anchor(a, str(path), f),
         "modelled_unanchored": modelled, "intervals": {m: list(v) for m, v in intervals.items()},
         "interval_level": LEVEL, "interval_basis": {m: f"cross-device ratio residuals: {b}" for m, b in basis.items()},
+        "validation_ratios": {**held, "held_out_by": "publisher family", "what": "cross-device ratio error on "
+                              "published pairs: one source, two devices or chip counts (`voicepipe hardware validate`)"},
         "speculative": None if spec is None else spec.__dict__,
         "sources": {"device": dev.sources, "model": mdl.sources, "method": "docs/hardware-model.md; anchored: "
                     "measured on the anchor x (model on target / model on anchor)"},
@@ -122,6 +126,9 @@ def predict_anchored(
     con: Console = SafeConsole(file=sys.stdout)
     con.print(t)
     con.print(anchor_line(a, str(path)), highlight=False, markup=False)
+    con.print(f"the model's cross-device ratio was off by a median {held['median_error_pct']:g} % on {held['pairs']} "
+              "published pairs (one source, two devices or chip counts; held out by publisher family)",
+              highlight=False, markup=False)  # fmt: skip
     how = "; ".join(f"{m}: {b}" for m, b in basis.items()) or "none"
     con.print(f"(low–high): the {LEVEL:.0%} range of the cross-device ratio residuals, held out by publisher family "
               f"(`voicepipe hardware validate`; {how})", highlight=False, markup=False)  # fmt: skip

@@ -195,6 +195,9 @@ def calibrate_cmd(
             raise UserError("calibrate", str(exc)) from None
         if anchor and not versus:
             raise UserError("--anchor", "needs --against DEVICE/MODEL: the configuration the server runs")
+        for flag, given in (("--stack", stack), ("--precision", precision), ("--tp", tp)):
+            if given is not None and not versus:
+                raise UserError(flag, "describes the --against configuration: give --against DEVICE/MODEL too")
         hw_spec: str | dict[str, object] | None = versus
         if versus and (stack or precision or tp):
             hw, _, mdl = versus.partition("/")

@@ -244,3 +244,12 @@ def anchored_intervals(values: dict[str, float], ratios: Sequence[tuple[str, flo
             else (value * math.exp(lo), value * math.exp(hi))
         )
     return out, basis
+
+
+def ratio_accuracy(ratios: Sequence[tuple[str, float]]) -> dict[str, float | int]:
+    """Pairs and median ratio error (%) of :func:`residual_pairs` (what an anchored prediction prints)."""
+    errs = np.expm1(np.abs([d for _, d in ratios]))  # both directions of a pair have the same |d|
+    return {
+        "pairs": len(ratios) // 2,
+        "median_error_pct": round(float(np.median(errs)) * 100, 1) if len(errs) else 0.0,
+    }
