@@ -11,12 +11,18 @@ anchor). The model on the anchor is re-run each time (:func:`anchor_prediction`)
 ratio come from the same version of the physics.
 
 On the serving engine (the agent's hardware backend with ``anchor:``, used by ``run``, ``predict`` and
-``capacity``), :class:`AnchoredServer` applies the factors to every step: a decode-only step is the
-modelled one × the decode factor, a step carrying a prefill the larger of (its decoders' step × the
-decode factor) and (the modelled mixed step × the TTFT factor), and the stack's per-request cost × the
-TTFT factor. A request alone on the device therefore sees exactly factor × modelled TTFT and time per
-token (tested equal to ``hardware predict --anchor`` at batch 1); under load the combination rule is a
-modelling choice that keeps a step from shortening when work is added.
+``capacity``), :class:`AnchoredServer` applies the factors to every step. With ``t`` the TTFT factor, ``d``
+the decode factor, ``M`` the modelled step of the batch (decoders and the prefill sharing it), ``D`` the
+step of its decoders alone and ``P`` the step of its prefill alone (each 0 without decoders / prefill):
+
+* ``t ≤ d``: step = t·M + (d − t)·D;   ``t > d``: step = d·M + (t − d)·P.
+
+A decode-only step is d·D, a prefill alone t·P, and the stack's per-request cost is × t, so a request
+alone on the device sees exactly the factors × the modelled TTFT and time per token (tested equal to
+``hardware predict --anchor``, which runs this engine too). A mixed step charges the decoders about the
+decode factor and the prefill about the TTFT factor; both forms grow with every argument (M, D and P do),
+so a step never shortens when work is added (the engine relies on it; tested). Under load the split is a
+modelling choice, not a measurement.
 """
 
 from __future__ import annotations
@@ -129,9 +135,17 @@ class AnchoredServer(DeviceServer):
 
     def step_ns(self, decoders: int, kv: float, prefill: int, cached: int) -> float:
         f = self.factors
-        decode = super().step_ns(decoders, kv, 0, 0) * f.step if decoders else 0.0
-        mixed = super().step_ns(decoders, kv, prefill, cached) * f.ttft if prefill else 0.0
-        return max(decode, mixed) if decoders or prefill else super().step_ns(0, 0.0, 0, 0)
+        step = super().step_ns(decoders, kv, prefill, cached)
+        if not decoders and not prefill:
+            return step
+        if f.ttft <= f.step:  # the decoders' own step carries the rest of the decode factor
+            return f.ttft * step + (f.step - f.ttft) * (
+                super().step_ns(decoders, kv, 0, 0) if decoders else 0.0
+            )
+        # the prefill's own step (alone on the device) carries the rest of the TTFT factor
+        return f.step * step + (f.ttft - f.step) * (
+            super().step_ns(0, 0.0, prefill, cached) if prefill else 0.0
+        )
 
 
 def anchored_prediction(p: Prediction, device: catalog.Device, model: catalog.ModelSpec, stack: catalog.Stack | None,
