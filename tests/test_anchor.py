@@ -86,6 +86,7 @@ def test_calibrate_anchor_records_the_measurement_and_predict_reproduces_it_on_t
     assert got["ttft_ms"] == pytest.approx(a.ttft_ms, rel=1e-9)
     assert 1e3 / got["tokens_per_second"] == pytest.approx(a.tpot_ms, rel=1e-9)
     assert got["anchored"]["file"] == str(out) and got["anchored"]["measured_ttft_ms"] == a.ttft_ms
+    assert got["ratio_spans"] == []  # the very configuration measured
 
 
 def test_calibrate_anchor_needs_against(server, tmp_path):
@@ -109,6 +110,7 @@ def test_predict_anchor_scales_the_measurement_by_the_modelled_ratio(tmp_path):
         1e3 / a.tpot_ms * target["tokens_per_second"] / on_anchor.tokens_per_second, rel=1e-9
     )
     assert got["stack"] == "vllm" and got["precision"] == "bf16"  # the anchor's
+    assert got["ratio_spans"] == ["device h100-sxm x 1 here, a100-80gb x 1 measured"]
     lo, hi = got["intervals"]["ttft_ms"]
     assert lo <= got["ttft_ms"] <= hi and got["interval_level"] == 0.8
     assert "cross-device ratio residuals" in got["interval_basis"]["ttft_ms"]

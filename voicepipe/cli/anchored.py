@@ -82,10 +82,14 @@ def predict_anchored(
     ratios = residual_pairs(points(), shipped_accuracy().residuals)
     intervals, basis = anchored_intervals(values, ratios)
     held = ratio_accuracy(ratios)
+    differ = [f"{what} {x} here, {y} measured" for what, x, y in (
+        ("device", f"{dev.key} x {p.chips}", f"{a.hardware} x {a.chips}"), ("batch", batch, a.concurrency),
+        ("prompt tokens", prompt_tokens, a.prompt_tokens), ("output tokens", output_tokens, a.output_tokens),
+        ("precision", p.precision, a.precision), ("stack", p.stack, a.stack)) if str(x) != str(y)]  # fmt: skip
     modelled = {m: getattr(p, m) for m in METRICS}
     out = {
         **p.as_dict(), **values, "modelled": True, "anchored": describe_anchor(a, str(path), f),
-        "modelled_unanchored": modelled, "intervals": {m: list(v) for m, v in intervals.items()},
+        "modelled_unanchored": modelled, "ratio_spans": differ, "intervals": {m: list(v) for m, v in intervals.items()},
         "interval_level": LEVEL, "interval_basis": {m: f"cross-device ratio residuals: {b}" for m, b in basis.items()},
         "validation_ratios": {**held, "held_out_by": "publisher family", "what": "cross-device ratio error on "
                               "published pairs: one source, two devices or chip counts (`voicepipe hardware validate`)"},
@@ -129,6 +133,10 @@ def predict_anchored(
     con.print(f"the model's cross-device ratio was off by a median {held['median_error_pct']:g} % on {held['pairs']} "
               "published pairs (one source, two devices or chip counts; held out by publisher family)",
               highlight=False, markup=False)  # fmt: skip
+    spans = [d for d in differ if not d.startswith("device")]
+    if spans:  # the published pairs validate a change of device only
+        con.print(f"the model's ratio also spans {'; '.join(spans)}: anchor at the settings you predict for "
+                  "where you can", highlight=False, markup=False)  # fmt: skip
     how = "; ".join(f"{m}: {b}" for m, b in basis.items()) or "none"
     con.print(f"(low–high): the {LEVEL:.0%} range of the cross-device ratio residuals, held out by publisher family "
               f"(`voicepipe hardware validate`; {how})", highlight=False, markup=False)  # fmt: skip
