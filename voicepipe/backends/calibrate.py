@@ -29,7 +29,7 @@ import numpy as np
 from voicepipe.backends import UnknownBackend, build_backend
 from voicepipe.backends.base import LLMRequest
 from voicepipe.backends.openai import EndpointBackend, EndpointConfig, RequestStats
-from voicepipe.backends.profile import Point, Stat
+from voicepipe.backends.profile import Anchor, Point, Stat
 from voicepipe.errors import UserError
 from voicepipe.files import read_json
 from voicepipe.hardware.serving import closed_loop
@@ -239,7 +239,7 @@ class Versus:
     modelled_throughput: float
 
 
-def hardware_model(spec: str) -> Any:
+def hardware_model(spec: str | dict[str, Any]) -> Any:
     """A fresh hardware backend for ``spec`` (UserError if it is not DEVICE/MODEL)."""
     try:
         hw = build_backend(spec)
@@ -250,7 +250,7 @@ def hardware_model(spec: str) -> Any:
     return hw
 
 
-def against(spec: str, points: list[Point]) -> list[Versus]:
+def against(spec: str | dict[str, Any], points: list[Point]) -> list[Versus]:
     """The hardware model's closed-loop prediction for each measured level (same clients, prompt and
     output lengths, request count), beside the measurement (mean TTFT, mean TPOT, output tok/s)."""
     out = []
@@ -272,3 +272,22 @@ def against(spec: str, points: list[Point]) -> list[Versus]:
             )
         )
     return out
+
+
+def anchor_of(points: list[Point], hardware: str, hw: Any, measured: str) -> Anchor:
+    """The anchor of a measurement (``calibrate --anchor``): the configuration of the hardware model
+    ``hw`` the server ran on (``hardware`` as the user named the device) and the measured means of the
+    lowest-concurrency, shortest-prompt level (the level the profile's idle figures come from)."""
+    base = min(points, key=lambda p: (p.concurrency, p.prompt_tokens))
+    if base.output_tokens < 2 or base.tpot_ms.mean <= 0:
+        raise UserError(
+            "--anchor", "the anchored level streamed under 2 tokens per request: no time per output token "
+            "to anchor (raise --output-tokens or pass --ignore-eos)",
+        )  # fmt: skip
+    sys_ = hw.system
+    return Anchor(
+        hardware=hardware, model=sys_.model.key, precision=sys_.precision, kv_precision=sys_.kv,
+        stack=sys_.serving.key, chips=sys_.chips, concurrency=base.concurrency,
+        prompt_tokens=max(1, round(base.prompt_tokens)), output_tokens=round(base.output_tokens),
+        ttft_ms=base.ttft_ms.mean, tpot_ms=base.tpot_ms.mean, measured=measured,
+    )  # fmt: skip

@@ -5,7 +5,9 @@ Dict keys: ``hardware``, ``model`` (required: catalog names, or a device YAML fi
 model's), ``stack`` (serving-stack profile, default vllm), ``tp``, ``max_batch``, ``context`` (tokens
 per sequence the system is sized for, default 4096), ``speculative: {alpha, gamma, draft_cost}``,
 ``fast`` (same model at a small max batch, priced accordingly), ``prompt_cache`` (honour the request's
-``cached_prompt_tokens``; default true).
+``cached_prompt_tokens``; default true), ``anchor`` (a profile written by ``calibrate --anchor``: the
+device's step times re-anchored on that measurement, :mod:`voicepipe.backends.anchor`; precision, KV
+precision and stack default to the anchor's).
 
 ``predict`` is the idle device: the serving engine's run of the request alone
 (:func:`voicepipe.hardware.workload.alone`: ``ttft = stack request cost + t_step(prefill of prompt − cached)``,
@@ -20,12 +22,23 @@ from typing import Any
 
 import numpy as np
 
+from voicepipe.backends.anchor import (
+    AnchoredServer,
+    Factors,
+    check_anchor,
+    describe_anchor,
+    factors,
+    read_anchor,
+)
 from voicepipe.backends.base import LLMRequest, Prices, Timing
+from voicepipe.backends.profile import Anchor
+from voicepipe.errors import UserError
 from voicepipe.hardware.catalog import (
     Device,
     ModelSpec,
     check_kv_precision,
     check_precision,
+    default_stack_name,
     device,
     model,
     stack,
@@ -35,6 +48,7 @@ from voicepipe.hardware.model import (
     Speculative,
     System,
     decode_step_s,
+    default_kv_precision,
     make_system,
     max_sequences,
     mean_context,
@@ -63,6 +77,7 @@ SPEC_KEYS = {
     "speculative",
     "fast",
     "prompt_cache",
+    "anchor",
 }
 
 
@@ -236,20 +251,24 @@ class HardwareBackend:
 
     kind = "hardware"
 
-    def __init__(self, dep: Deployment, name: str) -> None:
+    def __init__(self, dep: Deployment, name: str, anchor: tuple[Anchor, str, Factors] | None = None) -> None:
         self.deployment = dep
         self.system = dep.system
         self.name = name
+        self.anchor = anchor  # (anchor, its file, measured / modelled factors): step times re-anchored
         self.prices = prices_for(dep)
         self.quality = quality_of(dep.system.model.key)
-        self.server = DeviceServer(
-            dep.system, max_batch=dep.max_batch, spec=dep.spec, prompt_cache=dep.prompt_cache
-        )
+        self.server = self.new_server()
+
+    def new_server(self) -> DeviceServer:
+        """A fresh device of this deployment (re-anchored where the backend has an anchor)."""
+        dep = self.deployment
+        kw: dict[str, Any] = {"max_batch": dep.max_batch, "spec": dep.spec, "prompt_cache": dep.prompt_cache}
+        return DeviceServer(dep.system, **kw) if self.anchor is None else AnchoredServer(dep.system, self.anchor[2], **kw)
 
     def predict(self, req: LLMRequest, rng: np.random.Generator) -> Timing:
         """Idle device: deterministic physics (``rng`` unused)."""
-        dep = self.deployment
-        server = DeviceServer(dep.system, max_batch=dep.max_batch, spec=dep.spec, prompt_cache=dep.prompt_cache)
+        server = self.new_server()
         r = alone(server, req)  # the engine's run of this request with nothing else on the device
         if req.output_tokens > 1:
             return Timing(ttft_s=r.ttft_s, tpot_s=r.tpot_s)
@@ -279,6 +298,7 @@ class HardwareBackend:
             "prompt_cache": dep.prompt_cache,
             "speculative": None if dep.spec is None else dep.spec.__dict__,
             "modelled": True,
+            "anchored": None if self.anchor is None else describe_anchor(*self.anchor),
             "ttft_ms_1024_prompt": t.ttft_s * 1e3,
             "tokens_per_s": 1.0 / t.tpot_s,
             "aggregate_tokens_per_s_at_max_batch": aggregate_tokens_per_s(dep, dep.max_batch),
@@ -291,7 +311,8 @@ class HardwareBackend:
                 "device": dict(sys_.device.sources),
                 "model": dict(sys_.model.sources),
                 "stack": dict(sys_.serving.sources),
-                "method": "MODELLED: voicepipe.hardware.model (docs/hardware-model.md)",
+                "method": "MODELLED: voicepipe.hardware.model (docs/hardware-model.md)"
+                + ("" if self.anchor is None else "; timings ANCHORED on a measurement (voicepipe.backends.anchor)"),
             },
         }
 
@@ -321,5 +342,31 @@ def backend_name(cfg: dict[str, Any], dep: Deployment) -> str:
 def make_hardware_backend(spec: str | dict[str, Any]) -> HardwareBackend:
     """Build a hardware backend from ``DEVICE/MODEL`` or a mapping (raises ValueError naming the bad field)."""
     cfg = parse_spec(spec)
+    if not cfg.get("anchor"):
+        dep = deploy(cfg)
+        return HardwareBackend(dep, backend_name(cfg, dep))
+    where = str(cfg.pop("anchor"))
+    try:
+        a = read_anchor(where)
+        check_anchor(a, where, model(str(cfg["model"])).key)
+        f = factors(a, where)
+    except UserError as exc:
+        raise ValueError(str(exc)) from None
+    cfg = {**anchor_defaults(a, cfg), **cfg}
     dep = deploy(cfg)
-    return HardwareBackend(dep, backend_name(cfg, dep))
+    return HardwareBackend(dep, backend_name(cfg, dep) + "+anchored", (a, where, f))
+
+
+def anchor_defaults(a: Anchor, cfg: dict[str, Any]) -> dict[str, Any]:
+    """The anchor's precision, KV precision and stack where ``cfg`` names none and they differ from the
+    defaults (a backend re-anchored on vLLM at fp8 runs vLLM at fp8)."""
+    mdl = model(str(cfg["model"]))
+    prec = str(cfg.get("precision") or a.precision)
+    out: dict[str, Any] = {}
+    if a.precision != mdl.default_precision:
+        out["precision"] = a.precision
+    if a.kv_precision != default_kv_precision(prec):
+        out["kv_precision"] = a.kv_precision
+    if a.stack != default_stack_name():
+        out["stack"] = a.stack
+    return {k: v for k, v in out.items() if cfg.get(k) is None}

@@ -69,6 +69,27 @@ class TTFT(BaseModel):
         return self
 
 
+class Anchor(BaseModel):
+    """What a measured profile ran on, for anchored predictions (``voicepipe calibrate --anchor``): the
+    configuration as the hardware model names it and the measured figures of one load level (client-side
+    means over its counted requests). Anchored predictions re-run the model on this configuration each
+    time they are made, so the ratio always uses the model of the running version."""
+
+    model_config = ConfigDict(extra="forbid")
+    hardware: str  # catalog device (or a device YAML file)
+    model: str  # catalog model
+    precision: str
+    kv_precision: str
+    stack: str
+    chips: int = Field(ge=1)
+    concurrency: int = Field(ge=1)  # clients in flight at the anchored level
+    prompt_tokens: int = Field(ge=1)
+    output_tokens: int = Field(ge=2)
+    ttft_ms: float = Field(gt=0)  # measured mean TTFT at that level
+    tpot_ms: float = Field(gt=0)  # measured mean time per output token after the first
+    measured: str  # how: tool, endpoint host, model served, date
+
+
 class ProfileFile(BaseModel):
     """A profile as written to / read from YAML."""
 
@@ -85,6 +106,7 @@ class ProfileFile(BaseModel):
     quality_model: str | None = None
     source: dict[str, Any] = Field(default_factory=dict)  # date, host, tool, settings
     points: list[Point] = Field(default_factory=list)
+    anchor: Anchor | None = None  # set by `calibrate --anchor`: the measured configuration
 
 
 class ProfileBackend(EmpiricalBackend):

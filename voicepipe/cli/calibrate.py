@@ -21,6 +21,7 @@ from voicepipe.backends.calibrate import (
     Settings,
     Versus,
     against,
+    anchor_of,
     calibrate,
     from_vllm_bench,
     hardware_model,
@@ -159,6 +160,13 @@ def calibrate_cmd(
             help="Also print the hardware model DEVICE/MODEL at the same settings (asr/tts: `model`).",
         ),
     ] = None,
+    anchor: Annotated[
+        bool, typer.Option("--anchor", help="Record the --against configuration and this measurement in the "
+                           "profile, for `hardware predict --anchor` and a backend's `anchor:`.")
+    ] = False,
+    stack: Annotated[str | None, typer.Option(help="--against: the serving stack the server runs.")] = None,
+    precision: Annotated[str | None, typer.Option(help="--against: the weights' precision it serves.")] = None,
+    tp: Annotated[int | None, typer.Option(min=1, help="--against: its tensor-parallel width (chips).")] = None,
 ) -> None:
     """Measure an OpenAI-compatible endpoint (vLLM-style table) and write an empirical profile."""
     try:
@@ -188,8 +196,17 @@ def calibrate_cmd(
             cfg = config_from_spec(spec)
         except ValueError as exc:
             raise UserError("calibrate", str(exc)) from None
-        if versus:
-            hardware_model(versus)  # an unknown DEVICE/MODEL fails before the measurement
+        if anchor and not versus:
+            raise UserError("--anchor", "needs --against DEVICE/MODEL: the configuration the server runs")
+        for flag, given in (("--stack", stack), ("--precision", precision), ("--tp", tp)):
+            if given is not None and not versus:
+                raise UserError(flag, "describes the --against configuration: give --against DEVICE/MODEL too")
+        hw_spec: str | dict[str, object] | None = versus
+        if versus and (stack or precision or tp):
+            hw, _, mdl = versus.partition("/")
+            hw_spec = {"hardware": hw, "model": mdl, "stack": stack, "precision": precision, "tp": tp}
+            hw_spec = {k: v for k, v in hw_spec.items() if v is not None}
+        hw_model = hardware_model(hw_spec) if hw_spec else None  # an unknown DEVICE/MODEL fails first
         total = len(settings.prompt_tokens) * len(settings.concurrency) * settings.requests
         progress = Progress(
             TextColumn("[bold]calibrating"), BarColumn(), MofNCompleteColumn(), TextColumn("requests"),
@@ -198,9 +215,10 @@ def calibrate_cmd(
         with progress:
             task = progress.add_task("calibrate", total=total)
             points = asyncio.run(calibrate(cfg, settings, lambda: progress.advance(task)))
+        src = source_of(cfg, settings)
         prof = profile_from_points(
             points,
-            source_of(cfg, settings),
+            src,
             how=f"voicepipe calibrate against {cfg.host} ({cfg.model}), {source_of(cfg, settings)['date']}",
             name=name or out_path.stem,
             prices=(
@@ -209,14 +227,26 @@ def calibrate_cmd(
                 "given to voicepipe calibrate" if price_in or price_out else "not given (prices 0)",
             ),
         )
+        if anchor and versus and hw_model is not None:
+            measured = f"voicepipe calibrate against {cfg.host} ({cfg.model}), {src['date']}, client-side means"
+            prof.anchor = anchor_of(points, versus.partition("/")[0], hw_model, measured)
         _write(out_path, dump_profile(prof))
         out.print(vllm_table(points, f"MEASURED: {cfg.host} {cfg.model} (client-side, warm-up excluded)"))
         if not all(p.usage_reported for p in points):
             out.print(
                 "note: the server sent no usage counts: prompt tokens are the length asked for, output tokens the streamed pieces"
             )
-        if versus:
-            out.print(versus_table(against(versus, points), versus))
+        if hw_spec and versus:
+            out.print(versus_table(against(hw_spec, points), versus))
+        if prof.anchor is not None:
+            a = prof.anchor
+            out.print(
+                f"anchor: {a.hardware} x {a.chips} {a.model} {a.precision} (KV {a.kv_precision}) with {a.stack}, "
+                f"{a.concurrency} client(s), {a.prompt_tokens} in / {a.output_tokens} out: TTFT {a.ttft_ms:.1f} ms, "
+                f"TPOT {a.tpot_ms:.2f} ms (means); --stack/--precision/--tp say what the server runs. "
+                f"Use: voicepipe hardware predict -H DEVICE -m {a.model} --anchor {out_path}",
+                highlight=False, soft_wrap=True,
+            )  # fmt: skip
         out.print(
             f"wrote {out_path}: TTFT median {prof.ttft_ms.median:.1f} ms, p90 {prof.ttft_ms.p90:.1f} ms, "
             f"{prof.tokens_per_s:.1f} tok/s (one request, idle endpoint); use it as agent.backend: {out_path}"

@@ -324,6 +324,7 @@ def predict(
     kv_precision: str | None = KvOpt,
     stack: str | None = StackOpt,
     speculative: str | None = typer.Option(None, "--speculative", help="ALPHA,GAMMA,DRAFT_COST"),
+    anchor: Path | None = typer.Option(None, "--anchor", help="a `calibrate --anchor` profile: its measurement x the model's ratio"),
     fmt: str = FormatOpt,
     json_out: Path | None = JsonOpt,
 ) -> None:
@@ -331,6 +332,11 @@ def predict(
     dev, mdl = _check_lookup(hardware, model)
     stk = _options(precision, kv_precision, stack)
     spec = _speculative(speculative)
+    if anchor is not None:  # ANCHORED numbers: voicepipe.cli.anchored
+        from voicepipe.cli.anchored import predict_anchored
+
+        return predict_anchored(anchor, dev, mdl, batch, prompt_tokens, output_tokens, tp, precision, kv_precision,
+                                stack, spec, fmt, json_out)  # fmt: skip
     try:
         p = _predict(dev, mdl, batch, prompt_tokens, output_tokens, tp, precision, kv_precision, stk, spec)
     except DoesNotFit as exc:
@@ -541,27 +547,16 @@ def validate(
         "held_out_by": "publisher family",
         "slices": [x.model_dump() for x in val.slice_table(val.residuals(rep.rows))],
         "coverage": [x.model_dump() for x in val.coverage(val.residuals(rep.rows))],
+        "cross_device_ratios": val.ratio_report(rep.rows).model_dump(),
         "rows": [
-            {
-                "id": r.point.id,
-                "tier": r.point.tier,
-                "device": r.point.device,
-                "model": r.point.model,
-                "stack": r.point.stack,
-                "metric": r.point.metric,
-                "published": r.point.value,
-                "predicted_held_out": r.predicted,
-                "error": r.error,
-                "reason": r.reason,
-                "source": r.point.source,
-                "held_out_with": r.point.family,
-                "group": r.point.held_out_with,
-                "publisher_family": r.point.publisher_family,
-                "speculative": r.point.speculative,
-            }
+            {"id": r.point.id, "tier": r.point.tier, "device": r.point.device, "model": r.point.model,
+             "stack": r.point.stack, "metric": r.point.metric, "published": r.point.value,
+             "predicted_held_out": r.predicted, "error": r.error, "reason": r.reason, "source": r.point.source,
+             "held_out_with": r.point.family, "group": r.point.held_out_with,
+             "publisher_family": r.point.publisher_family, "speculative": r.point.speculative}
             for r in rows
         ],
-    }
+    }  # fmt: skip
     if _emit_json(payload, fmt, json_out):
         return
     chosen = rows
@@ -597,5 +592,5 @@ def validate(
         )
     for line in val.summary_lines(rep):
         con.print(line)
-    for line in val.slice_lines(val.residuals(rep.rows)):
+    for line in val.slice_lines(val.residuals(rep.rows)) + val.ratio_lines(rep.rows, all_):
         con.print(line, highlight=False)

@@ -43,6 +43,7 @@ from voicepipe.hardware.validate.fit import (
 )
 from voicepipe.hardware.validate.points import Metric, Point, Prepared, points, prepare, stack_key
 from voicepipe.hardware.validate.ranges import THIN, Ranges, fmt_range, ranges, thin_slices
+from voicepipe.hardware.validate.ratios import RatioPair, RatioReport, ratio_lines, ratio_pairs, ratio_report
 from voicepipe.hardware.validate.slices import (
     LEVEL,
     Coverage,
@@ -75,6 +76,8 @@ __all__ = [
     "Point",
     "Prepared",
     "Ranges",
+    "RatioPair",
+    "RatioReport",
     "Report",
     "Residual",
     "Row",
@@ -98,6 +101,9 @@ __all__ = [
     "predicted",
     "prepare",
     "ranges",
+    "ratio_lines",
+    "ratio_pairs",
+    "ratio_report",
     "residuals",
     "run",
     "shipped_accuracy",

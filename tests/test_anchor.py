@@ -1,0 +1,267 @@
+"""Anchored predictions (``calibrate --anchor``, ``hardware predict --anchor``, a backend's ``anchor:``) and
+the cross-device ratio validation they rest on (:mod:`voicepipe.hardware.validate.ratios`)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from tests.sse_server import SSEServer
+from voicepipe.backends import UnknownBackend, build_backend
+from voicepipe.backends.anchor import AnchoredServer, Factors, anchor_prediction, factors
+from voicepipe.backends.base import LLMRequest
+from voicepipe.backends.profile import Anchor
+from voicepipe.cli import app
+from voicepipe.hardware import catalog
+from voicepipe.hardware.model import make_system
+from voicepipe.hardware.validate import Point, Row, points, shipped_accuracy
+from voicepipe.hardware.validate.ratios import (
+    MIN_RATIOS,
+    anchored_intervals,
+    pairs,
+    ratio_accuracy,
+    ratio_band,
+    ratio_pairs,
+    ratio_report,
+    residual_pairs,
+)
+from voicepipe.hardware.workload import steady, throughput
+
+runner = CliRunner()
+
+
+def cli(*args: str):
+    return runner.invoke(app, list(args), env={"COLUMNS": "200"})
+
+
+def anchor(**kw) -> Anchor:
+    base = {"hardware": "a100-80gb", "model": "llama-3.1-8b", "precision": "bf16", "kv_precision": "bf16",
+            "stack": "vllm", "chips": 1, "concurrency": 1, "prompt_tokens": 256, "output_tokens": 64,
+            "ttft_ms": 40.0, "tpot_ms": 9.0, "measured": "test"}  # fmt: skip
+    return Anchor(**{**base, **kw})
+
+
+def profile_file(tmp_path, a: Anchor | None, name: str = "p.yaml"):
+    doc = {"ttft_ms": {"median": 40, "p90": 50}, "tokens_per_s": 100}
+    if a is not None:
+        doc["anchor"] = a.model_dump()
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+# -- calibrate --anchor, end to end against a real socket -----------------------------------------------
+@pytest.fixture
+def server():
+    s = SSEServer(ttft_ms=30.0, token_ms=4.0).start()
+    yield s
+    s.stop()
+
+
+def test_calibrate_anchor_records_the_measurement_and_predict_reproduces_it_on_the_anchor(server, tmp_path):
+    out = tmp_path / "mine.yaml"
+    r = cli("calibrate", server.url, "--model", "m", "--concurrency", "1", "--requests", "4", "--output-tokens", "8",
+            "--out", str(out), "--against", "a100-80gb/llama-3.1-8b", "--anchor", "--stack", "vllm")  # fmt: skip
+    assert r.exit_code == 0, r.output
+    a = Anchor(**yaml.safe_load(out.read_text())["anchor"])
+    assert (a.hardware, a.model, a.stack, a.chips, a.concurrency) == (
+        "a100-80gb",
+        "llama-3.1-8b",
+        "vllm",
+        1,
+        1,
+    )
+    assert a.ttft_ms >= 25 and a.tpot_ms >= 3 and a.output_tokens == 8  # the server: 30 ms, then 4 ms a token
+    assert "127.0.0.1" in a.measured
+    # on the anchor itself, at the measured settings, the anchored figures are the measurement
+    r = cli("hardware", "predict", "-H", "a100-80gb", "-m", "llama-3.1-8b", "--prompt-tokens", str(a.prompt_tokens),
+            "--output-tokens", str(a.output_tokens), "--anchor", str(out), "--format", "json")  # fmt: skip
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.stdout)
+    assert got["ttft_ms"] == pytest.approx(a.ttft_ms, rel=1e-9)
+    assert 1e3 / got["tokens_per_second"] == pytest.approx(a.tpot_ms, rel=1e-9)
+    assert got["anchored"]["file"] == str(out) and got["anchored"]["measured_ttft_ms"] == a.ttft_ms
+    assert got["ratio_spans"] == []  # the very configuration measured
+
+
+def test_calibrate_anchor_needs_against(server, tmp_path):
+    r = cli("calibrate", server.url, "--model", "m", "--out", str(tmp_path / "x.yaml"), "--anchor")
+    assert r.exit_code == 2 and "--anchor" in r.output and "Traceback" not in r.output
+
+
+# -- hardware predict --anchor ----------------------------------------------------------------------------
+def test_predict_anchor_scales_the_measurement_by_the_modelled_ratio(tmp_path):
+    a = anchor()
+    path = profile_file(tmp_path, a)
+    r = cli("hardware", "predict", "-H", "h100-sxm", "-m", "llama-3.1-8b", "--prompt-tokens", "256",
+            "--output-tokens", "64", "--anchor", str(path), "--format", "json")  # fmt: skip
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.stdout)
+    on_anchor = anchor_prediction(a)
+    target = got["modelled_unanchored"]
+    # measured on the anchor x (model on the target / model on the anchor)
+    assert got["ttft_ms"] == pytest.approx(a.ttft_ms * target["ttft_ms"] / on_anchor.ttft_ms, rel=1e-9)
+    assert got["tokens_per_second"] == pytest.approx(
+        1e3 / a.tpot_ms * target["tokens_per_second"] / on_anchor.tokens_per_second, rel=1e-9
+    )
+    assert got["stack"] == "vllm" and got["precision"] == "bf16"  # the anchor's
+    assert got["ratio_spans"] == ["device h100-sxm x 1 here, a100-80gb x 1 measured"]
+    lo, hi = got["intervals"]["ttft_ms"]
+    assert lo <= got["ttft_ms"] <= hi and got["interval_level"] == 0.8
+    assert "cross-device ratio residuals" in got["interval_basis"]["ttft_ms"]
+    table = cli("hardware", "predict", "-H", "h100-sxm", "-m", "llama-3.1-8b", "--anchor", str(path))
+    assert table.exit_code == 0 and "ANCHORED" in table.stdout and str(path) in table.stdout.replace("\n", "")
+
+
+def test_predict_anchor_of_another_model_or_without_an_anchor_is_one_line_exit_2(tmp_path):
+    path = profile_file(tmp_path, anchor())
+    r = cli("hardware", "predict", "-H", "h100-sxm", "-m", "llama-3.1-70b", "--anchor", str(path))
+    assert r.exit_code == 2 and "anchor.model" in r.output and str(path) in r.output
+    assert len(r.output.strip().splitlines()) == 1
+    bare = profile_file(tmp_path, None, "bare.yaml")
+    r = cli("hardware", "predict", "-H", "h100-sxm", "-m", "llama-3.1-8b", "--anchor", str(bare))
+    assert r.exit_code == 2 and "anchor: missing" in r.output and str(bare) in r.output
+    r = cli(
+        "hardware", "predict", "-H", "h100-sxm", "-m", "llama-3.1-8b", "--anchor", str(tmp_path / "none.yaml")
+    )
+    assert r.exit_code == 2 and "no such profile file" in r.output
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"ttft_ms": {"median": 1, "p90": 1}, "tokens_per_s": 1,
+                                   "anchor": {**anchor().model_dump(), "chips": 0}}))  # fmt: skip
+    r = cli("hardware", "predict", "-H", "h100-sxm", "-m", "llama-3.1-8b", "--anchor", str(bad))
+    assert r.exit_code == 2 and "anchor.chips" in r.output and "Traceback" not in r.output
+
+
+# -- the agent's hardware backend with anchor: (run / predict / capacity) ---------------------------------
+def test_an_anchored_backend_is_the_same_engine_as_predict_anchor(tmp_path):
+    a = anchor()
+    path = profile_file(tmp_path, a)
+    b = build_backend({"hardware": "h100-sxm", "model": "llama-3.1-8b", "anchor": str(path)})
+    assert b.name.endswith("+anchored") and b.describe()["anchored"]["file"] == str(path)
+    req = LLMRequest("s", 0, 256, 64)
+    t = b.predict(req, np.random.default_rng(0))
+    r = cli("hardware", "predict", "-H", "h100-sxm", "-m", "llama-3.1-8b", "--prompt-tokens", "256",
+            "--output-tokens", "64", "--anchor", str(path), "--format", "json")  # fmt: skip
+    got = json.loads(r.stdout)
+    assert t.ttft_s * 1e3 == pytest.approx(got["ttft_ms"], rel=1e-9)
+    assert 1 / t.tpot_s == pytest.approx(got["tokens_per_second"], rel=1e-9)
+    plain = build_backend("h100-sxm/llama-3.1-8b").predict(req, np.random.default_rng(0))
+    f = factors(a)
+    assert t.ttft_s == pytest.approx(plain.ttft_s * f.ttft, rel=1e-9)
+    assert t.tpot_s == pytest.approx(plain.tpot_s * f.step, rel=1e-9)
+    with pytest.raises(UnknownBackend, match=r"anchor\.model"):
+        build_backend({"hardware": "h100-sxm", "model": "llama-3.1-70b", "anchor": str(path)})
+
+
+def test_a_loaded_anchored_device_reads_the_same_from_predict_and_the_backend(tmp_path):
+    path, n = profile_file(tmp_path, anchor()), 16
+    r = cli("hardware", "predict", "-H", "h100-sxm", "-m", "llama-3.1-8b", "--batch", str(n), "--prompt-tokens",
+            "256", "--output-tokens", "64", "--anchor", str(path), "--format", "json")  # fmt: skip
+    got = json.loads(r.stdout)
+    b = build_backend({"hardware": "h100-sxm", "model": "llama-3.1-8b", "anchor": str(path), "max_batch": n})
+    assert isinstance(b.server, AnchoredServer)
+    run = steady(AnchoredServer(b.system, b.anchor[2], max_batch=n, prompt_cache=False), n, 256, 64)
+    assert got["ttft_ms"] == pytest.approx(run.ttft_s * 1e3, rel=1e-9)
+    assert got["tokens_per_second"] == pytest.approx(1 / run.tpot_s, rel=1e-9)
+    assert got["aggregate_tokens_per_second"] == pytest.approx(throughput(run, static=False), rel=1e-9)
+    assert got["tokens_per_second"] < json.loads(
+        cli("hardware", "predict", "-H", "h100-sxm", "-m", "llama-3.1-8b", "--prompt-tokens", "256",
+            "--output-tokens", "64", "--anchor", str(path), "--format", "json").stdout
+    )["tokens_per_second"]  # fmt: skip  # load slows a user down, anchored too
+
+
+@pytest.mark.parametrize("f", [Factors(1.4, 0.7), Factors(0.6, 1.5), Factors(1.0, 1.0)])
+def test_an_anchored_step_never_shortens_when_work_is_added(f):
+    dev, mdl = catalog.device("h100-sxm"), catalog.model("llama-3.1-8b")
+    s = AnchoredServer(make_system(dev, mdl, "bf16", seqs=1, context=4096), f, max_batch=64)
+    grid = [(d, p) for d in (0, 1, 2, 8, 32, 64) for p in (0, 1, 64, 512, 4096)]
+    for d, p in grid:
+        here = s.step_ns(d, d * 1000.0, p, 0)
+        for d2, p2 in grid:
+            if d2 >= d and p2 >= p and (d2, p2) != (d, p) and (d or p):
+                assert s.step_ns(d2, d2 * 1000.0, p2, 0) >= here * (1 - 1e-12), (d, p, d2, p2)
+
+
+# -- cross-device ratios ----------------------------------------------------------------------------------
+def pt(id: str, device: str = "h100-sxm", value: float = 10.0, **kw) -> Point:
+    base = {"id": id, "device": device, "chips": 1, "model": "llama-3.1-8b", "precision": "bf16", "batch": 1,
+            "prompt_tokens": 128, "output_tokens": 128, "stack": "vllm", "metric": "tpot_ms", "value": value,
+            "date": "2025-01-01", "source": "https://example.org/a", "tier": 1}  # fmt: skip
+    return Point(**{**base, **kw})
+
+
+def test_pairs_are_one_harness_on_two_devices_or_chip_counts():
+    a, b = pt("a"), pt("b", "a100-80gb")
+    c = pt("c", chips=2)  # same device, more chips: a pair
+    other_source = pt("d", "l40s", source="https://example.org/b")
+    other_batch = pt("e", "l40s", batch=8)
+    same_place = pt("f")  # same device and chips as a: no pair
+    spec = pt("g", "l40s", speculative="eagle alpha=0.7 gamma=3 draft_cost=0.05")
+    got = {(x.id, y.id) for x, y in pairs([a, b, c, other_source, other_batch, same_place, spec])}
+    assert got == {("a", "b"), ("a", "c"), ("b", "c"), ("b", "f"), ("c", "f")}
+
+
+def test_a_ratio_is_right_when_both_predictions_are_off_by_the_same_factor():
+    a, b = pt("a", value=10.0), pt("b", "a100-80gb", value=20.0)  # times: b is half as fast
+    rows = [Row(a, 5.0), Row(b, 10.0)]  # each 2x fast, the ratio exact
+    (p,) = ratio_pairs(rows)
+    assert p.measured_speed_ratio == pytest.approx(0.5) and p.error == pytest.approx(0.0, abs=1e-9)
+    (p,) = ratio_pairs([Row(a, 10.0), Row(b, 15.0)])  # b read 20/15 fast, a exact
+    assert p.predicted_speed_ratio == pytest.approx(10 / 15) and p.error == pytest.approx(
+        20 / 15 - 1, rel=1e-6
+    )
+    r1, r2 = (
+        pt("r1", metric="tok_s_user", value=100.0),
+        pt("r2", "a100-80gb", metric="tok_s_user", value=50.0),
+    )
+    (q,) = ratio_pairs([Row(r1, 100.0), Row(r2, 100.0)])  # a rate: b predicted 2x fast
+    assert q.log_error == pytest.approx(math.log(2)) and q.error == pytest.approx(1.0)
+    (q2,) = ratio_pairs([Row(r2, 100.0), Row(r1, 100.0)])  # the other direction: the same error
+    assert q2.error == pytest.approx(q.error)
+    rep = ratio_report([Row(a, 5.0), Row(b, 10.0), Row(r1, 100.0), Row(r2, 100.0)])
+    assert (
+        rep.summary is not None
+        and rep.summary.pairs == 2
+        and rep.summary.median_error_pct == pytest.approx(50.0)
+    )
+    assert (
+        ratio_report([Row(a, 5.0), Row(b, None, "n/a")]).summary is None
+    )  # an unanswered point pairs with none
+
+
+def test_ratio_bands_use_their_phase_only_with_enough_pairs():
+    few = [("ttft", 0.1), ("ttft", -0.1)]
+    many = [("decode", x) for x in np.linspace(-0.2, 0.2, MIN_RATIOS + 5)]
+    band, basis = ratio_band(few + many, "ttft_ms")
+    assert "every phase" in basis and band[0] < 0 < band[1]
+    band, basis = ratio_band(few + many, "step_ms")
+    assert "decode pairs" in basis and -0.2 <= band[0] < 0 < band[1] <= 0.2
+    assert ratio_band(few, "ttft_ms") is None  # too few for an 80 % band
+    iv, _ = anchored_intervals({"ttft_ms": 100.0, "tokens_per_second": 50.0}, many)
+    assert (
+        iv["ttft_ms"][0] < 100.0 < iv["ttft_ms"][1]
+        and iv["tokens_per_second"][0] < 50.0 < iv["tokens_per_second"][1]
+    )
+
+
+def test_the_shipped_sources_give_cross_device_pairs():
+    rp = residual_pairs(points(), shipped_accuracy().residuals)
+    assert len(rp) >= 2 * 100  # over a hundred pairs, each in both directions
+    assert {ph for ph, _ in rp} >= {"ttft", "decode", "throughput/e2e"}
+
+
+def test_validate_reports_cross_device_ratios():
+    r = cli("hardware", "validate", "--format", "json")
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.stdout)["cross_device_ratios"]
+    assert got["summary"]["pairs"] == len(got["pairs"]) >= 100
+    assert 0 < got["summary"]["median_error_pct"] < 100
+    # what an anchored prediction prints comes from the shipped residuals: the same pairs and error
+    shipped = ratio_accuracy(residual_pairs(points(), shipped_accuracy().residuals))
+    assert shipped["pairs"] == got["summary"]["pairs"]
+    assert shipped["median_error_pct"] == pytest.approx(got["summary"]["median_error_pct"], abs=0.2)
