@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 from contextlib import closing
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, NoReturn, TypeVar, cast
 
 import typer
 from rich.console import Console
@@ -182,10 +182,12 @@ def list_(wide: bool = WideOpt) -> None:
             Col("precision", 1, "left"), Col("quality", 1)]  # fmt: skip
     print_fitted(con, cols, rows, wide=wide, title="Models (published configs)")
     rows = [
-        [k, f"{st.step_overhead_us:g}", f"{st.request_overhead_ms:g}", st.name]
+        [k, f"{st.step_overhead_us:g}", f"{st.seq_overhead_us:g}", f"{st.request_overhead_ms:g}",
+         f"{st.client_overhead_ms:g}", st.timing, st.name]
         for k, st in catalog.stacks().items()
-    ]
-    cols = [Col("stack", justify="left"), Col("step µs"), Col("request ms"), desc]
+    ]  # fmt: skip
+    cols = [Col("stack", justify="left"), Col("step µs"), Col("seq µs", 2), Col("request ms"),
+            Col("client ms", 2), Col("TTFT", 2, "left"), desc]  # fmt: skip
     print_fitted(con, cols, rows, wide=wide, title=f"Serving stacks (default {catalog.default_stack_name()})")
     rows = []
     for key, p in profiles().items():
@@ -302,13 +304,13 @@ JsonOpt = typer.Option(None, "--json", help="also write the result as JSON to th
 def _predict(
     dev: catalog.Device, mdl: catalog.ModelSpec, batch: int, prompt_tokens: int, output_tokens: int,
     tp: int | None, precision: str | None, kv_precision: str | None, stk: catalog.Stack | None,
-    spec: Speculative | None,
+    spec: Speculative | None, timing: Literal["client", "engine"] | None = None,
 ) -> Prediction:  # fmt: skip
     """``hardware predict``'s call; a sweep row (:class:`voicepipe.hardware.sweep.SweepJob`) makes the same
     one without ``spec`` (same chips for the same batch)."""
     return model_predict(
         dev, mdl, precision=precision, batch=batch, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
-        tp=tp, spec=spec, kv_precision=kv_precision, stack=stk,
+        tp=tp, spec=spec, kv_precision=kv_precision, stack=stk, timing=timing,
     )  # fmt: skip
 
 
@@ -324,6 +326,9 @@ def predict(
     kv_precision: str | None = KvOpt,
     stack: str | None = StackOpt,
     speculative: str | None = typer.Option(None, "--speculative", help="ALPHA,GAMMA,DRAFT_COST"),
+    ttft_timing: str | None = typer.Option(
+        None, "--ttft-timing", help="client (over the server's HTTP path) or engine; default: the stack's"
+    ),
     fmt: str = FormatOpt,
     json_out: Path | None = JsonOpt,
 ) -> None:
@@ -331,8 +336,11 @@ def predict(
     dev, mdl = _check_lookup(hardware, model)
     stk = _options(precision, kv_precision, stack)
     spec = _speculative(speculative)
+    if ttft_timing not in (None, "client", "engine"):
+        _fail(f"--ttft-timing: use client or engine, got {ttft_timing!r}")
+    timing = cast(Literal["client", "engine"] | None, ttft_timing)
     try:
-        p = _predict(dev, mdl, batch, prompt_tokens, output_tokens, tp, precision, kv_precision, stk, spec)
+        p = _predict(dev, mdl, batch, prompt_tokens, output_tokens, tp, precision, kv_precision, stk, spec, timing)
     except DoesNotFit as exc:
         if fmt == "json":
             typer.echo(json.dumps({"fits": False, "error": str(exc), "hardware": hardware, "model": model}))
@@ -364,7 +372,7 @@ def predict(
         ("max batch at this context", f"{p.max_batch_fits}"),
         ("weights", f"{p.weights_gb:.1f} GB"),
         ("KV cache", f"{p.kv_gb:.2f} GB"),
-        ("TTFT (idle, no queue)", _with_range(f"{p.ttft_ms:.1f} ms", rng, "ttft_ms")),
+        (f"TTFT ({p.ttft_timing}-side, idle, no queue)", _with_range(f"{p.ttft_ms:.1f} ms", rng, "ttft_ms")),
         ("decode step", _with_range(f"{p.step_ms:.2f} ms", rng, "step_ms")),
         ("tok/s per request", _with_range(f"{p.tokens_per_second:.1f}", rng, "tokens_per_second")),
         ("tok/s aggregate", _with_range(f"{p.aggregate_tokens_per_second:.1f}", rng, "aggregate_tokens_per_second")),
