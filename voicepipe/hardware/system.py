@@ -38,8 +38,8 @@ class Efficiency:
     """Efficiency factors, one set for every HBM device (η_mem, MFU, η_wq, η_moe fitted; see docs §2)."""
 
     # fitted on every point of data/validation.yaml (`voicepipe hardware validate`; docs §2 and §3)
-    eta_mem: float = 0.764  # share of the sustained (STREAM-like) bandwidth a native decode step streams
-    mfu: float = 0.783  # share of the sustained (measured maximum) matmul FLOP/s a serving step reaches
+    eta_mem: float = 0.765  # share of the sustained (STREAM-like) bandwidth a native decode step streams
+    mfu: float = 0.795  # share of the sustained (measured maximum) matmul FLOP/s a serving step reaches
     eta_wq: float = 1.0  # weight-only kernels' efficiency relative to native ones (dequant in the loop)
     eta_moe: float = 0.65  # expert (grouped-GEMM) streaming efficiency relative to dense GEMV + routing
     layer_s: float = 9.18e-06  # per layer per step on HBM devices beyond the stack's own gaps (launch, sync)
