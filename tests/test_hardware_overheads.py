@@ -93,7 +93,7 @@ def test_a_small_model_at_batch_1_is_host_bound_so_h200_and_b200_run_it_at_simil
     assert ratio("none") > ratio("vllm") + 0.15  # bare CUDA-graphed kernels follow the bandwidth more closely
 
 
-def test_predict_states_which_ttft_it_prints_in_json_and_in_the_table():
+def test_predict_and_sweep_state_which_ttft_they_print():
     base = ["hardware", "predict", "-H", DEV, "-m", MDL, "--stack", "vllm"]
     client = json.loads(runner.invoke(app, [*base, "--format", "json"]).stdout)
     engine = json.loads(runner.invoke(app, [*base, "--ttft-timing", "engine", "--format", "json"]).stdout)
@@ -101,6 +101,8 @@ def test_predict_states_which_ttft_it_prints_in_json_and_in_the_table():
     assert client["ttft_ms"] > engine["ttft_ms"]
     assert "TTFT (client-side" in runner.invoke(app, base).stdout
     assert "TTFT (engine-side" in runner.invoke(app, [*base, "--ttft-timing", "engine"]).stdout
+    sweep = ["hardware", "sweep", "-H", DEV, "-m", MDL, "--batches", "1", "--format", "json"]
+    assert json.loads(runner.invoke(app, [*sweep, "--stack", "trtllm"]).stdout)["ttft_timing"] == "engine"
     bad = runner.invoke(app, [*base, "--ttft-timing", "wire"])
     assert bad.exit_code == 2 and "--ttft-timing" in bad.output and "Traceback" not in bad.output
 

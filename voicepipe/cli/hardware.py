@@ -455,14 +455,15 @@ def sweep(
     near = _near(dev, mdl, stk)
     payload = {
         "hardware": dev.key, "model": mdl.key, "precision": dep.system.precision, "kv_precision": dep.system.kv,
-        "stack": dep.system.serving.key, "default_max_batch": dep.max_batch, "fast_max_batch": FAST_MAX_BATCH,
+        "stack": dep.system.serving.key, "ttft_timing": dep.system.ttft_timing,
+        "default_max_batch": dep.max_batch, "fast_max_batch": FAST_MAX_BATCH,
         "modelled": True, "validation": _validation(), "interval_level": LEVEL,
         "validation_near": near.model_dump(), "rows": rows,
     }  # fmt: skip
     if _emit_json(payload, fmt, json_out):
         return
     cols = [Col("batch"), Col("chips"), Col("step ms"), Col("tok/s user"), Col("tok/s total"), Col("$/Mtok out", 1),
-            Col("TTFT ms", 2), Col("mode", 1, "left")]  # fmt: skip
+            Col(f"TTFT ms\n{dep.system.ttft_timing}", 2), Col("mode", 1, "left")]  # fmt: skip
     cells = [
         [
             str(r["batch"]) if r["fits"] else f"{r['batch']}→{r['effective_batch']}", str(r["chips"]),
