@@ -684,11 +684,12 @@ def test_attention_dp_splits_the_mla_cache_by_sequence_and_replicates_attention_
 
 def test_per_sequence_host_cost_grows_with_the_batch():
     v0, v1 = cat.stack("vllm-v0"), cat.stack("vllm")
-    assert v0.seq_overhead_us > 0 and v1.seq_overhead_us == 0
+    assert v0.seq_overhead_us > v1.seq_overhead_us > 0  # V1 still does some per-sequence host work
     old, new = (system("h100-sxm", "llama-3.1-8b", tp=1, stack=s) for s in (v0, v1))
     gap = [float(hm.decode_step_s(old, b, 1024) - hm.decode_step_s(new, b, 1024)) for b in (1, 64, 256)]
-    assert gap[0] == pytest.approx(v0.seq_overhead_us * 1e-6)
-    assert gap[2] == pytest.approx(256 * v0.seq_overhead_us * 1e-6)
+    per_seq = (v0.seq_overhead_us - v1.seq_overhead_us) * 1e-6
+    assert gap[0] == pytest.approx(per_seq)
+    assert gap[2] == pytest.approx(256 * per_seq)
     assert gap[0] < gap[1] < gap[2]
 
 

@@ -117,12 +117,12 @@ def anchor_line(a: Anchor, where: str) -> str:
 
 
 def anchored_system(system: System, f: Factors) -> System:
-    """``system`` with its stack's per-request cost × the TTFT factor (the engine charges it before a
-    request reaches the device)."""
+    """``system`` with its stack's per-request costs (the engine's and the server's HTTP path around it) ×
+    the TTFT factor (the stack charges them before a request reaches the device)."""
     stk = system.serving
-    return replace(
-        system, stack=stk.model_copy(update={"request_overhead_ms": stk.request_overhead_ms * f.ttft})
-    )
+    scaled = {"request_overhead_ms": stk.request_overhead_ms * f.ttft,
+              "client_overhead_ms": stk.client_overhead_ms * f.ttft}  # fmt: skip
+    return replace(system, stack=stk.model_copy(update=scaled))
 
 
 class AnchoredServer(DeviceServer):

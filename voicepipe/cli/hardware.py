@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 from contextlib import closing
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, NoReturn, TypeVar, cast
 
 import typer
 from rich.console import Console
@@ -23,6 +23,7 @@ from rich.table import Table
 
 from voicepipe.backends.empirical import profiles
 from voicepipe.backends.hardware import FAST_MAX_BATCH, deploy, make_hardware_backend
+from voicepipe.cli.hardware_list import print_catalog
 from voicepipe.cli.options import writable
 from voicepipe.errors import UserError
 from voicepipe.executors import EXECUTOR_HELP, executor_for
@@ -162,38 +163,7 @@ def _speculative(text: str | None) -> Speculative | None:
 @app.command("list")
 def list_(wide: bool = WideOpt) -> None:
     """Devices, models, serving stacks and empirical profiles in the catalog."""
-    con = _console()
-    name, desc = Col("device", justify="left"), Col("description", 3, "left", text=True, min_width=16)
-    rows = []
-    for key, d in catalog.devices().items():
-        mem = f"{d.memory_gb:g} GB" if d.kind == "hbm" else f"{d.sram_gb:g} GB SRAM"
-        bw = f"{d.mem_bw_tbs:g}" if d.kind == "hbm" else f"{d.sram_bw_tbs:g}"
-        rows.append([key, mem, bw, f"{d.peak_tflops['bf16']:g}", f"{d.price_per_chip_hour:g}", d.name])
-    cols = [name, Col("memory"), Col("TB/s"), Col("bf16 TF", 1), Col("$/chip-h", 2), desc]
-    title = "Devices (datasheet figures; `hardware show NAME` for sources)"
-    print_fitted(con, cols, rows, wide=wide, title=title)
-    rows = []
-    for key, m in catalog.models().items():
-        q = f"{m.quality.score:g}" if m.quality else "-"
-        active = f"{m.params_active_b:g}" if m.params_active_b else "="
-        rows.append([key, f"{m.params_total_b:g}", active, str(m.layers), f"{m.heads}/{m.kv_heads}",
-                     m.default_precision, q])  # fmt: skip
-    cols = [Col("model", justify="left"), Col("params B"), Col("active B"), Col("layers", 2), Col("heads/kv", 2),
-            Col("precision", 1, "left"), Col("quality", 1)]  # fmt: skip
-    print_fitted(con, cols, rows, wide=wide, title="Models (published configs)")
-    rows = [
-        [k, f"{st.step_overhead_us:g}", f"{st.request_overhead_ms:g}", st.name]
-        for k, st in catalog.stacks().items()
-    ]
-    cols = [Col("stack", justify="left"), Col("step µs"), Col("request ms"), desc]
-    print_fitted(con, cols, rows, wide=wide, title=f"Serving stacks (default {catalog.default_stack_name()})")
-    rows = []
-    for key, p in profiles().items():
-        rows.append([key, f"{p['ttft_ms']['median']:g}", f"{p['tokens_per_s']:g}",
-                     f"{p['price_in_per_mtok']:g}/{p['price_out_per_mtok']:g}", p.get("description", "")])  # fmt: skip
-    cols = [Col("profile", justify="left"), Col("TTFT ms"), Col("tok/s"), Col("$/Mtok in/out", 1), desc]
-    print_fitted(con, cols, rows, wide=wide, title="Empirical profiles (measured services)")
-    con.print("Use DEVICE/MODEL (e.g. cerebras-wse3/llama-3.1-8b) as an agent backend.")
+    print_catalog(_console(), wide)
 
 
 def _print_entry(con: Console, title: str, rows: dict[str, Any], sources: dict[str, str]) -> None:
@@ -302,13 +272,13 @@ JsonOpt = typer.Option(None, "--json", help="also write the result as JSON to th
 def _predict(
     dev: catalog.Device, mdl: catalog.ModelSpec, batch: int, prompt_tokens: int, output_tokens: int,
     tp: int | None, precision: str | None, kv_precision: str | None, stk: catalog.Stack | None,
-    spec: Speculative | None,
+    spec: Speculative | None, timing: Literal["client", "engine"] | None = None,
 ) -> Prediction:  # fmt: skip
     """``hardware predict``'s call; a sweep row (:class:`voicepipe.hardware.sweep.SweepJob`) makes the same
     one without ``spec`` (same chips for the same batch)."""
     return model_predict(
         dev, mdl, precision=precision, batch=batch, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
-        tp=tp, spec=spec, kv_precision=kv_precision, stack=stk,
+        tp=tp, spec=spec, kv_precision=kv_precision, stack=stk, timing=timing,
     )  # fmt: skip
 
 
@@ -325,6 +295,9 @@ def predict(
     stack: str | None = StackOpt,
     speculative: str | None = typer.Option(None, "--speculative", help="ALPHA,GAMMA,DRAFT_COST"),
     anchor: Path | None = typer.Option(None, "--anchor", help="a `calibrate --anchor` profile: its measurement x the model's ratio"),
+    ttft_timing: str | None = typer.Option(
+        None, "--ttft-timing", help="client (over the server's HTTP path) or engine; default: the stack's"
+    ),
     fmt: str = FormatOpt,
     json_out: Path | None = JsonOpt,
 ) -> None:
@@ -332,13 +305,18 @@ def predict(
     dev, mdl = _check_lookup(hardware, model)
     stk = _options(precision, kv_precision, stack)
     spec = _speculative(speculative)
+    if ttft_timing not in (None, "client", "engine"):
+        _fail(f"--ttft-timing: use client or engine, got {ttft_timing!r}")
+    timing = cast(Literal["client", "engine"] | None, ttft_timing)
     if anchor is not None:  # ANCHORED numbers: voicepipe.cli.anchored
+        if timing is not None:
+            _fail("--ttft-timing: an anchored TTFT keeps the timing of the anchor's own measurement (client-side)")
         from voicepipe.cli.anchored import predict_anchored
 
         return predict_anchored(anchor, dev, mdl, batch, prompt_tokens, output_tokens, tp, precision, kv_precision,
                                 stack, spec, fmt, json_out)  # fmt: skip
     try:
-        p = _predict(dev, mdl, batch, prompt_tokens, output_tokens, tp, precision, kv_precision, stk, spec)
+        p = _predict(dev, mdl, batch, prompt_tokens, output_tokens, tp, precision, kv_precision, stk, spec, timing)
     except DoesNotFit as exc:
         if fmt == "json":
             typer.echo(json.dumps({"fits": False, "error": str(exc), "hardware": hardware, "model": model}))
@@ -370,7 +348,7 @@ def predict(
         ("max batch at this context", f"{p.max_batch_fits}"),
         ("weights", f"{p.weights_gb:.1f} GB"),
         ("KV cache", f"{p.kv_gb:.2f} GB"),
-        ("TTFT (idle, no queue)", _with_range(f"{p.ttft_ms:.1f} ms", rng, "ttft_ms")),
+        (f"TTFT ({p.ttft_timing}-side, idle, no queue)", _with_range(f"{p.ttft_ms:.1f} ms", rng, "ttft_ms")),
         ("decode step", _with_range(f"{p.step_ms:.2f} ms", rng, "step_ms")),
         ("tok/s per request", _with_range(f"{p.tokens_per_second:.1f}", rng, "tokens_per_second")),
         ("tok/s aggregate", _with_range(f"{p.aggregate_tokens_per_second:.1f}", rng, "aggregate_tokens_per_second")),
@@ -453,14 +431,15 @@ def sweep(
     near = _near(dev, mdl, stk)
     payload = {
         "hardware": dev.key, "model": mdl.key, "precision": dep.system.precision, "kv_precision": dep.system.kv,
-        "stack": dep.system.serving.key, "default_max_batch": dep.max_batch, "fast_max_batch": FAST_MAX_BATCH,
+        "stack": dep.system.serving.key, "ttft_timing": dep.system.ttft_timing,
+        "default_max_batch": dep.max_batch, "fast_max_batch": FAST_MAX_BATCH,
         "modelled": True, "validation": _validation(), "interval_level": LEVEL,
         "validation_near": near.model_dump(), "rows": rows,
     }  # fmt: skip
     if _emit_json(payload, fmt, json_out):
         return
     cols = [Col("batch"), Col("chips"), Col("step ms"), Col("tok/s user"), Col("tok/s total"), Col("$/Mtok out", 1),
-            Col("TTFT ms", 2), Col("mode", 1, "left")]  # fmt: skip
+            Col(f"TTFT ms\n{dep.system.ttft_timing}", 2), Col("mode", 1, "left")]  # fmt: skip
     cells = [
         [
             str(r["batch"]) if r["fits"] else f"{r['batch']}→{r['effective_batch']}", str(r["chips"]),

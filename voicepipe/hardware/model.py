@@ -57,6 +57,7 @@ turns into time, so the fit evaluates thousands of constant sets over all points
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from voicepipe.hardware.catalog import Device, ModelSpec, Stack
 from voicepipe.hardware.serving import DeviceServer
@@ -188,6 +189,7 @@ class Prediction:
     tokens_per_second: float
     aggregate_tokens_per_second: float
     ttft_ms: float
+    ttft_timing: str  # "client" (over the server's HTTP path) or "engine" (the engine's own timing)
     bound: str
     weights_gb: float
     kv_gb: float
@@ -216,6 +218,7 @@ def predict(
     eff: Efficiency = DEFAULT_EFFICIENCY,
     kv_precision: str | None = None,
     stack: Stack | None = None,
+    timing: Literal["client", "engine"] | None = None,
 ) -> Prediction:
     """One request among ``batch`` clients each holding one in flight, as the serving engine runs them
     (:func:`voicepipe.hardware.workload.steady`: the burst that fills the device, then a measured round;
@@ -228,14 +231,16 @@ def predict(
     The chip count is the smallest TP width holding the weights and one sequence (or ``tp``), whatever
     the batch, so ``predict`` and ``sweep`` agree. A batch whose KV does not fit runs as many sequences
     as fit and queues the rest: ``fits`` is False, ``effective_batch`` is what runs, and the timings are
-    for it. Raises DoesNotFit only when the weights (plus one sequence) fit at no width.
+    for it. Raises DoesNotFit only when the weights (plus one sequence) fit at no width. ``timing`` picks
+    the TTFT: "client" (the stack's HTTP path included), "engine", or None for the stack's default
+    (``ttft_timing`` says which).
     """
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch}")
     ctx_max = prompt_tokens + output_tokens
     system = make_system(
         device, model, precision, tp=tp, seqs=batch if device.kind == "sram" else 1, context=ctx_max,
-        eff=eff, kv_precision=kv_precision, stack=stack,
+        eff=eff, kv_precision=kv_precision, stack=stack, timing=timing,
     )  # fmt: skip
     room = running_sequences(system, prompt_tokens, output_tokens)
     run = batch if device.kind == "sram" else min(batch, room)
@@ -270,6 +275,7 @@ def predict(
         tokens_per_second=per_user,
         aggregate_tokens_per_second=throughput(engine, static=False),
         ttft_ms=engine.ttft_s * 1e3,
+        ttft_timing=system.ttft_timing,
         bound=str(st.bound()),
         weights_gb=weight_bytes(model, system.precision) / 1e9,
         kv_gb=batch * kept_tokens(system, ctx_max) * kv_bytes_per_token(model, system.kv) / 1e9,

@@ -247,7 +247,13 @@ class Stack(BaseModel):
     step_overhead_us: float = Field(ge=0)  # per engine step: scheduling, sampling, detokenisation
     layer_overhead_us: float = Field(ge=0)  # per layer per step: kernel gaps, norms, rotary
     prefill_layer_overhead_us: float = Field(ge=0)  # extra per layer when a step prefills (eager launches)
-    request_overhead_ms: float = Field(ge=0)  # per request, on TTFT: tokenise, admit, first sample, API
+    request_overhead_ms: float = Field(ge=0)  # per request, on TTFT, inside the engine: admit, first sample
+    # per request, on TTFT, only where a client times it over HTTP: the OpenAI-compatible server's path
+    # (HTTP, chat template and tokenisation, hand-off to the engine, detokenise and stream back)
+    client_overhead_ms: float = Field(default=0.0, ge=0)
+    # how this stack's TTFT is taken by default: "client" (a benchmark client over HTTP, the way a server
+    # is used) or "engine" (the engine's own benchmark, no HTTP); System.timing overrides it
+    timing: Literal["client", "engine"] = "engine"
     seq_overhead_us: float = Field(default=0.0, ge=0)  # per running sequence per step, host side
     multi_chip: Literal["tensor", "pipeline"] = "tensor"  # how it spreads a model over several chips
     # False: the decode attention kernel reads a GQA group's shared KV head once per query head
@@ -283,8 +289,11 @@ class Stack(BaseModel):
             for f in ("step_overhead_us", "layer_overhead_us", "request_overhead_ms")
             if not self.sources.get(f)
         ]
-        if self.seq_overhead_us > 0 and not self.sources.get("seq_overhead_us"):
-            missing.append("seq_overhead_us")
+        for f in ("seq_overhead_us", "client_overhead_ms"):
+            if getattr(self, f) > 0 and not self.sources.get(f):
+                missing.append(f)
+        if self.timing != "engine" and not self.sources.get("timing"):
+            missing.append("timing")
         if not self.gqa_kv_shared and not self.sources.get("gqa_kv_shared"):
             missing.append("gqa_kv_shared")
         if self.gqa_heads_per_read is not None and not self.sources.get("gqa_heads_per_read"):

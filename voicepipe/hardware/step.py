@@ -336,8 +336,14 @@ def prefill_s(system: System, prompt_tokens: ArrayLike, cached_tokens: ArrayLike
 
 
 def request_overhead_s(system: System) -> float:
-    """Per-request fixed cost on TTFT (HBM devices: the serving stack's; SRAM: in the fitted layer time)."""
-    return 0.0 if system.device.kind == "sram" else system.serving.request_overhead_ms * 1e-3
+    """Per-request fixed cost on TTFT (HBM devices: the serving stack's; SRAM: in the fitted layer time):
+    the engine's own (``request_overhead_ms``: admit, first sample), plus, for a TTFT timed by a client
+    over HTTP (:attr:`System.ttft_timing`), the server's path around it (``client_overhead_ms``)."""
+    if system.device.kind == "sram":
+        return 0.0
+    stk = system.serving
+    client = stk.client_overhead_ms if system.ttft_timing == "client" else 0.0
+    return (stk.request_overhead_ms + client) * 1e-3
 
 
 def decode_step_s(

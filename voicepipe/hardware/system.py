@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -37,8 +38,8 @@ class Efficiency:
     """Efficiency factors, one set for every HBM device (η_mem, MFU, η_wq, η_moe fitted; see docs §2)."""
 
     # fitted on every point of data/validation.yaml (`voicepipe hardware validate`; docs §2 and §3)
-    eta_mem: float = 0.764  # share of the sustained (STREAM-like) bandwidth a native decode step streams
-    mfu: float = 0.783  # share of the sustained (measured maximum) matmul FLOP/s a serving step reaches
+    eta_mem: float = 0.765  # share of the sustained (STREAM-like) bandwidth a native decode step streams
+    mfu: float = 0.795  # share of the sustained (measured maximum) matmul FLOP/s a serving step reaches
     eta_wq: float = 1.0  # weight-only kernels' efficiency relative to native ones (dequant in the loop)
     eta_moe: float = 0.65  # expert (grouped-GEMM) streaming efficiency relative to dense GEMV + routing
     layer_s: float = 9.18e-06  # per layer per step on HBM devices beyond the stack's own gaps (launch, sync)
@@ -105,6 +106,14 @@ class System:
     # attention data parallelism (TensorRT-LLM/SGLang "attention DP" for MLA models): each chip runs the
     # attention of its own 1/chips of the sequences with a full copy of the attention weights
     attention_dp: bool = False
+    # which TTFT the system answers: "client" (the stack's HTTP path on top of the engine's) or "engine";
+    # None: the stack's default (Stack.timing)
+    timing: Literal["client", "engine"] | None = None
+
+    @property
+    def ttft_timing(self) -> Literal["client", "engine"]:
+        """The TTFT this system models: its own ``timing``, else its stack's default."""
+        return self.timing or self.serving.timing
 
     @property
     def name(self) -> str:
@@ -347,6 +356,7 @@ def make_system(
     kv_precision: str | None = None,
     stack: Stack | None = None,
     strict: bool = True,
+    timing: Literal["client", "engine"] | None = None,
 ) -> System:
     """Size a system that holds the weights and ``seqs`` sequences of ``context`` tokens.
 
@@ -359,7 +369,7 @@ def make_system(
     kv = check_kv_precision(kv_precision) if kv_precision else None
 
     def build(width: int) -> System:
-        return System(device, model, prec, width, eff, kv, stack)
+        return System(device, model, prec, width, eff, kv, stack, timing=timing)
 
     if device.kind == "sram":
         if tp is not None:

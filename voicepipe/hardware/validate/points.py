@@ -199,7 +199,7 @@ def prepare(p: Point) -> Prepared:
         try:
             system = make_system(
                 dev, mdl, p.precision, seqs=1 if dev.kind == "hbm" else asked, context=ctx_max,
-                kv_precision=p.kv_precision, stack=stk,
+                kv_precision=p.kv_precision, stack=stk, timing=p.timing,
             )  # fmt: skip
         except DoesNotFit as exc:
             return Prepared(p, reason=str(exc))
@@ -210,7 +210,7 @@ def prepare(p: Point) -> Prepared:
                 p, reason=f"{p.chips} chips exceed {dev.key}'s tensor-parallel group ({dev.max_tp})"
             )
         system = System(
-            dev, mdl, p.precision, p.chips, DEFAULT_EFFICIENCY, p.kv_precision, stk, p.attention_dp
+            dev, mdl, p.precision, p.chips, DEFAULT_EFFICIENCY, p.kv_precision, stk, p.attention_dp, p.timing
         )
         batch = min(asked, running_sequences(system, prompt, out))
         if batch < 1:
