@@ -15,6 +15,7 @@ from voicepipe.cli import app
 from voicepipe.config import load_config
 from voicepipe.predict import predict
 from voicepipe.records import summarise, verdict
+from voicepipe.report.export import read_csv, write_csv
 
 HW = "agent.backend=a100-40gb/llama-3.1-70b"  # a slow agent: its parts are a large share of the turn
 runner = CliRunner()
@@ -131,3 +132,12 @@ def test_the_table_marks_an_uncertain_turn_and_shows_its_range(scenario_file, hw
     assert r.exit_code == 0, r.output
     assert f"{lo:,.0f}–{hi:,.0f}" in r.stdout
     assert "uncertain" in r.stdout and "?" in r.stdout
+
+
+def test_a_turns_range_survives_the_csv_export(tmp_path, hw_preds):
+    _, preds = hw_preds
+    recs = [p.export_record() for p in preds]
+    write_csv(recs, tmp_path / "t.csv")
+    back = read_csv(tmp_path / "t.csv")
+    assert [r.predicted_range_ms for r in back] == [r.predicted_range_ms for r in recs]
+    assert [r.uncertain for r in back] == [r.uncertain for r in recs]
