@@ -46,13 +46,16 @@ def test_p90_grows_with_load_on_a_shared_device_and_the_limit_is_the_crossing(sw
     queue = [lv.devices[0].queue_mean_ms for lv in levels]
     busy = [lv.devices[0].busy_share for lv in levels]
     assert queue[-1] > queue[0] and busy[-1] > busy[0]
-    budget = (p90[2] + p90[3]) / 2  # between 32 and 96 sessions
+    # the limit reads p90 at the slow end of the turns' ranges (the hardware agent's interval carried in)
+    slow = [lv.p90_slow_ms for lv in levels]
+    assert all(s >= p for s, p in zip(slow, p90, strict=True))
+    budget = (slow[2] + slow[3]) / 2  # between 32 and 96 sessions
     lim = limit("a100", levels, budget)
     assert lim.largest_ok is levels[2] and lim.first_over is levels[3]
     assert 32 < lim.crossing < 96
     assert "up to 32 concurrent conversations keep p90 inside" in lim.sentence()
     assert limit("a100", levels, p90[0] - 1).largest_ok is None
-    assert limit("a100", levels, p90[-1] + 1).first_over is None
+    assert limit("a100", levels, slow[-1] + 1).first_over is None
 
 
 def test_limit_is_the_largest_load_inside_and_the_next_one():
@@ -64,6 +67,33 @@ def test_limit_is_the_largest_load_inside_and_the_next_one():
     assert lim.crossing == pytest.approx(10 + 90 * 100 / 200)
     noisy = limit("x", [lv(1, 820), lv(4, 795)], 800)  # small samples: p90 need not be monotone
     assert noisy.largest_ok.load.value == 4 and noisy.first_over is None
+
+
+def test_a_load_inside_only_at_the_ranges_fast_end_is_uncertain_not_inside():
+    def lv(n: int, p90: float, slow: float) -> Level:
+        return Level("x", Load("sessions", n), n, 10, 10, p90, p90, p90, 1.0, 0.0, 1.0,
+                     p90_range_ms=(p90 * 0.9, slow))  # fmt: skip
+
+    lim = limit("x", [lv(1, 500, 700), lv(10, 700, 900), lv(100, 900, 1100)], 800)
+    assert lim.largest_ok.load.value == 1 and lim.first_over.load.value == 10
+    assert [u.load.value for u in lim.uncertain] == [10]  # p90 700 is inside only at the fast end
+    assert (
+        "uncertain at 10 concurrent conversations (p90 700 ms, 900 at the range's slow end)" in lim.sentence()
+    )
+    assert lim.crossing == pytest.approx(1 + 9 * 100 / 200)  # interpolated on the slow ends
+
+
+def test_a_capacity_level_counts_turns_inside_only_at_the_fast_end_as_uncertain_not_within(sweep):
+    """The 8-session level's turns, judged against a budget between their p90s' fast and slow ends."""
+    cfg, sc, levels = sweep
+    lv = levels[1]
+    assert lv.p90_range_ms is not None
+    lo, hi = lv.p90_range_ms
+    assert lo < lv.p90_ms < hi  # the a100's held-out interval is carried into the turns
+    mid = cfg.model_copy(update={"budget_ms": (lo + hi) / 2})
+    judged = run_level("a100", mid, [sc], lv.load, conv_s=conversation_s(cfg, [sc]))
+    assert judged.uncertain > 0
+    assert judged.within_budget + judged.uncertain <= 1.0
 
 
 def test_loads_and_plans():

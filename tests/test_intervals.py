@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 from typer.testing import CliRunner
@@ -105,39 +106,97 @@ def test_a_catalog_device_with_no_published_point_is_marked_and_widened_in_predi
 
 
 def test_predict_intervals_come_from_the_shipped_residuals(monkeypatch):
-    """Shifting one cell's residuals, and nothing else, moves predict's interval for that metric."""
+    """Shifting the decode residuals, and nothing else, moves predict's step interval and not its TTFT's."""
     acc = val.shipped_accuracy()
     before = predict_json("--batch", "8")
-    want = val.config_slices(catalog.model("llama-3.1-8b"), 8, "bf16", "step_ms")
-    shifted = [
-        r.model_copy(update={"log_speed": r.log_speed + 0.5})
-        if all(r.slice(k) == v for k, v in want.items()) and r.device_kind == "hbm" else r
-        for r in acc.residuals
-    ]  # fmt: skip
-    assert shifted != acc.residuals
+    shifted = [r.model_copy(update={"log_speed": r.log_speed + 0.5}) if r.phase == "decode" else r
+               for r in acc.residuals]  # fmt: skip
     monkeypatch.setattr(val, "shipped_accuracy", lambda: acc.model_copy(update={"residuals": shifted}))
     after = predict_json("--batch", "8")
     assert after["step_ms"] == before["step_ms"]
-    assert after["intervals"]["step_ms"] != before["intervals"]["step_ms"]
     assert after["intervals"]["step_ms"][0] > before["intervals"]["step_ms"][0]  # reads faster: the time rises
+    assert after["intervals"]["ttft_ms"] == before["intervals"]["ttft_ms"]
+
+
+def query(metric: str, stack: str | None = "vllm", device: str = "h100-sxm") -> val.Query:
+    return val.config_query(catalog.model("llama-3.1-8b"), 8, "bf16", metric, device, "NVIDIA", stack)
 
 
 def test_changing_one_residual_changes_its_cells_interval_and_no_other():
     acc = val.shipped_accuracy()
     mdl = catalog.model("llama-3.1-8b")
     base = val.ranges(acc, VALUES, "h100-sxm", "hbm", "vllm", mdl, 8, "bf16")
-    pool = [r for r in acc.residuals if r.device_kind == "hbm"]
-    cell = sorted(val.cell(pool, val.config_slices(mdl, 8, "bf16", "ttft_ms")))
-    band = val.speed_band(cell)
+    members = val.cell_members(acc.residuals, query("ttft_ms"))
+    band = val.speed_band([r.log_speed for r in members])
     assert band is not None
     hi = band[1]
-    above = min(x for x in cell if x > hi)  # the next larger residual: moving the top rank's one there moves it
-    edge = next(r for r in pool if r.phase == "ttft" and r.log_speed == hi)
+    above = min(r.log_speed for r in members if r.log_speed > hi)  # moving the top rank's one up to here moves it
+    edge = next(r for r in members if r.log_speed == hi)
     moved = [r.model_copy(update={"log_speed": (hi + above) / 2}) if r.id == edge.id else r for r in acc.residuals]
     changed = val.ranges(acc.model_copy(update={"residuals": moved}), VALUES, "h100-sxm", "hbm", "vllm", mdl, 8,
                          "bf16")  # fmt: skip
     assert changed.intervals["ttft_ms"][1] > base.intervals["ttft_ms"][1]
     assert changed.intervals["step_ms"] == base.intervals["step_ms"]  # another phase's cell: untouched
+
+
+def test_the_cell_is_the_configurations_own_stack_where_its_residuals_suffice():
+    """A stack with enough residuals of its own (from enough families) is its own cell: shifting that
+    stack's residuals shifts its range by as much; a stack with none reads a cell of several stacks."""
+    acc = val.shipped_accuracy()
+    own = [s for s in sorted({r.stack for r in acc.residuals})
+           if {r.stack for r in val.cell_members(acc.residuals, query("step_ms", s))} == {s}]  # fmt: skip
+    assert own
+    mine = own[0]
+    mdl = catalog.model("llama-3.1-8b")
+    shifted = [r.model_copy(update={"log_speed": r.log_speed + 0.5}) if r.stack == mine else r
+               for r in acc.residuals]  # fmt: skip
+    a = val.ranges(acc, VALUES, "h100-sxm", "hbm", mine, mdl, 8, "bf16").intervals["step_ms"]
+    b = val.ranges(acc.model_copy(update={"residuals": shifted}), VALUES, "h100-sxm", "hbm", mine, mdl, 8,
+                   "bf16").intervals["step_ms"]  # fmt: skip
+    assert b == pytest.approx((a[0] * math.exp(0.5), a[1] * math.exp(0.5)))  # reads faster: the time rises
+    assert len({r.stack for r in val.cell_members(acc.residuals, query("step_ms", "no-such-stack"))}) > 1
+
+
+def synthetic(n: int, families: int, log_speed: float, tag: str = "fam", **slices: str) -> list[val.Residual]:
+    base = {"publisher_family": "independent", "architecture": "dense", "batch": "batched", "phase": "decode",
+            "precision": "16-bit", "device": "h100-sxm", "maker": "NVIDIA", "stack": "vllm", **slices}  # fmt: skip
+    return [val.Residual(id=f"{log_speed}-{i}", family=f"{tag}{i % families}", log_speed=log_speed + i * 1e-3, **base)
+            for i in range(n)]  # fmt: skip
+
+
+def test_a_cell_from_too_few_families_gives_way_to_a_coarser_one():
+    """Twenty residuals of one harness are one family's bias, not a cell: the rule widens past them."""
+    q = query("step_ms")
+    other = synthetic(40, 8, 0.0, stack="sglang")
+    one_family = synthetic(20, 1, 1.0)
+    assert all(r.stack == "sglang" or r.family == "fam0" for r in val.cell_members(other + one_family, q))
+    assert {r.stack for r in val.cell_members(other + one_family, q)} == {"vllm", "sglang"}
+    three = synthetic(20, val.MIN_FAMILIES, 1.0)
+    assert {r.stack for r in val.cell_members(other + three, q)} == {"vllm"}
+
+
+def test_coverage_builds_each_points_interval_without_its_own_family():
+    """A family far off every other one is never covered, however many points it has: its own residuals
+    are not in the band that scores it."""
+    far = synthetic(30, 1, 2.0, "far", publisher_family="vendor")  # one family, all reading 7x fast
+    rest = synthetic(60, 6, 0.0)
+    cov = {(c.kind, c.slice): c for c in val.coverage(far + rest)}
+    assert cov[("publisher_family", "vendor")].covered_pct == 0.0
+    assert cov[("publisher_family", "independent")].covered_pct > 50.0
+    q = val.query_of(far[0])
+    assert val.band(far + rest, q, exclude_family="far0") == val.band(rest, q)
+
+
+def test_coverage_scores_the_same_interval_ranges_prints():
+    """One rule: the band coverage() scores a point with equals the range ranges() gives its configuration
+    from an accuracy file without that point's family."""
+    acc = val.shipped_accuracy()
+    mdl = catalog.model("llama-3.1-8b")
+    fam = next(r.family for r in acc.residuals if r.stack == "vllm" and r.device == "h100-sxm")
+    without = acc.model_copy(update={"residuals": [r for r in acc.residuals if r.family != fam]})
+    rng = val.ranges(without, {"step_ms": 1.0}, "h100-sxm", "hbm", "vllm", mdl, 8, "bf16", maker="NVIDIA")
+    (lo, hi), _ = val.band(acc.residuals, query("step_ms"), exclude_family=fam)
+    assert rng.intervals["step_ms"] == pytest.approx((math.exp(lo), math.exp(hi)))
 
 
 def test_the_cli_level_is_the_slices_level():

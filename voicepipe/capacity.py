@@ -21,6 +21,14 @@ last token] over the window) and mean requests in flight; and the cost per hour 
 
 The limit is the largest tested load whose p90 is inside the budget, the next tested load (outside), and a
 linear interpolation of the crossing between those two.
+
+Where a turn's LLM is a hardware backend, its held-out 80 % interval is carried into the turn
+(:mod:`voicepipe.turnrange`, at the level's concurrency: the sessions, or the requests in flight on the
+device under arrivals): a turn counts within the budget only when its range's slow end is inside it;
+one inside only at the fast end is *uncertain* (``uncertain``: their share), not a pass. The level's
+``p90_range_ms`` is the p90 of the turns' fast ends and of their slow ends, and a level is inside the
+budget for the limit only when the slow end's p90 is; a level whose p90 is inside only at the fast end is
+named as uncertain in the answer line.
 """
 
 from __future__ import annotations
@@ -38,11 +46,12 @@ from voicepipe.config import PipelineConfig
 from voicepipe.errors import UserError
 from voicepipe.messages import Envelope, ReplyText, carries
 from voicepipe.parallel import Batch, Executor, LocalExecutor, Report
-from voicepipe.records import TurnRecord, percentile
+from voicepipe.records import TurnRecord, percentile, verdict
 from voicepipe.runner import simulate_async
 from voicepipe.runresult import RunResult
 from voicepipe.scenario import Scenario, session_id
 from voicepipe.sessions import Slot
+from voicepipe.turnrange import spreads, turn_range
 
 NS = 1e9
 
@@ -111,13 +120,24 @@ class Level:
     cpu_s: float = 0.0  # CPU seconds of the run (its process's, measured): steadier than wall on a busy box
     played_turns: int = 0  # every turn the run played (counted or not): what the CPU seconds bought
     hop_ms: float = 0.0  # modelled cost of each bus message (0: the modelled spans alone)
+    # share of the turns within the budget only at their range's fast end (not in within_budget), and the
+    # p90 of the turns' fast ends and slow ends (None: no turn has a range, see voicepipe.turnrange)
+    uncertain: float = 0.0
+    p90_range_ms: tuple[float, float] | None = None
+
+    @property
+    def p90_slow_ms(self) -> float | None:
+        """The p90 at the ranges' slow end (the p90 itself where no turn has a range)."""
+        return self.p90_ms if self.p90_range_ms is None else max(self.p90_range_ms[1], self.p90_ms or 0.0)
 
     def to_json(self) -> dict:
         return {
             "label": self.label, "load_kind": self.load.kind, "load": self.load.value,
             "load_label": self.load.label, "conversations": self.conversations, "turns": self.turns,
             "answered": self.answered, "p50_ms": self.p50_ms, "p90_ms": self.p90_ms, "p99_ms": self.p99_ms,
-            "within_budget": self.within_budget, "cost_per_hour_usd": self.cost_per_hour_usd,
+            "within_budget": self.within_budget, "uncertain": self.uncertain,
+            "p90_range_ms": None if self.p90_range_ms is None else list(self.p90_range_ms),
+            "cost_per_hour_usd": self.cost_per_hour_usd,
             "window_s": self.window_s, "wall_s": self.wall_s, "cpu_s": self.cpu_s,
             "played_turns": self.played_turns, "stage_errors": self.stage_errors, "hop_ms": self.hop_ms,
             "devices": [d.__dict__ for d in self.devices], "modelled": True,
@@ -328,9 +348,20 @@ def level_of(
     counted = [r for r in res.records if r.end_of_speech_ns is not None and lo <= r.end_of_speech_ns < hi]
     if not counted:  # a window too short for a single turn: use them all
         counted, lo, hi = res.records, t0, last + 1
-    ms = [v for r in counted if (v := getattr(r, latency)) is not None]
+    answered = [(r, v) for r in counted if (v := getattr(r, latency)) is not None]
+    ms = [v for _, v in answered]
     window_s = max(hi - lo, 1.0) / NS
     budget = cfg.budget_ms
+    devices = _devices(counted, replies or [], lo, hi)
+    busiest = max((d.in_flight for d in devices), default=1.0)
+    agents = spreads(cfg, int(load.value) if load.kind == "sessions" else max(1, round(busiest)))
+    rngs = [turn_range(v, r.breakdown, agents.get(r.backend)) for r, v in answered]
+    verdicts = [verdict(v, rg, budget) for (_, v), rg in zip(answered, rngs, strict=True)]
+    ranged = [rg for rg in rngs if rg is not None]
+    ends = [rg or (v, v) for (_, v), rg in zip(answered, rngs, strict=True)]
+    p90_range = None
+    if ranged:
+        p90_range = (percentile([a for a, _ in ends], 90) or 0.0, percentile([b for _, b in ends], 90) or 0.0)
     return Level(
         label=label,
         load=load,
@@ -340,10 +371,12 @@ def level_of(
         p50_ms=percentile(ms, 50),
         p90_ms=percentile(ms, 90),
         p99_ms=percentile(ms, 99),
-        within_budget=sum(1 for v in ms if v <= budget) / len(counted) if counted else 0.0,
+        within_budget=verdicts.count("pass") / len(counted) if counted else 0.0,
+        uncertain=verdicts.count("uncertain") / len(counted) if counted else 0.0,
+        p90_range_ms=p90_range,
         cost_per_hour_usd=sum(r.cost_usd for r in counted) / window_s * 3600,
         window_s=window_s,
-        devices=_devices(counted, replies or [], lo, hi),
+        devices=devices,
         wall_s=wall_s,
         stage_errors=res.stage_errors,
     )
@@ -356,9 +389,12 @@ class Limit:
     largest_ok: Level | None  # the largest level inside the budget
     first_over: Level | None
     crossing: float | None  # load where p90 crosses the budget, linear between the two (None: not bracketed)
+    # the tested levels whose p90 is inside the budget only at its range's fast end (not inside for the limit)
+    uncertain: tuple[Level, ...] = ()
 
     def sentence(self) -> str:
-        """The answer line: how much load keeps p90 inside the budget."""
+        """The answer line: how much load keeps p90 inside the budget (at the slow end of the turns' ranges
+        where they have them), and which loads are inside only at the fast end (uncertain)."""
         some = self.largest_ok or self.first_over
         kind = "sessions" if some is None else some.load.kind
 
@@ -367,23 +403,24 @@ class Limit:
                 return "calls/min"
             return "concurrent conversation" if n == 1 else "concurrent conversations"
 
+        def p90(lv: Level) -> str:
+            slow = "" if lv.p90_range_ms is None else f", {_ms(lv.p90_slow_ms)} at the range's slow end"
+            return f"p90 {_ms(lv.p90_ms)} ms{slow}"
+
+        unsure = ", ".join(f"{lv.load.value:g} {unit(lv.load.value)} ({p90(lv)})" for lv in self.uncertain)
+        tail = f"; uncertain at {unsure}: inside only at the 80 % range's fast end" if unsure else ""
         b = f"{self.budget_ms:g} ms"
         if self.largest_ok is None:
             over = self.first_over
-            at = (
-                f"{over.load.value:g} {unit(over.load.value)} (p90 {_ms(over.p90_ms)} ms)"
-                if over
-                else "every tested load"
-            )
-            return f"{self.label}: p90 is over {b} already at {at} — no tested load fits"
+            at = f"{over.load.value:g} {unit(over.load.value)} ({p90(over)})" if over else "every tested load"
+            return f"{self.label}: p90 is over {b} already at {at} — no tested load fits{tail}"
         ok = f"{self.largest_ok.load.value:g} {unit(self.largest_ok.load.value)}"
         if self.first_over is None:
-            p90 = _ms(self.largest_ok.p90_ms)
-            return f"{self.label}: {ok}, the largest load tested, keep p90 inside {b} (p90 {p90} ms)"
+            return f"{self.label}: {ok}, the largest load tested, keep p90 inside {b} ({p90(self.largest_ok)}){tail}"
         est = f" (≈ {self.crossing:,.0f} by linear interpolation)" if self.crossing is not None else ""
         return (
-            f"{self.label}: up to {ok} keep p90 inside {b} (p90 {_ms(self.largest_ok.p90_ms)} ms); "
-            f"{self.first_over.load.value:g} do not (p90 {_ms(self.first_over.p90_ms)} ms){est}"
+            f"{self.label}: up to {ok} keep p90 inside {b} ({p90(self.largest_ok)}); "
+            f"{self.first_over.load.value:g} do not ({p90(self.first_over)}){est}{tail}"
         )
 
 
@@ -392,17 +429,20 @@ def _ms(v: float | None) -> str:
 
 
 def limit(label: str, levels: Sequence[Level], budget_ms: float) -> Limit:
-    """The largest tested load whose p90 is inside the budget, the next tested load (outside), and a linear
-    interpolation of the crossing between them. A missing p90 (no answers) counts as outside."""
+    """The largest tested load whose p90 is inside the budget (at its range's slow end: ``p90_slow_ms``),
+    the next tested load (outside), and a linear interpolation of the crossing between them. A missing p90
+    (no answers) counts as outside; a level inside only at the range's fast end is outside and uncertain."""
     ordered = sorted(levels, key=lambda lv: lv.load.value)
-    inside = [i for i, lv in enumerate(ordered) if lv.p90_ms is not None and lv.p90_ms <= budget_ms]
+    unsure = tuple(lv for lv in ordered if lv.p90_ms is not None and lv.p90_ms <= budget_ms
+                   and (lv.p90_slow_ms or 0.0) > budget_ms)  # fmt: skip
+    inside = [i for i, lv in enumerate(ordered) if lv.p90_slow_ms is not None and lv.p90_slow_ms <= budget_ms]
     if not inside:
-        return Limit(label, budget_ms, None, ordered[0] if ordered else None, None)
+        return Limit(label, budget_ms, None, ordered[0] if ordered else None, None, unsure)
     k = inside[-1]
     ok = ordered[k]
     over = ordered[k + 1] if k + 1 < len(ordered) else None
     crossing = None
-    if over is not None and over.p90_ms is not None and ok.p90_ms is not None and over.p90_ms > ok.p90_ms:
-        f = (budget_ms - ok.p90_ms) / (over.p90_ms - ok.p90_ms)
-        crossing = ok.load.value + f * (over.load.value - ok.load.value)
-    return Limit(label, budget_ms, ok, over, crossing)
+    a, b = ok.p90_slow_ms, None if over is None else over.p90_slow_ms
+    if over is not None and a is not None and b is not None and b > a:
+        crossing = ok.load.value + (budget_ms - a) / (b - a) * (over.load.value - ok.load.value)
+    return Limit(label, budget_ms, ok, over, crossing, unsure)

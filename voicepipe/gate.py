@@ -4,10 +4,16 @@ A requirement is ``NAME OP NUMBER``: NAME one of :data:`METRICS` — ``p50``, ``
 ms over the answered turns), ``within`` (share of all turns inside the budget, 0–1; timeouts count as
 misses; ``within>=90%`` is refused with the 0–1 form to write), ``ok`` (share of turns that completed), ``tax_p50`` (ms of pipeline tax),
 ``talked_over`` (the number of turns on which the agent talked over the user: audio of a reply to part of
-the utterance was heard, see ``TurnRecord.talked_over_ms``; ``talked_over<=0`` asks that it never did) — and OP one of ``<=``,
+the utterance was heard, see ``TurnRecord.talked_over_ms``; ``talked_over<=0`` asks that it never did), ``uncertain`` (the number of modelled turns within the budget only
+at the fast end of their 80 % range, the hardware agent's held-out interval carried into the turn:
+``voicepipe.turnrange``; ``uncertain<=0`` asks that every pass is certain) — and OP one of ``<=``,
 ``>=``, ``<``, ``>``. Several are given comma-separated or by repeating the option: ``--require
 'p90<=800,within>=0.9'``. The command prints and writes everything as usual, then names each requirement
 that was missed and exits 1 (a metric with no value, e.g. p90 with no answered turn, is a miss).
+
+An uncertain turn is never a pass: ``within`` counts the turns within the budget at their range's slow end
+(a turn without a range: at its latency), so an uncertain turn counts against ``within`` as a miss does;
+``p50``/``p90``/``p99`` are of the latencies themselves (the point estimates).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ METRICS: dict[str, tuple[str, str]] = {
     "ok": ("share of turns completed", ""),
     "tax_p50": ("pipeline tax p50", "ms"),
     "talked_over": ("turns on which the agent talked over the user", "turns"),
+    "uncertain": ("turns within the budget only at their modelled range's fast end", "turns"),
 }
 OPS: dict[str, Callable[[float, float], bool]] = {
     "<=": operator.le,
@@ -88,6 +95,7 @@ def values(records: Iterable[TurnRecord]) -> dict[str, float | None]:
         "ok": sum(r.status == "ok" for r in recs) / len(recs) if recs else None,
         "tax_p50": s.tax_p50_ms,
         "talked_over": float(s.talked_over) if recs else None,
+        "uncertain": float(s.uncertain) if recs else None,
     }
 
 
@@ -104,6 +112,7 @@ def missed(reqs: list[Requirement], records: Iterable[TurnRecord]) -> list[str]:
             lines.append(f"requirement {r} not met: no value ({METRICS[r.name][0]} of no turn)")
         elif not OPS[r.op](v, r.value):
             unit = METRICS[r.name][1]
-            shown = f"{v:g} of {len(recs)}" if r.name == "talked_over" else f"{v:,.1f} {unit}" if unit else f"{v:.3g}"
+            counted = r.name in ("talked_over", "uncertain")
+            shown = f"{v:g} of {len(recs)}" if counted else f"{v:,.1f} {unit}" if unit else f"{v:.3g}"
             lines.append(f"requirement {r} not met: {METRICS[r.name][0]} is {shown}")
     return lines

@@ -16,6 +16,11 @@ A prediction reports what a run reports: :meth:`TurnPrediction.to_json` writes e
 writes for a turn (barge-in stop time, wasted tokens, false cache hits, ``talked_over_ms``...) except
 :data:`LIVE_ONLY`, plus :data:`PREDICT_ONLY`. A turn on which the agent talked over the user is a miss
 here as live (``within_budget`` False whatever ``predicted_ms``).
+
+Where the turn's agent is a hardware backend, its held-out 80 % interval is carried into the turn
+(:mod:`voicepipe.turnrange`): ``predicted_range_ms`` is the turn's range, and its ``verdict``
+(:func:`voicepipe.records.verdict`) is ``pass`` only when the range's slow end is inside the budget,
+``uncertain`` when only its fast end is; ``within_budget`` is True for a pass alone.
 """
 
 from __future__ import annotations
@@ -25,10 +30,11 @@ from dataclasses import dataclass, field
 
 from voicepipe.config import PipelineConfig
 from voicepipe.parallel import Executor, LocalExecutor, Report
-from voicepipe.records import METRICS, BreakdownPart, TurnRecord
+from voicepipe.records import METRICS, BreakdownPart, TurnRecord, Verdict, verdict
 from voicepipe.runner import simulate
 from voicepipe.runresult import RunResult
 from voicepipe.scenario import Scenario
+from voicepipe.turnrange import Spread, spreads, turn_range
 
 # TurnRecord fields a live run writes that a prediction leaves out, because only a live run has them: the
 # measurement itself and the pipeline tax (``predicted_ms`` is the prediction's latency), the run id, the
@@ -39,7 +45,7 @@ LIVE_ONLY = frozenset({
     "broker_outage_ms", "endpoint",
 })  # fmt: skip
 # what a prediction adds: whether live must equal it (``exact``), and that it is modelled
-PREDICT_ONLY = frozenset({"exact", "modelled"})
+PREDICT_ONLY = frozenset({"exact", "modelled", "verdict", "interval_level"})
 
 
 @dataclass
@@ -66,18 +72,27 @@ class TurnPrediction:
     talked_over_ms: float | None = None  # see TurnRecord.talked_over_ms
     # the virtual run's record (its spans dropped): every field a live record has, for to_json/as_record
     record: TurnRecord | None = field(default=None, repr=False, compare=False)
+    # the hardware agent's 80 % interval carried into the turn (fast end, slow end); None: no range
+    predicted_range_ms: tuple[float, float] | None = None
+    interval_level: float | None = None
 
     @property
     def talked_over(self) -> bool:
         return self.talked_over_ms is not None
 
     @property
+    def verdict(self) -> Verdict:
+        """pass, uncertain (within budget only at the range's fast end) or miss (:func:`records.verdict`)."""
+        return verdict(self.predicted_ms, self.predicted_range_ms, self.budget_ms, self.talked_over)
+
+    @property
     def within_budget(self) -> bool:
-        """Inside the budget, and the agent did not talk over the user (a miss at any latency)."""
-        return self.predicted_ms <= self.budget_ms and not self.talked_over
+        """A pass: inside the budget at the range's slow end, and the agent did not talk over the user (a
+        miss at any latency). An uncertain turn is not within the budget."""
+        return self.verdict == "pass"
 
     @classmethod
-    def of(cls, r: TurnRecord, exact: bool) -> TurnPrediction:
+    def of(cls, r: TurnRecord, exact: bool, spread: Spread | None = None) -> TurnPrediction:
         if r.predicted_ms is None:
             raise ValueError(f"turn {r.turn} of {r.session} got no reply (timed out on virtual time)")
         return cls(
@@ -86,6 +101,8 @@ class TurnPrediction:
             breakdown=r.breakdown, cost_usd=r.cost_usd, quality=r.quality, premature_endpoint=r.premature_endpoint,
             exact=exact, wasted_tokens=r.wasted_tokens, metrics={k: getattr(r, k) for k in METRICS}, virtual=r,
             talked_over_ms=r.talked_over_ms, record=r.model_copy(update={"spans": []}),
+            predicted_range_ms=turn_range(r.predicted_ms, r.breakdown, spread),
+            interval_level=None if spread is None else spread.level,
         )  # fmt: skip
 
     def as_record(self, label: str = "") -> TurnRecord:
@@ -93,7 +110,7 @@ class TurnPrediction:
         summaries and tables that read records can show predictions; never written as a measurement."""
         mine = {
             "run": "predict", "label": label, "measured_ms": self.predicted_ms, "predicted_ms": self.predicted_ms,
-            "tax_ms": 0.0, "within_budget": self.within_budget,
+            "tax_ms": 0.0, "within_budget": self.within_budget, "predicted_range_ms": self.predicted_range_ms,
         }  # fmt: skip
         if self.record is not None:
             return self.record.model_copy(update={**mine, "end_of_speech_ns": None, "first_audio_ns": None})
@@ -121,7 +138,8 @@ class TurnPrediction:
         """The fields ``run --json`` writes for a turn, less :data:`LIVE_ONLY`, plus :data:`PREDICT_ONLY`."""
         rec = self.as_record()
         out = {k: v for k, v in rec.model_dump(mode="json").items() if k not in LIVE_ONLY}
-        return {**out, "within_budget": self.within_budget, "exact": self.exact, "modelled": True}
+        return {**out, "within_budget": self.within_budget, "verdict": self.verdict,
+                "interval_level": self.interval_level, "exact": self.exact, "modelled": True}  # fmt: skip
 
 
 def shares_devices(cfg: PipelineConfig, sessions: int) -> bool:
@@ -156,6 +174,7 @@ def predict(cfg: PipelineConfig, scenarios: Sequence[Scenario], sessions: int = 
     """Every turn of ``sessions`` concurrent copies of each scenario, on virtual time, in session order."""
     res = checked(simulate(cfg, list(scenarios), sessions))
     shared = shares_devices(cfg, sessions)
+    agents = spreads(cfg, sessions)  # sessions share each hardware agent's device: its batch regime
     order = {sc.name: i for i, sc in enumerate(scenarios)}
     recs = sorted(res.records, key=lambda r: (order[r.scenario], int(r.session.rsplit("-", 1)[1]), r.turn))
     late = next((r for r in recs if r.predicted_ms is None), None)
@@ -170,7 +189,7 @@ def predict(cfg: PipelineConfig, scenarios: Sequence[Scenario], sessions: int = 
             f"{where} got no reply within client.turn_timeout_s "
             f"({cfg.client.turn_timeout_s:g} s of virtual time): a modelled wait or stage takes longer than that"
         )
-    return [TurnPrediction.of(r, exact_turn(r, shared)) for r in recs]
+    return [TurnPrediction.of(r, exact_turn(r, shared), agents.get(r.backend)) for r in recs]
 
 
 def _predict_job(

@@ -16,6 +16,19 @@ from voicepipe.spans import Span
 from voicepipe.text import count_tokens
 
 Path = Literal["agent", "cache", "council", "preemptive"]
+Verdict = Literal["pass", "uncertain", "miss"]
+
+
+def verdict(latency_ms: float | None, rng: tuple[float, float] | None, budget_ms: float,
+            talked_over: bool = False) -> Verdict:  # fmt: skip
+    """A modelled turn against its budget: ``pass`` when its range's slow end (the latency itself without
+    a range) is inside the budget, ``uncertain`` when only the fast end is, ``miss`` otherwise — and a miss
+    whenever the agent talked over the user or the turn got no answer. An uncertain turn is not a pass."""
+    if latency_ms is None or talked_over:
+        return "miss"
+    lo, hi = rng if rng is not None else (latency_ms, latency_ms)
+    lo, hi = min(lo, latency_ms), max(hi, latency_ms)
+    return "pass" if hi <= budget_ms else "uncertain" if lo <= budget_ms else "miss"
 
 
 class BreakdownPart(BaseModel):
@@ -86,6 +99,10 @@ class TurnRecord(BaseModel):
     # audio (ms at the speaking rate) the TTS synthesised for withdrawn segments, heard or not: TTS work
     # thrown away (the LLM tokens thrown away are in ``wasted_tokens``)
     wasted_audio_ms: float = 0.0
+    # a modelled turn's 80 % range of ``predicted_ms`` (fast end, slow end) where its LLM is a hardware
+    # backend: the backend's held-out interval carried into the turn (voicepipe.turnrange); None elsewhere
+    # (a live run, a profile or empirical backend, a cache hit)
+    predicted_range_ms: tuple[float, float] | None = None
     # the broker was unreachable or stalled this long within the turn (measured on the client's clock): the
     # turn's latency and tax include it; None when the broker was there throughout
     broker_outage_ms: float | None = None
@@ -125,6 +142,12 @@ class TurnRecord(BaseModel):
     def talked_over(self) -> bool:
         """Did the agent speak while the user still had words to say (see ``talked_over_ms``)?"""
         return self.talked_over_ms is not None
+
+    @property
+    def uncertain(self) -> bool:
+        """A modelled turn within budget only at the fast end of its range (:func:`verdict`): not a pass."""
+        rng = self.predicted_range_ms
+        return rng is not None and verdict(self.predicted_ms, rng, self.budget_ms, self.talked_over) == "uncertain"
 
     def stage_ms(self) -> dict[str, float]:
         out: dict[str, float] = {}
@@ -199,6 +222,7 @@ class Summary(BaseModel):
     mean_stage_ms: dict[str, float]
     mean_quality: float | None = None  # modelled; over turns whose quality is known
     talked_over: int = 0  # turns on which the agent talked over the user (each a miss)
+    uncertain: int = 0  # modelled turns within budget only at their range's fast end (not counted within)
 
     def talked_over_line(self) -> str:
         """"talked over the user on 3 of 8 turns", or "" when it never did."""
@@ -234,6 +258,7 @@ def summarise(records: Iterable[TurnRecord]) -> Summary:
         if (qs := [r.quality for r in recs if r.quality is not None])
         else None,
         talked_over=sum(r.talked_over for r in recs),
+        uncertain=sum(r.uncertain for r in recs),
     )
 
 

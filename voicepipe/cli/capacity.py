@@ -54,6 +54,13 @@ COST_NOTE = (
 )
 
 
+RANGE_NOTE = (
+    "p90 (low–high): the p90 of the turns' 80 % ranges (each hardware agent's held-out interval carried into "
+    "the turn); within the budget counts a turn only at its range's slow end, +N%? is the share inside only "
+    "at the fast end (uncertain, not a pass), and a load is inside for the answer only at the slow end"
+)
+
+
 def modelled_caption(hop_ms: float) -> str:
     """What the table's numbers are: modelled, how the bus was charged, and what the cost column counts."""
     if not hop_ms:
@@ -69,6 +76,17 @@ def modelled_caption(hop_ms: float) -> str:
 
 def _ms(v: float | None) -> str:
     return "–" if v is None else f"{v:,.0f}"
+
+
+def _within(lv: Level) -> str:
+    """The share within budget, and the uncertain share beside it: ``40% +20%?``."""
+    return f"{lv.within_budget * 100:.0f}%" + (f" +{lv.uncertain * 100:.0f}%?" if lv.uncertain else "")
+
+
+def _p90(lv: Level) -> str:
+    """The p90, with the p90 of the turns' 80 % ranges where they have one: ``780 (740–830)``."""
+    rng = lv.p90_range_ms
+    return _ms(lv.p90_ms) + ("" if rng is None else f" ({rng[0]:,.0f}–{rng[1]:,.0f})")
 
 
 def _devices_cell(lv: Level, attr: str, fmt: str) -> str:
@@ -101,10 +119,11 @@ def capacity_rows(levels: Sequence[Level], budget_ms: float) -> tuple[list[Col],
     rows: list[list[Cell]] = []
     for lv in levels:
         over = lv.p90_ms is None or lv.p90_ms > budget_ms
+        unsure = not over and (lv.p90_slow_ms or 0.0) > budget_ms  # inside only at the ranges' fast end
         rows.append([
             *([short[lv.label]] if several else []), lv.load.label, f"{lv.turns:,}", _ms(lv.p50_ms),
-            Text(_ms(lv.p90_ms), style="bold red" if over else "green"), _ms(lv.p99_ms),
-            f"{lv.within_budget * 100:.0f}%", _devices_cell(lv, "queue_mean_ms", ",.1f"),
+            Text(_p90(lv), style="bold red" if over else "yellow" if unsure else "green"), _ms(lv.p99_ms),
+            _within(lv), _devices_cell(lv, "queue_mean_ms", ",.1f"),
             _devices_cell(lv, "user_tok_s", ".0f"), _devices_cell(lv, "busy_share", ".0%"),
             f"{lv.cost_per_hour_usd:.3g}",
         ])  # fmt: skip
@@ -113,7 +132,7 @@ def capacity_rows(levels: Sequence[Level], budget_ms: float) -> tuple[list[Col],
 
 def write_csv(path: Path, levels: Sequence[Level]) -> None:
     cols = ["label", "load_kind", "load", "conversations", "turns", "answered", "p50_ms", "p90_ms", "p99_ms",
-            "within_budget", "cost_per_hour_usd", "window_s", "wall_s", "hop_ms"]  # fmt: skip
+            "within_budget", "uncertain", "cost_per_hour_usd", "window_s", "wall_s", "hop_ms"]  # fmt: skip
     with path.open("w", newline="") as f:
         w = csvlib.writer(f)
         w.writerow(
@@ -208,8 +227,8 @@ def end_label_ys(
 def report_html(levels: Sequence[Level], limits: Sequence[Limit], budget_ms: float, title: str) -> str:
     rows = "".join(
         "<tr>" + "".join(f"<td>{esc(c)}</td>" for c in (
-            lv.label, lv.load.label, lv.turns, _ms(lv.p50_ms), _ms(lv.p90_ms), _ms(lv.p99_ms),
-            f"{lv.within_budget * 100:.0f}%", _devices_cell(lv, "queue_mean_ms", ",.1f"),
+            lv.label, lv.load.label, lv.turns, _ms(lv.p50_ms), _p90(lv), _ms(lv.p99_ms),
+            _within(lv), _devices_cell(lv, "queue_mean_ms", ",.1f"),
             _devices_cell(lv, "user_tok_s", ".0f"), _devices_cell(lv, "busy_share", ".0%"),
             f"{lv.cost_per_hour_usd:.3g}")) + "</tr>"
         for lv in levels
@@ -333,6 +352,8 @@ def capacity(
         title += f" · {variants[0][0]}"
     cols, rows = capacity_rows(levels, budget)
     print_fitted(out, cols, rows, wide=wide, title=title, caption=modelled_caption(hop_ms))
+    if any(lv.p90_range_ms for lv in levels):
+        out.print(RANGE_NOTE, style="dim", highlight=False, markup=False)
     for lim in limits:
         out.print(lim.sentence(), highlight=False, markup=False)
     writes = Writes()  # each output attempted; one that fails is a line and exit 2
@@ -341,7 +362,8 @@ def capacity(
         lines += [json.dumps({"kind": "limit", "label": lim.label, "budget_ms": lim.budget_ms,
                               "largest_ok": lim.largest_ok.load.value if lim.largest_ok else None,
                               "first_over": lim.first_over.load.value if lim.first_over else None,
-                              "crossing": lim.crossing, "answer": lim.sentence()}) for lim in limits]  # fmt: skip
+                              "crossing": lim.crossing, "uncertain": [lv.load.value for lv in lim.uncertain],
+                              "answer": lim.sentence()}) for lim in limits]  # fmt: skip
         writes("--json", json_out, lambda: json_out.write_text("\n".join(lines) + "\n"))
     if csv:
         writes("--csv", csv, lambda: write_csv(csv, levels))

@@ -80,10 +80,10 @@ def _near(dev: catalog.Device, mdl: catalog.ModelSpec, stk: catalog.Stack | None
 def _ranges(dev: catalog.Device, mdl: catalog.ModelSpec, stk: catalog.Stack | None, batch: int, precision: str,
             values: dict[str, float]) -> Ranges:  # fmt: skip
     """The 80 % ranges of ``values`` from the shipped held-out residuals (voicepipe.hardware.validate.ranges)."""
-    from voicepipe.hardware.validate import ranges, shipped_accuracy  # lazy: start-up time
+    from voicepipe.hardware.validate import device_maker, ranges, shipped_accuracy  # lazy: start-up time
 
     return _guard(lambda: ranges(shipped_accuracy(), values, dev.key, dev.kind, _evidence_stack(dev, stk), mdl, batch,
-                                 precision))  # fmt: skip
+                                 precision, maker=device_maker(dev)))  # fmt: skip
 
 
 def _with_range(text: str, rng: Ranges, metric: str) -> str:

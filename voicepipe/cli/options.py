@@ -68,8 +68,9 @@ RequireOpt = Annotated[
     typer.Option(
         "--require",
         metavar="NAME<=N",
-        help="Exit 1 unless the turns meet it, e.g. 'p90<=800,within>=0.9' (p50 p90 p99 within ok tax_p50; "
-        "repeatable).",
+        help="Exit 1 unless the turns meet it, e.g. 'p90<=800,within>=0.9' (p50 p90 p99 within ok tax_p50 "
+        "talked_over uncertain; repeatable). within counts a modelled turn only when its 80 % range's slow end "
+        "is inside the budget: an uncertain one is not a pass.",
     ),
 ]
 ConfigOpt = Annotated[

@@ -62,12 +62,14 @@ def conventional_name(stage: str, what: str) -> str | None:
     return None
 
 
-def _json_field(annotation: Any) -> bool:
-    return get_origin(annotation) in (list, dict)
-
-
 def _optional(annotation: Any) -> bool:
     return get_origin(annotation) in (Union, types.UnionType) and type(None) in get_args(annotation)
+
+
+def _json_field(annotation: Any) -> bool:
+    """A list, dict or tuple field (optional or not): a JSON cell."""
+    args = get_args(annotation) if _optional(annotation) else (annotation,)
+    return any(get_origin(a) in (list, dict, tuple) for a in args)
 
 
 _FIELDS = list(TurnRecord.model_fields)
@@ -115,7 +117,7 @@ def read_csv(path: str | Path) -> list[TurnRecord]:
                 continue
             v = row[n]
             if n in _JSON_FIELDS:
-                d[n] = json.loads(v) if v else []
+                d[n] = json.loads(v) if v else (None if n in _OPTIONAL_FIELDS else [])
             elif v == "" and n in _OPTIONAL_FIELDS:
                 d[n] = None
             else:

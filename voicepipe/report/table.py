@@ -10,7 +10,7 @@ from rich.text import Text
 
 from voicepipe.compare import Row as CompareRow
 from voicepipe.compare import fmt_usd
-from voicepipe.records import TurnRecord, summarise, unmeasured
+from voicepipe.records import TurnRecord, summarise, unmeasured, verdict
 from voicepipe.report.svg import stage_sort_key
 from voicepipe.report.term import Cell, Col, Parts, print_fitted
 
@@ -20,6 +20,10 @@ CAPTION = "measured on the client's clock over the real MQTT bus; predicted = mo
 
 def _ms(v: float | None) -> str:
     return "—" if v is None else f"{v:,.0f}"
+
+
+def _range(rng: tuple[float, float] | None) -> str:
+    return "—" if rng is None else f"{rng[0]:,.0f}–{rng[1]:,.0f}"
 
 
 def top_parts(r: TurnRecord, n: int = 2, width: int = 1000) -> str:
@@ -38,16 +42,25 @@ def largest_parts(r: TurnRecord, n: int = 2) -> Parts:
 
 
 TALKED_OVER_MARK = "»"
+UNCERTAIN_MARK = "?"
+UNCERTAIN_NOTE = (
+    f"{UNCERTAIN_MARK}: uncertain — within the budget only at the fast end of the turn's 80 % range (the "
+    "hardware agent's held-out interval carried into the turn); not counted as within the budget"
+)
 TALKED_OVER_NOTE = f"✗{TALKED_OVER_MARK}: the agent talked over the user (a reply to part of the utterance was heard): a miss at any latency"
 
 
-def _ok(value_ms: float | None, budget_ms: float, talked_over: bool = False) -> Text:
-    """✓ within the budget; ✗ over it or unanswered; ✗» the agent talked over the user (a miss, however fast)."""
+def _ok(value_ms: float | None, budget_ms: float, talked_over: bool = False,
+        rng: tuple[float, float] | None = None) -> Text:  # fmt: skip
+    """✓ within the budget (at the slow end of a modelled range ``rng``); ? within it only at the range's
+    fast end (uncertain: not a pass); ✗ over it or unanswered; ✗» the agent talked over the user (a miss,
+    however fast)."""
     if talked_over:
         return Text(f"✗{TALKED_OVER_MARK}", style="bold red")
-    if value_ms is None or value_ms > budget_ms:
-        return Text("✗", style="bold red")
-    return Text("✓", style="bold green")
+    v = verdict(value_ms, rng, budget_ms)
+    if v == "uncertain":
+        return Text(UNCERTAIN_MARK, style="bold yellow")
+    return Text("✓", style="bold green") if v == "pass" else Text("✗", style="bold red")
 
 
 def print_talked_over(console: Console, records: Sequence[TurnRecord], name: str = "") -> None:
@@ -254,6 +267,7 @@ def print_predictions(
         Col("user said", priority=6, justify="left", text=True, min_width=10, max_width=48,
             max_lines=SAID_LINES),
         Col("pred\nms"),
+        *([Col("80 %\nrange", priority=2)] if (ranged := any(r.predicted_range_ms for r in records)) else []),
         Col("ok", justify="center"),
         Col("path", priority=3, justify="left", text=True, min_width=5),
         Col("q\n(mod)", priority=4),
@@ -266,7 +280,8 @@ def print_predictions(
             str(r.turn),
             r.user_text,
             _ms(r.predicted_ms),
-            _ok(r.predicted_ms, budget_ms, r.talked_over),
+            *([_range(r.predicted_range_ms)] if ranged else []),
+            _ok(r.predicted_ms, budget_ms, r.talked_over, r.predicted_range_ms),
             r.path + ("!" if r.premature_endpoint else ""),
             "–" if r.quality is None else f"{r.quality:.2f}",
             fmt_usd(r.cost_usd),
@@ -280,10 +295,14 @@ def print_predictions(
     s = summarise(records)
     console.print(
         f"p50 {_ms(s.p50_ms)} ms · p90 {_ms(s.p90_ms)} · p99 {_ms(s.p99_ms)} · within {budget_ms:.0f} ms "
-        f"{s.within_budget * 100:.0f}% · under 200 ms {s.under_200ms * 100:.0f}% · ${s.mean_cost_usd:.5f}/turn"
+        f"{s.within_budget * 100:.0f}%"
+        + (f" (+{s.uncertain} uncertain)" if s.uncertain else "")
+        + f" · under 200 ms {s.under_200ms * 100:.0f}% · ${s.mean_cost_usd:.5f}/turn"
         + ("" if s.mean_quality is None else f" · quality {s.mean_quality:.2f} (modelled)"),
         highlight=False,
     )
+    if s.uncertain:
+        console.print(Text(UNCERTAIN_NOTE, style="dim"))
     print_talked_over(console, records)
     if s.talked_over:
         console.print(Text(TALKED_OVER_NOTE, style="dim"))

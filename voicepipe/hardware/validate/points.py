@@ -32,6 +32,7 @@ from voicepipe.hardware.model import (
     Speculative,
     System,
     make_system,
+    matmul_params,
     running_sequences,
 )
 
@@ -215,6 +216,13 @@ def prepare(p: Point) -> Prepared:
         batch = min(asked, running_sequences(system, prompt, out))
         if batch < 1:
             return Prepared(p, reason=f"weights do not fit {p.chips} x {dev.key} at {p.precision}")
+    if p.metric == "ttft_ms" and p.prompt_tokens is not None and dev.kind == "hbm":
+        # no cold prefill beats the datasheet peak: a TTFT under it was served from a prefix cache (or its
+        # lengths are not what was run), so it says nothing about the physics of a prefill
+        floor_ms = 2.0 * matmul_params(mdl) * p.prompt_tokens / (system.chips * dev.peak_flops(p.precision)) * 1e3
+        if p.value < floor_ms:
+            return Prepared(p, reason=f"TTFT {p.value:g} ms is under the {floor_ms:.3g} ms the prompt's matmuls "
+                                      "take at the datasheet peak: not a cold prefill (a prefix-cache hit?)")
     # a per-token mean at concurrency B, and a closed-loop client's throughput, are a loaded server's;
     # the rest time a burst of requests arriving together (as many as published; "saturated": what fits)
     steady = p.metric in STEADY_STATE or p.metric == "itl_median_ms" or p.closed_loop

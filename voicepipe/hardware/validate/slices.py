@@ -7,24 +7,25 @@ batch (1 or batched), phase (TTFT, decode: per-token metrics, or throughput/end-
 signed error) and count. A :class:`Residual` is one point's held-out log speed ratio (modelled over
 published speed; > 0 reads faster) with its slices; the shipped ones are in the accuracy file.
 
-:func:`interval` is conformal-style: the residuals of the points sharing the configuration's
-architecture, batch regime, phase and precision (dropping precision, then architecture, then batch while
-fewer than ``MIN_POINTS`` share them), their ranks ⌊(n+1)·0.1⌋ and ⌈(n+1)·0.9⌉ (wider with fewer
-points), applied to the modelled value. :func:`coverage` measures how often such intervals, built without
-the point's own family, hold the published value.
+:func:`band` is the interval rule (Mondrian conformal, see :mod:`~voicepipe.hardware.validate.ranges`):
+the conformal ranks of the residuals in the finest cell of the configuration's phase, device maker, stack,
+architecture, batch regime and precision that holds ``MIN_POINTS`` residuals from ``MIN_FAMILIES``
+families, widened where the configuration's slices are thin. :func:`coverage` measures how often that
+band, built for each point's own configuration without the point's family's residuals, holds the point.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from voicepipe.hardware import catalog
 from voicepipe.hardware.validate.fit import Row
-from voicepipe.hardware.validate.points import Point
+from voicepipe.hardware.validate.points import Point, stack_key
 
 LEVEL = 0.8
 MIN_POINTS = 15  # a cell with fewer residuals widens to a coarser one
@@ -56,6 +57,11 @@ def precision_class(precision: str) -> str:
     return "16-bit" if precision in SIXTEEN_BIT else "quantised"
 
 
+def device_maker(dev: catalog.Device) -> str:
+    """Who makes the device, as its catalog name starts ("NVIDIA", "AMD", "Intel", "Google", ...)."""
+    return dev.name.split()[0] if dev.name else dev.key
+
+
 class Residual(BaseModel):
     """One answered point's held-out log speed ratio, with the slices it belongs to."""
 
@@ -69,6 +75,11 @@ class Residual(BaseModel):
     phase: str
     precision: str
     device_kind: str = "hbm"  # the device's memory kind: hbm or sram (whose physics differ)
+    # the device, its maker (device_maker) and the stack profile (points.stack_key: its era with it, e.g.
+    # vllm-v0 vs vllm); "" in an accuracy file written before they were recorded (then no cell matches them)
+    device: str = ""
+    maker: str = ""
+    stack: str = ""
     log_speed: float  # log(modelled speed / published speed)
 
     def slice(self, kind: str) -> str:
@@ -84,8 +95,8 @@ def residual(row: Row) -> Residual | None:
     return Residual(
         id=p.id, family=p.family, publisher_family=p.publisher_family or "unknown",
         architecture=architecture(catalog.model(p.model)), batch=batch_regime(p.batch), phase=phase(p.metric),
-        precision=precision_class(p.precision), device_kind=catalog.device(p.device).kind,
-        log_speed=round(math.log(speed), 4),
+        precision=precision_class(p.precision), device_kind=(dev := catalog.device(p.device)).kind,
+        device=dev.key, maker=device_maker(dev), stack=stack_key(p.stack), log_speed=round(math.log(speed), 4),
     )  # fmt: skip
 
 
@@ -116,15 +127,61 @@ def slice_table(res: Sequence[Residual]) -> list[SliceRow]:
     return out
 
 
-def cell(res: Sequence[Residual], want: dict[str, str], exclude_family: str | None = None) -> list[float]:
-    """The residuals of the finest cell around ``want`` with at least MIN_POINTS (coarsening in order)."""
-    pool = [r for r in res if r.family != exclude_family]
-    keys = ["phase", "batch", "architecture", "precision"]
+# the cell's keys, finest last: a cell too thin drops the last key first (precision, then batch, ...)
+CELL_KEYS = ("phase", "maker", "stack", "architecture", "batch", "precision")
+MIN_FAMILIES = 3  # ... or with residuals from fewer publisher families than this (one family is one harness)
+THIN = 10  # a slice with fewer residuals than this is far from evidence
+
+
+@dataclass(frozen=True)
+class Query:
+    """What an interval is asked for: the slices of one configuration and metric. ``stack`` None: any
+    stack speaks for it (an SRAM machine runs its vendor's own software)."""
+
+    phase: str
+    architecture: str
+    batch: str
+    precision: str
+    device: str
+    maker: str
+    stack: str | None
+    device_kind: str = "hbm"
+
+    def slice(self, kind: str) -> str | None:
+        value: str | None = getattr(self, kind)
+        return value
+
+
+def query_of(r: Residual) -> Query:
+    """The query a residual's own point answers (for the held-out coverage)."""
+    return Query(phase=r.phase, architecture=r.architecture, batch=r.batch, precision=r.precision,
+                 device=r.device, maker=r.maker, stack=None if r.device_kind == "sram" else r.stack,
+                 device_kind=r.device_kind)  # fmt: skip
+
+
+def cell_members(res: Sequence[Residual], q: Query) -> list[Residual]:
+    """The residuals of ``q``'s device kind in the finest cell around ``q`` (keys :data:`CELL_KEYS`, the
+    last dropped first) holding at least MIN_POINTS residuals from at least MIN_FAMILIES families."""
+    pool = [r for r in res if r.device_kind == q.device_kind]
+    keys = [k for k in CELL_KEYS if q.slice(k) is not None]
     while True:
-        got = [r.log_speed for r in pool if all(r.slice(k) == want[k] for k in keys)]
-        if len(got) >= MIN_POINTS or not keys:
+        got = [r for r in pool if all(r.slice(k) == q.slice(k) for k in keys)]
+        if (len(got) >= MIN_POINTS and len({r.family for r in got}) >= MIN_FAMILIES) or not keys:
             return got
-        keys.pop()  # precision first, then architecture, then batch
+        keys.pop()
+
+
+def cell(res: Sequence[Residual], q: Query) -> list[float]:
+    """The log speed residuals of :func:`cell_members`."""
+    return [r.log_speed for r in cell_members(res, q)]
+
+
+def thin_slices(res: Sequence[Residual], q: Query) -> tuple[str, ...]:
+    """``q``'s slices (device, stack, architecture, batch regime, precision class) with fewer than THIN
+    residuals, as ``"kind name (n points)"``."""
+    kinds = ["device", *(["stack"] if q.stack is not None else []), "architecture", "batch", "precision"]
+    counts = [(k, q.slice(k), sum(r.slice(k) == q.slice(k) for r in res)) for k in kinds]
+    return tuple(f"{kind} {name} ({n} points)" for kind, name, n in counts if n < THIN)
 
 
 def speed_band(values: Sequence[float], level: float = LEVEL) -> tuple[float, float] | None:
@@ -138,22 +195,33 @@ def speed_band(values: Sequence[float], level: float = LEVEL) -> tuple[float, fl
     return float(s[lo - 1]), float(s[hi - 1])
 
 
-def interval(value: float, rate: bool, want: dict[str, str], res: Sequence[Residual],
-             exclude_family: str | None = None) -> tuple[float, float] | None:  # fmt: skip
-    """The 80 % range of a modelled ``value`` (a rate when ``rate``, else a time): the true speed is the
-    modelled speed over exp(residual)."""
-    band = speed_band(cell(res, want, exclude_family))
-    if band is None:
-        return None
-    lo, hi = band  # log(modelled/true speed): true speed = modelled · exp(−s)
-    if rate:
-        return value * math.exp(-hi), value * math.exp(-lo)
-    return value * math.exp(lo), value * math.exp(hi)
+def band(res: Sequence[Residual], q: Query,
+         exclude_family: str | None = None) -> tuple[tuple[float, float], tuple[str, ...]]:  # fmt: skip
+    """The 80 % band of log(modelled / true speed) for ``q``, and its thin slices: the one rule behind
+    every printed range and its measured coverage (docs/hardware-model.md §3, "Intervals").
+
+    Only residuals of other families than ``exclude_family`` count (coverage() passes the point's own).
+    The cell's conformal ranks (:func:`cell`, :func:`speed_band`); with ``k`` thin slices, the union with
+    the band of every residual of the device kind at level ``1 − 0.2 / 2^(k−1)``."""
+    pool = [r for r in res if r.family != exclude_family]
+    kind = [r.log_speed for r in pool if r.device_kind == q.device_kind]
+    if not kind:
+        raise ValueError(f"no residuals of {q.device_kind} devices: no interval can be given")
+    thin = thin_slices(pool, q)
+    # too few even for the coarsest cell: the widest seen
+    got = speed_band(cell(pool, q)) or (min(kind), max(kind))
+    if thin:
+        wide = speed_band(kind, 1 - (1 - LEVEL) / 2 ** (len(thin) - 1)) or (min(kind), max(kind))
+        got = (min(got[0], wide[0]), max(got[1], wide[1]))
+    return got, thin
 
 
-def config_slices(model: catalog.ModelSpec, batch: int, precision: str, metric: str) -> dict[str, str]:
-    return {"architecture": architecture(model), "batch": batch_regime(batch), "phase": METRIC_PHASE[metric],
-            "precision": precision_class(precision)}  # fmt: skip
+def config_query(model: catalog.ModelSpec, batch: int, precision: str, metric: str, device: str, maker: str,
+                 stack: str | None, device_kind: str = "hbm") -> Query:  # fmt: skip
+    """The query of a configuration's ``metric`` (:data:`METRIC_PHASE` names the phase that speaks for it)."""
+    return Query(phase=METRIC_PHASE[metric], architecture=architecture(model), batch=batch_regime(batch),
+                 precision=precision_class(precision), device=device, maker=maker, stack=stack,
+                 device_kind=device_kind)  # fmt: skip
 
 
 class Coverage(BaseModel):
@@ -167,14 +235,16 @@ class Coverage(BaseModel):
 
 
 def coverage(res: Sequence[Residual]) -> list[Coverage]:
-    """How often the interval built without a point's own family holds its published value, overall and
-    per slice (the residual itself is held out by family too)."""
+    """How often the band :func:`band` builds for a point's own configuration without its family's
+    residuals (cell, thin slices and all) holds its residual, overall and per slice (the residual itself
+    is held out by family too)."""
     hits: list[tuple[Residual, bool, float]] = []
     for r in res:
-        band = speed_band(cell(res, {k: r.slice(k) for k in KINDS[1:]}, exclude_family=r.family))
-        if band is None:
+        try:
+            (lo, hi), _ = band(res, query_of(r), exclude_family=r.family)
+        except ValueError:  # no other family measured its kind of device: no interval to score
             continue
-        hits.append((r, band[0] <= r.log_speed <= band[1], math.exp(band[1] - band[0])))
+        hits.append((r, lo <= r.log_speed <= hi, math.exp(hi - lo)))
 
     def row(kind: str, name: str, sel: list[tuple[Residual, bool, float]]) -> Coverage:
         return Coverage(kind=kind, slice=name, points=len(sel),
