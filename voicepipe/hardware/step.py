@@ -33,6 +33,7 @@ from voicepipe.hardware.system import (
     kv_bytes_per_token,
     kv_shards,
     matmul_params,
+    prefill_attention_width,
     weight_split,
 )
 
@@ -137,7 +138,7 @@ def step_parts(
         2.0
         * m.layers
         * m.heads
-        * (decode_attention_width(m) * q * kv + 2.0 * m.head_dim * n * m.held(c + n / (2.0 * ps)))
+        * (decode_attention_width(m) * q * kv + prefill_attention_width(m) * n * m.held(c + n / (2.0 * ps)))
     )
     stk = system.serving
     # a decode kernel that does not share a GQA group's KV head reads it once per query head
@@ -212,7 +213,7 @@ def rank_local_prefill_parts(system: System, prompt_tokens: float) -> StepParts:
     n = float(prompt_tokens)
     _, experts = _expert_split(m)
     local = matmul_params(m) - experts * (m.experts_active / m.experts if m.is_moe else 0.0)
-    attention = 2.0 * m.layers * m.heads * 2.0 * m.head_dim * n * m.held(n / 2.0)
+    attention = 2.0 * m.layers * m.heads * prefill_attention_width(m) * n * m.held(n / 2.0)
     zero = np.zeros(())
     return StepParts(
         kv_s=zero,

@@ -174,6 +174,18 @@ def decode_attention_width(model: ModelSpec) -> float:
     return 2.0 * model.kv_dim - MLA_ROPE_DIM
 
 
+def prefill_attention_width(model: ModelSpec) -> float:
+    """Multiply-adds per head per (prompt token, attended token) pair in prefill attention.
+
+    Standard attention: ``2 · head_dim`` (scores over ``head_dim``, values over ``head_dim``). MLA
+    prefills in the non-absorbed form (DeepSeek-V2, arXiv 2405.04434 §2.1.2-2.1.3; DeepSeek-V3
+    config.json: qk_nope_head_dim 128 + qk_rope_head_dim 64 = 192-wide scores, v_head_dim 128): the
+    scores also span the decoupled rotary key, ``2 · head_dim + rope`` = 320, 1.25× a 128-wide head."""
+    if model.kv_dim is None:
+        return 2.0 * model.head_dim
+    return 2.0 * model.head_dim + MLA_ROPE_DIM
+
+
 def matmul_params(model: ModelSpec) -> float:
     """Params each token multiplies through (active, minus the untied input embedding lookup)."""
     return model.active_params - (0.0 if model.tied_embeddings else model.embed_params)
