@@ -768,10 +768,12 @@ def test_mla_decode_attention_uses_the_absorbed_latent_width():
     parts = hm.step_parts(s, 64, kv)
     flops = 2.0 * r1.layers * r1.heads * hm.decode_attention_width(r1) * kv
     assert float(parts.attn_s) == pytest.approx(flops / s.device.matmul_flops("bf16") / 8)
-    # prefill attention keeps the per-head form (prompts are not decoded through the latent)
+    # prefill attention keeps the per-head form (prompts are not decoded through the latent), with
+    # 192-wide scores (128 + the 64-wide rotary key) and 128-wide values
     pre = hm.step_parts(s, 0, 0, prefill_tokens=1000)
+    width = 2 * r1.head_dim + hm.MLA_ROPE_DIM
     assert float(pre.attn_s) == pytest.approx(
-        4.0 * r1.layers * r1.heads * r1.head_dim * 1000 * 500 / s.device.matmul_flops("bf16") / 8
+        2.0 * r1.layers * r1.heads * width * 1000 * 500 / s.device.matmul_flops("bf16") / 8
     )
 
 

@@ -91,7 +91,6 @@ from voicepipe.hardware.system import (
     attention_params,
     bytes_per_param,
     decode_attention_width,
-    prefill_attention_width,
     default_kv_precision,
     expected_tokens_per_step,
     kept_tokens,
@@ -103,6 +102,7 @@ from voicepipe.hardware.system import (
     matmul_params,
     max_sequences,
     mean_context,
+    prefill_attention_width,
     running_sequences,
     speculative_speedup,
     sram_units,
@@ -134,7 +134,6 @@ __all__ = [
     "bytes_per_param",
     "combine",
     "decode_attention_width",
-    "prefill_attention_width",
     "decode_step_s",
     "default_kv_precision",
     "expected_tokens_per_step",
@@ -150,6 +149,7 @@ __all__ = [
     "mean_context",
     "mixed_step_s",
     "predict",
+    "prefill_attention_width",
     "prefill_s",
     "rank_local_prefill_parts",
     "request_overhead_s",
@@ -294,4 +294,3 @@ def sustained_ridge_point(device: Device, precision: str = "bf16") -> float:
     """The ridge point the step model uses: sustained matmul FLOP/s over sustained bandwidth (before
     the fitted MFU and η_mem)."""
     return device.matmul_flops(precision) / device.stream_bytes_s
-

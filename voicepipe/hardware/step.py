@@ -150,8 +150,21 @@ def step_parts(
     par = 1 if pipeline else system.chips
     # weights' matmuls run at the precision's rate; attention (scores, values) in 16-bit math
     # sustained (microbenchmarked) matmul rates; MFU is the share of them a serving step reaches
-    flops_s = linear / dev.matmul_flops(system.precision) / par + zero
-    attn_s = attention / dev.matmul_flops("bf16") / par + zero
+    # attention DP: a prompt's attention-side work (its attention and every non-routed-expert matmul)
+    # runs on the rank that owns it, so with s prompts the busiest rank holds ceil(s/chips) of them
+    # (TensorRT-LLM ADP blog: "the iteration time is dominated by the slowest rank"); the routed
+    # experts and the decoders (spread over the ranks) still split over the group
+    local: ArrayLike = 1.0 / par
+    if system.attention_dp and par > 1:
+        local = np.where(n > 0, np.ceil(ps / par) / ps, 1.0 / par)
+    _, experts = _expert_split(m)
+    routed = experts * (m.experts_active / m.experts if m.is_moe else 0.0)
+    pre_linear = 2.0 * (matmul_params(m) - routed) * n
+    pre_attn = 2.0 * m.layers * m.heads * prefill_attention_width(m) * n * m.held(c + n / (2.0 * ps))
+    flops_s = ((linear - pre_linear) / par + pre_linear * np.asarray(local)) / dev.matmul_flops(
+        system.precision
+    ) + zero
+    attn_s = ((attention - pre_attn) / par + pre_attn * np.asarray(local)) / dev.matmul_flops("bf16") + zero
     if dev.kind == "hbm":
         bw = dev.stream_bytes_s  # sustained (microbenchmarked) bandwidth; η_mem is the kernels' share of it
         tp = system.chips
@@ -352,5 +365,3 @@ def decode_step_s(
 def tpot_s(system: System, batch: ArrayLike, context: ArrayLike, spec: Speculative | None = None) -> FArray:
     """Seconds per output token for one of ``batch`` sequences: step / E[tokens per step]."""
     return decode_step_s(system, batch, context, spec) / tokens_per_step(spec)
-
-
