@@ -90,3 +90,17 @@ def test_attention_dp_prefill_runs_on_the_rank_that_owns_the_prompt() -> None:
     # decode is untouched
     dec_tp, dec_adp = hm.step_parts(tp, 64, 64 * 2000), hm.step_parts(adp, 64, 64 * 2000)
     assert float(dec_adp.flops_s) == pytest.approx(float(dec_tp.flops_s))
+
+
+def test_vllm_and_sglang_cache_fp8_weights_in_16_bit_unless_asked() -> None:
+    # their kv_cache_dtype "auto" uses the model data type; TensorRT-LLM's fp8 recipes cache in fp8. MLA's
+    # latent is replicated on every TP rank, so this doubles the cache bytes each rank reads per step.
+    d, m = cat.device("h200-sxm"), cat.model("deepseek-r1")
+    for key in ("vllm", "vllm-v0", "sglang"):
+        assert hm.System(d, m, "fp8", 8, stack=cat.stack(key)).kv == "bf16"
+        assert hm.System(d, m, "fp8", 8, kv_precision="fp8", stack=cat.stack(key)).kv == "fp8"
+    assert hm.System(d, m, "fp8", 8, stack=cat.stack("trtllm")).kv == "fp8"
+    assert hm.System(d, m, "int4", 8, stack=cat.stack("trtllm")).kv == "bf16"
+    vllm = hm.step_parts(hm.System(d, m, "fp8", 8, stack=cat.stack("vllm")), 32, 32 * 4000)
+    trt = hm.step_parts(hm.System(d, m, "fp8", 8, stack=cat.stack("trtllm")), 32, 32 * 4000)
+    assert float(vllm.kv_s) == pytest.approx(2 * float(trt.kv_s), rel=0.01)

@@ -274,6 +274,10 @@ class Stack(BaseModel):
     # gpu_memory_utilization, SGLang's mem_fraction_static) or "free" (a share of what the loaded weights
     # leave free: TensorRT-LLM's free_gpu_memory_fraction); the share is Efficiency.usable_memory
     kv_pool: Literal["total", "free"] = "total"
+    # the KV-cache format when none is given: "weights" (the weights' format when it is a KV format, else
+    # bf16: TensorRT-LLM's fp8 recipes) or "activations" (the model's 16-bit data type whatever the weights:
+    # vLLM's and SGLang's kv_cache_dtype "auto"), see system.default_kv_precision
+    kv_default: Literal["weights", "activations"] = "weights"
     sources: dict[str, str]
 
     @model_validator(mode="after")
@@ -292,7 +296,7 @@ class Stack(BaseModel):
         for flag in ("first_token_from_decode", "preempt_recompute", "window_kv"):
             if getattr(self, flag) and not self.sources.get(flag):
                 missing.append(flag)
-        for key, default in (("kv_admission", "grow"), ("kv_pool", "total")):
+        for key, default in (("kv_admission", "grow"), ("kv_pool", "total"), ("kv_default", "weights")):
             if getattr(self, key) != default and not self.sources.get(key):
                 missing.append(key)
         if missing:

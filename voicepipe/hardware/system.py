@@ -37,11 +37,11 @@ class Efficiency:
     """Efficiency factors, one set for every HBM device (η_mem, MFU, η_wq, η_moe fitted; see docs §2)."""
 
     # fitted on every point of data/validation.yaml (`voicepipe hardware validate`; docs §2 and §3)
-    eta_mem: float = 0.763  # share of the sustained (STREAM-like) bandwidth a native decode step streams
+    eta_mem: float = 0.766  # share of the sustained (STREAM-like) bandwidth a native decode step streams
     mfu: float = 0.783  # share of the sustained (measured maximum) matmul FLOP/s a serving step reaches
     eta_wq: float = 1.0  # weight-only kernels' efficiency relative to native ones (dequant in the loop)
-    eta_moe: float = 0.655  # expert (grouped-GEMM) streaming efficiency relative to dense GEMV + routing
-    layer_s: float = 8.84e-06  # per layer per step on HBM devices beyond the stack's own gaps (launch, sync)
+    eta_moe: float = 0.704  # expert (grouped-GEMM) streaming efficiency relative to dense GEMV + routing
+    layer_s: float = 9.64e-06  # per layer per step on HBM devices beyond the stack's own gaps (launch, sync)
     ar_growth: float = 0.5  # all-reduce latency growth per doubling of the TP group beyond 2
     # per MoE layer per step: router, top-k, alignment, grouped-GEMM launches; the intercept of published
     # fused-MoE kernel times against the expert bytes they touch, 24.5-26.6 µs (docs §2, tenth pass)
@@ -87,9 +87,13 @@ def speculative_speedup(alpha: ArrayLike, gamma: ArrayLike, draft_cost: ArrayLik
     return expected_tokens_per_step(alpha, g) / (g * np.asarray(draft_cost, dtype=float) + 1.0)
 
 
-def default_kv_precision(precision: str) -> str:
-    """KV-cache format when none is given: the precision the model runs at if that is a KV format
-    (bf16, fp16, fp8), else bf16 (int8/int4/fp4 weight formats keep a 16-bit cache)."""
+def default_kv_precision(precision: str, kv_default: str = "weights") -> str:
+    """KV-cache format when none is given. ``kv_default`` "weights" (the stack's default, Stack.kv_default):
+    the precision the model runs at if that is a KV format (bf16, fp16, fp8), else bf16 (int8/int4/fp4
+    weight formats keep a 16-bit cache). "activations" (vLLM, SGLang: kv_cache_dtype "auto" uses the model
+    data type): the 16-bit activation format, so fp8 weights keep a bf16 cache unless fp8 KV is asked for."""
+    if kv_default == "activations":
+        return precision if precision in ("bf16", "fp16") else "bf16"
     return precision if precision in ("bf16", "fp16", "fp8") else "bf16"
 
 
@@ -102,7 +106,7 @@ class System:
     precision: str
     chips: int
     eff: Efficiency = field(default=DEFAULT_EFFICIENCY)
-    kv_precision: str | None = None  # None: default_kv_precision(precision)
+    kv_precision: str | None = None  # None: default_kv_precision(precision, the stack's kv_default)
     stack: Stack | None = None  # None: the catalog's default stack
     # attention data parallelism (TensorRT-LLM/SGLang "attention DP" for MLA models): each chip runs the
     # attention of its own 1/chips of the sequences with a full copy of the attention weights
@@ -114,7 +118,7 @@ class System:
 
     @property
     def kv(self) -> str:
-        return self.kv_precision or default_kv_precision(self.precision)
+        return self.kv_precision or default_kv_precision(self.precision, self.serving.kv_default)
 
     @property
     def serving(self) -> Stack:
