@@ -795,8 +795,9 @@ def test_device_memory_is_read_as_binary_gigabytes():
     h100 = cat.device("h100-sxm")
     assert h100.capacity_bytes > 85e9
     assert cat.device("groq-lpu").capacity_bytes == pytest.approx(0.23e9)
-    # so 70B fp8 weights (70.6 GB) on one H100 leave room for tens of 2,000-token sequences, not a handful
-    s = hm.System(h100, cat.model("llama-3.1-70b"), "fp8", 1)
+    # so 70B fp8 weights (70.6 GB) on one H100 leave room for tens of 2,000-token sequences (fp8 cache),
+    # not a handful
+    s = hm.System(h100, cat.model("llama-3.1-70b"), "fp8", 1, kv_precision="fp8")
     assert hm.running_sequences(s, 1000, 1000) >= 20
 
 
