@@ -82,14 +82,18 @@ def test_attention_dp_prefill_runs_on_the_rank_that_owns_the_prompt() -> None:
     assert float(one_adp.attn_s) == pytest.approx(8 * float(one_tp.attn_s))
     # its matmuls: the non-expert part on one rank, the routed experts still over the group
     assert float(one_tp.flops_s) < float(one_adp.flops_s) < 8 * float(one_tp.flops_s)
-    # eight prompts at once fill all eight ranks: the same as TP
+    # eight prompts at once fill all eight ranks: TP's share, less the MLA down-projections TP multiplies
+    # whole on every rank (attention DP multiplies each token's only on its own rank)
     eight_tp = hm.step_parts(tp, 0, 0, prefill_tokens=8000, prefill_seqs=8)
     eight_adp = hm.step_parts(adp, 0, 0, prefill_tokens=8000, prefill_seqs=8)
-    assert float(eight_adp.flops_s) == pytest.approx(float(eight_tp.flops_s))
+    waste = 2 * hm.tp_replicated_params(m) * (1 - 1 / 8) * 8000 / d.matmul_flops("fp8")
+    assert float(eight_adp.flops_s) == pytest.approx(float(eight_tp.flops_s) - waste)
     assert float(eight_adp.attn_s) == pytest.approx(float(eight_tp.attn_s))
-    # decode is untouched
+    # decode splits over the group either way
     dec_tp, dec_adp = hm.step_parts(tp, 64, 64 * 2000), hm.step_parts(adp, 64, 64 * 2000)
-    assert float(dec_adp.flops_s) == pytest.approx(float(dec_tp.flops_s))
+    waste = 2 * hm.tp_replicated_params(m) * (1 - 1 / 8) * 64 / d.matmul_flops("fp8")
+    assert float(dec_adp.flops_s) == pytest.approx(float(dec_tp.flops_s) - waste)
+    assert float(dec_adp.attn_s) == pytest.approx(float(dec_tp.attn_s))
 
 
 def test_vllm_and_sglang_cache_fp8_weights_in_16_bit_unless_asked() -> None:
@@ -104,3 +108,26 @@ def test_vllm_and_sglang_cache_fp8_weights_in_16_bit_unless_asked() -> None:
     vllm = hm.step_parts(hm.System(d, m, "fp8", 8, stack=cat.stack("vllm")), 32, 32 * 4000)
     trt = hm.step_parts(hm.System(d, m, "fp8", 8, stack=cat.stack("trtllm")), 32, 32 * 4000)
     assert float(vllm.kv_s) == pytest.approx(2 * float(trt.kv_s), rel=0.01)
+
+
+def test_mla_down_projections_are_read_whole_by_every_tp_rank() -> None:
+    r1, llama = cat.model("deepseek-r1"), cat.model("llama-3.1-70b")
+    assert hm.tp_replicated_params(llama) == 0.0
+    # q_a (7168 x 1536) and kv_a (7168 x 576) on each of 61 layers
+    assert hm.tp_replicated_params(r1) == pytest.approx(61 * 7168 * (1536 + 576))
+    # MLA's attention params from its low-rank factors: 187 M a layer (DeepSeek-V3 config)
+    assert hm.attention_params(r1) / r1.layers == pytest.approx(187.1e6, rel=0.001)
+    d = cat.device("h200-sxm")
+    one, eight = hm.System(d, r1, "fp8", 1), hm.System(d, r1, "fp8", 8)
+    p1, p8 = hm.step_parts(one, 1, 1000), hm.step_parts(eight, 1, 1000)
+    # at TP 8 each rank streams 1/8 of the weights plus 7/8 of the replicated projections
+    extra = hm.tp_replicated_params(r1) * (1 - 1 / 8) / d.stream_bytes_s
+    assert float(p8.dense_s) == pytest.approx(float(p1.dense_s) / 8 + extra)
+    # and multiplies them for every token: a 4,000-token prefill's matmuls gain 2 * 7/8 * 0.92 B * 4,000 FLOPs
+    q1, q8 = hm.step_parts(one, 0, 0, prefill_tokens=4000), hm.step_parts(eight, 0, 0, prefill_tokens=4000)
+    gain = 2 * hm.tp_replicated_params(r1) * (1 - 1 / 8) * 4000 / d.matmul_flops("fp8")
+    assert float(q8.flops_s) == pytest.approx(float(q1.flops_s) / 8 + gain)
+    # attention DP holds every attention weight already: nothing added on top
+    adp = hm.step_parts(hm.System(d, r1, "fp8", 8, attention_dp=True), 1, 1000)
+    whole = hm.attention_params(r1) * (1 - 1 / 8) / d.stream_bytes_s
+    assert float(adp.dense_s) == pytest.approx(float(p1.dense_s) / 8 + whole)

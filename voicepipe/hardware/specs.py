@@ -164,6 +164,8 @@ class ModelSpec(BaseModel):
     experts_active: int = Field(default=1, ge=1)
     moe_layers: int | None = Field(default=None, gt=0)  # layers with routed experts (MoE; default all)
     kv_dim: int | None = Field(default=None, gt=0)
+    # MLA: rank of the query's low-rank down-projection (DeepSeek-V3: q_lora_rank 1536); None: a full-rank query
+    q_lora_rank: int | None = Field(default=None, gt=0)
     # local attention: ``local_layers`` of the layers attend to (and cache) only the last ``window``
     # tokens: sliding windows (Mistral 7B v0.1, Gemma 2/3, gpt-oss) or chunked attention (Llama 4, whose
     # chunk bound is taken as a window: an upper bound on what a chunked layer holds)

@@ -34,6 +34,7 @@ from voicepipe.hardware.system import (
     kv_shards,
     matmul_params,
     prefill_attention_width,
+    tp_replicated_params,
     weight_split,
 )
 
@@ -161,9 +162,11 @@ def step_parts(
     routed = experts * (m.experts_active / m.experts if m.is_moe else 0.0)
     pre_linear = 2.0 * (matmul_params(m) - routed) * n
     pre_attn = 2.0 * m.layers * m.heads * prefill_attention_width(m) * n * m.held(c + n / (2.0 * ps))
-    flops_s = ((linear - pre_linear) / par + pre_linear * np.asarray(local)) / dev.matmul_flops(
-        system.precision
-    ) + zero
+    # projections every TP rank holds whole (MLA's down-projections) multiply every token on every rank
+    rep = 0.0 if system.attention_dp or par == 1 else tp_replicated_params(m) * (1.0 - 1.0 / par)
+    flops_s = (
+        (linear - pre_linear) / par + pre_linear * np.asarray(local) + 2.0 * rep * tokens
+    ) / dev.matmul_flops(system.precision) + zero
     attn_s = ((attention - pre_attn) / par + pre_attn * np.asarray(local)) / dev.matmul_flops("bf16") + zero
     if dev.kind == "hbm":
         bw = dev.stream_bytes_s  # sustained (microbenchmarked) bandwidth; η_mem is the kernels' share of it
@@ -179,7 +182,7 @@ def step_parts(
             comm = allreduces_per_step(m, tp) * (allreduce_latency_s(dev, tp, eff) + ring) + zero
         offload_bw = float(dev.offload_bw_tbs or 1.0) * 1e12
         # attention DP: every chip streams the whole attention weights, not a 1/tp slice of them
-        replicated = attention_params(m) * (1.0 - 1.0 / par) if system.attention_dp else 0.0
+        replicated = attention_params(m) * (1.0 - 1.0 / par) if system.attention_dp else rep
         weights_s = ((dense_p + expert_p) / par + replicated) * bpp
         return StepParts(
             kv_s=kv_bytes / (1 if pipeline else kv_shards(m, tp, system.attention_dp)) / bw + zero,

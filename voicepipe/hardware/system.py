@@ -40,8 +40,8 @@ class Efficiency:
     eta_mem: float = 0.766  # share of the sustained (STREAM-like) bandwidth a native decode step streams
     mfu: float = 0.783  # share of the sustained (measured maximum) matmul FLOP/s a serving step reaches
     eta_wq: float = 1.0  # weight-only kernels' efficiency relative to native ones (dequant in the loop)
-    eta_moe: float = 0.704  # expert (grouped-GEMM) streaming efficiency relative to dense GEMV + routing
-    layer_s: float = 9.64e-06  # per layer per step on HBM devices beyond the stack's own gaps (launch, sync)
+    eta_moe: float = 0.711  # expert (grouped-GEMM) streaming efficiency relative to dense GEMV + routing
+    layer_s: float = 9.76e-06  # per layer per step on HBM devices beyond the stack's own gaps (launch, sync)
     ar_growth: float = 0.5  # all-reduce latency growth per doubling of the TP group beyond 2
     # per MoE layer per step: router, top-k, alignment, grouped-GEMM launches; the intercept of published
     # fused-MoE kernel times against the expert bytes they touch, 24.5-26.6 µs (docs §2, tenth pass)
@@ -209,11 +209,31 @@ def kv_shards(model: ModelSpec, chips: int, attention_dp: bool = False) -> int:
 
 
 def attention_params(model: ModelSpec) -> float:
-    """Attention projection params, all layers: Q and O (heads × head_dim each), K and V (GQA heads, or
-    the MLA latent projection, ``hidden × kv_dim``). Low-rank factors of MLA are not counted separately."""
-    qo = 2 * model.heads * model.head_dim
-    kv = model.kv_dim if model.kv_dim is not None else 2 * model.kv_heads * model.head_dim
-    return float(model.layers * model.hidden * (qo + kv))
+    """Attention projection params, all layers: Q and O (heads × head_dim each) and K, V (GQA heads).
+
+    MLA (DeepSeek-V2 arXiv 2405.04434 §2.1; V3 config.json) counts its low-rank factors: the query's
+    down- and up-projection (``hidden × q_lora_rank``, ``q_lora_rank × heads·(head_dim + rope)``; a
+    full-rank query without ``q_lora_rank``), the latent's down-projection (``hidden × kv_dim``) and
+    up-projection to keys and values (``(kv_dim − rope) × heads·2·head_dim``), and O. DeepSeek-V3: 187 M
+    a layer."""
+    m, hd = model, model.head_dim
+    if m.kv_dim is None:
+        return float(m.layers * m.hidden * (2 * m.heads * hd + 2 * m.kv_heads * hd))
+    qk = m.heads * (hd + MLA_ROPE_DIM)
+    q = m.hidden * m.q_lora_rank + m.q_lora_rank * qk if m.q_lora_rank else m.hidden * qk
+    kv = m.hidden * m.kv_dim + (m.kv_dim - MLA_ROPE_DIM) * m.heads * 2 * hd
+    return float(m.layers * (q + kv + m.heads * hd * m.hidden))
+
+
+def tp_replicated_params(model: ModelSpec) -> float:
+    """Params every rank of a tensor-parallel group holds and multiplies whole: MLA's down-projections of
+    the query and the latent, whose RMSNorms need the whole low-rank vector on every rank and whose
+    latent is the cache every rank keeps (vLLM and SGLang DeepSeek-V2/V3: ``q_a_proj`` and
+    ``kv_a_proj_with_mqa`` are ``ReplicatedLinear``, vllm/model_executor/models/deepseek_v2.py),
+    ``hidden × (q_lora_rank + kv_dim)`` a layer (DeepSeek-V3: 15 M, 0.92 B in all); 0 for other attention."""
+    if model.kv_dim is None:
+        return 0.0
+    return float(model.layers * model.hidden * (model.kv_dim + (model.q_lora_rank or 0)))
 
 
 def weight_split(system: System) -> tuple[float, float]:
@@ -227,6 +247,10 @@ def weight_split(system: System) -> tuple[float, float]:
     if system.attention_dp:  # a full copy of the attention weights on every chip
         per_chip += (
             attention_params(system.model) * bytes_per_param(system.precision) * (1 - 1 / system.chips)
+        )
+    else:  # under TP, a full copy of the replicated projections (MLA's down-projections)
+        per_chip += (
+            tp_replicated_params(system.model) * bytes_per_param(system.precision) * (1 - 1 / system.chips)
         )
     usable = dev.capacity_bytes * system.eff.usable_memory
     if per_chip <= usable or dev.offload_gb is None:
