@@ -47,7 +47,7 @@ def test_without_a_timing_the_stack_says_which_ttft_it_answers():
 
 def _point(**kw: object) -> val.Point:
     base = dict(id="t", device=DEV, chips=1, model=MDL, precision="bf16", prompt_tokens=1024, output_tokens=64,
-                batch=1, stack="vllm", metric="ttft_ms", date="2025", source="test", tier=1, value=1.0)  # fmt: skip
+                batch=1, stack="vllm", metric="ttft_ms", date="2025", source="test", tier=1, value=1e3)  # fmt: skip
     return val.Point(**{**base, **kw})
 
 

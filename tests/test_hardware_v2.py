@@ -546,7 +546,9 @@ def test_hardware_validate_filters_by_exact_device_model_and_stack():
     assert ids("--match", "gaudi-pytorch") == {p.id for p in val.points() if p.stack == "gaudi-pytorch"}
     # exact keys: vllm is not vllm-v0
     want = {p.id for p in val.points() if val.stack_key(p.stack) == "vllm"}
-    assert ids("--stack", "vllm") == want and len(want) == val.shipped_accuracy().by_stack["vllm"].points
+    answered = {r.point.id for r in val.run().rows if r.predicted is not None}
+    assert ids("--stack", "vllm") == want
+    assert len(want & answered) == val.shipped_accuracy().by_stack["vllm"].points
     assert ids("--model", "llama-3.1-8b", "--device", "h100-sxm") == {
         p.id for p in val.points() if p.model == "llama-3.1-8b" and p.device == "h100-sxm"
     }
@@ -776,10 +778,12 @@ def test_mla_decode_attention_uses_the_absorbed_latent_width():
     parts = hm.step_parts(s, 64, kv)
     flops = 2.0 * r1.layers * r1.heads * hm.decode_attention_width(r1) * kv
     assert float(parts.attn_s) == pytest.approx(flops / s.device.matmul_flops("bf16") / 8)
-    # prefill attention keeps the per-head form (prompts are not decoded through the latent)
+    # prefill attention keeps the per-head form (prompts are not decoded through the latent), with
+    # 192-wide scores (128 + the 64-wide rotary key) and 128-wide values
     pre = hm.step_parts(s, 0, 0, prefill_tokens=1000)
+    width = 2 * r1.head_dim + hm.MLA_ROPE_DIM
     assert float(pre.attn_s) == pytest.approx(
-        4.0 * r1.layers * r1.heads * r1.head_dim * 1000 * 500 / s.device.matmul_flops("bf16") / 8
+        2.0 * r1.layers * r1.heads * width * 1000 * 500 / s.device.matmul_flops("bf16") / 8
     )
 
 
@@ -801,8 +805,9 @@ def test_device_memory_is_read_as_binary_gigabytes():
     h100 = cat.device("h100-sxm")
     assert h100.capacity_bytes > 85e9
     assert cat.device("groq-lpu").capacity_bytes == pytest.approx(0.23e9)
-    # so 70B fp8 weights (70.6 GB) on one H100 leave room for tens of 2,000-token sequences, not a handful
-    s = hm.System(h100, cat.model("llama-3.1-70b"), "fp8", 1)
+    # so 70B fp8 weights (70.6 GB) on one H100 leave room for tens of 2,000-token sequences (fp8 cache),
+    # not a handful
+    s = hm.System(h100, cat.model("llama-3.1-70b"), "fp8", 1, kv_precision="fp8")
     assert hm.running_sequences(s, 1000, 1000) >= 20
 
 

@@ -21,7 +21,7 @@ DEV, MDL, P, OUT = "h100-sxm", "llama-3.1-8b", 1024, 256
 
 def _point(**kw: object) -> val.Point:
     base = dict(id="t", device=DEV, chips=1, model=MDL, precision="bf16", prompt_tokens=P, output_tokens=OUT,
-                stack="vllm", date="2025", source="test", tier=1, value=1.0)  # fmt: skip
+                stack="vllm", date="2025", source="test", tier=1, value=1e3)  # fmt: skip (a value the engine never reads)
     return val.Point(**{**base, **kw})
 
 

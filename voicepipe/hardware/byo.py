@@ -188,16 +188,20 @@ def load_hf_config(path: str) -> ModelSpec:
         raise r.fail("num_experts_per_tok", f"{top_k} > number of experts {experts}")
     kv_lora = _first(cfg, "kv_lora_rank")
     kv_dim: int | None = None
+    q_rank: int | None = None
     if kv_lora is not None:  # multi-head latent attention (DeepSeek-V2/V3, Kimi K2)
         rope = r.int_("qk_rope_head_dim")
         nope = r.int_("qk_nope_head_dim")
         v_dim = r.int_("v_head_dim")
         q_lora = _first(cfg, "q_lora_rank")
+        q_rank = r.int_("q_lora_rank") if q_lora else None
         kv_lora = r.int_("kv_lora_rank")
         kv_dim = kv_lora + rope
         q_in = hidden * q_lora + q_lora * heads * (nope + rope) if q_lora else hidden * heads * (nope + rope)
         attn = q_in + hidden * (kv_lora + rope) + kv_lora * heads * (nope + v_dim) + heads * v_dim * hidden
-        head_dim = nope + rope
+        head_dim = (
+            nope  # the catalog's convention for MLA: the no-rope score width (= v_head_dim for DeepSeek)
+        )
     else:
         attn = hidden * (heads + 2 * kv_heads) * head_dim + heads * head_dim * hidden
     mlp_mats = 3 if _gated(cfg) else 2
@@ -249,6 +253,7 @@ def load_hf_config(path: str) -> ModelSpec:
         "experts_active": top_k if experts > 1 else 1,
         "moe_layers": moe_layers if experts > 1 else None,
         "kv_dim": kv_dim,
+        "q_lora_rank": q_rank,
         "window": window,
         "local_layers": local_layers,
         "tied_embeddings": tied,

@@ -103,10 +103,12 @@ from voicepipe.hardware.system import (
     matmul_params,
     max_sequences,
     mean_context,
+    prefill_attention_width,
     running_sequences,
     speculative_speedup,
     sram_units,
     tp_options,
+    tp_replicated_params,
     weight_bytes,
     weight_read_params,
     weight_split,
@@ -149,6 +151,7 @@ __all__ = [
     "mean_context",
     "mixed_step_s",
     "predict",
+    "prefill_attention_width",
     "prefill_s",
     "rank_local_prefill_parts",
     "request_overhead_s",
@@ -161,6 +164,7 @@ __all__ = [
     "sustained_ridge_point",
     "tokens_per_step",
     "tp_options",
+    "tp_replicated_params",
     "tpot_s",
     "weight_bytes",
     "weight_read_params",
@@ -298,4 +302,3 @@ def sustained_ridge_point(device: Device, precision: str = "bf16") -> float:
     """The ridge point the step model uses: sustained matmul FLOP/s over sustained bandwidth (before
     the fitted MFU and η_mem)."""
     return device.matmul_flops(precision) / device.stream_bytes_s
-

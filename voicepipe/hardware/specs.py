@@ -164,6 +164,8 @@ class ModelSpec(BaseModel):
     experts_active: int = Field(default=1, ge=1)
     moe_layers: int | None = Field(default=None, gt=0)  # layers with routed experts (MoE; default all)
     kv_dim: int | None = Field(default=None, gt=0)
+    # MLA: rank of the query's low-rank down-projection (DeepSeek-V3: q_lora_rank 1536); None: a full-rank query
+    q_lora_rank: int | None = Field(default=None, gt=0)
     # local attention: ``local_layers`` of the layers attend to (and cache) only the last ``window``
     # tokens: sliding windows (Mistral 7B v0.1, Gemma 2/3, gpt-oss) or chunked attention (Llama 4, whose
     # chunk bound is taken as a window: an upper bound on what a chunked layer holds)
@@ -280,6 +282,10 @@ class Stack(BaseModel):
     # gpu_memory_utilization, SGLang's mem_fraction_static) or "free" (a share of what the loaded weights
     # leave free: TensorRT-LLM's free_gpu_memory_fraction); the share is Efficiency.usable_memory
     kv_pool: Literal["total", "free"] = "total"
+    # the KV-cache format when none is given: "weights" (the weights' format when it is a KV format, else
+    # bf16: TensorRT-LLM's fp8 recipes) or "activations" (the model's 16-bit data type whatever the weights:
+    # vLLM's and SGLang's kv_cache_dtype "auto"), see system.default_kv_precision
+    kv_default: Literal["weights", "activations"] = "weights"
     sources: dict[str, str]
 
     @model_validator(mode="after")
@@ -301,7 +307,7 @@ class Stack(BaseModel):
         for flag in ("first_token_from_decode", "preempt_recompute", "window_kv"):
             if getattr(self, flag) and not self.sources.get(flag):
                 missing.append(flag)
-        for key, default in (("kv_admission", "grow"), ("kv_pool", "total")):
+        for key, default in (("kv_admission", "grow"), ("kv_pool", "total"), ("kv_default", "weights")):
             if getattr(self, key) != default and not self.sources.get(key):
                 missing.append(key)
         if missing:

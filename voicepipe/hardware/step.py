@@ -33,6 +33,8 @@ from voicepipe.hardware.system import (
     kv_bytes_per_token,
     kv_shards,
     matmul_params,
+    prefill_attention_width,
+    tp_replicated_params,
     weight_split,
 )
 
@@ -137,7 +139,7 @@ def step_parts(
         2.0
         * m.layers
         * m.heads
-        * (decode_attention_width(m) * q * kv + 2.0 * m.head_dim * n * m.held(c + n / (2.0 * ps)))
+        * (decode_attention_width(m) * q * kv + prefill_attention_width(m) * n * m.held(c + n / (2.0 * ps)))
     )
     stk = system.serving
     # a decode kernel that does not share a GQA group's KV head reads it once per query head
@@ -149,8 +151,23 @@ def step_parts(
     par = 1 if pipeline else system.chips
     # weights' matmuls run at the precision's rate; attention (scores, values) in 16-bit math
     # sustained (microbenchmarked) matmul rates; MFU is the share of them a serving step reaches
-    flops_s = linear / dev.matmul_flops(system.precision) / par + zero
-    attn_s = attention / dev.matmul_flops("bf16") / par + zero
+    # attention DP: a prompt's attention-side work (its attention and every non-routed-expert matmul)
+    # runs on the rank that owns it, so with s prompts the busiest rank holds ceil(s/chips) of them
+    # (TensorRT-LLM ADP blog: "the iteration time is dominated by the slowest rank"); the routed
+    # experts and the decoders (spread over the ranks) still split over the group
+    local: ArrayLike = 1.0 / par
+    if system.attention_dp and par > 1:
+        local = np.where(n > 0, np.ceil(ps / par) / ps, 1.0 / par)
+    _, experts = _expert_split(m)
+    routed = experts * (m.experts_active / m.experts if m.is_moe else 0.0)
+    pre_linear = 2.0 * (matmul_params(m) - routed) * n
+    pre_attn = 2.0 * m.layers * m.heads * prefill_attention_width(m) * n * m.held(c + n / (2.0 * ps))
+    # projections every TP rank holds whole (MLA's down-projections) multiply every token on every rank
+    rep = 0.0 if system.attention_dp or par == 1 else tp_replicated_params(m) * (1.0 - 1.0 / par)
+    flops_s = (
+        (linear - pre_linear) / par + pre_linear * np.asarray(local) + 2.0 * rep * tokens
+    ) / dev.matmul_flops(system.precision) + zero
+    attn_s = ((attention - pre_attn) / par + pre_attn * np.asarray(local)) / dev.matmul_flops("bf16") + zero
     if dev.kind == "hbm":
         bw = dev.stream_bytes_s  # sustained (microbenchmarked) bandwidth; η_mem is the kernels' share of it
         tp = system.chips
@@ -165,7 +182,7 @@ def step_parts(
             comm = allreduces_per_step(m, tp) * (allreduce_latency_s(dev, tp, eff) + ring) + zero
         offload_bw = float(dev.offload_bw_tbs or 1.0) * 1e12
         # attention DP: every chip streams the whole attention weights, not a 1/tp slice of them
-        replicated = attention_params(m) * (1.0 - 1.0 / par) if system.attention_dp else 0.0
+        replicated = attention_params(m) * (1.0 - 1.0 / par) if system.attention_dp else rep
         weights_s = ((dense_p + expert_p) / par + replicated) * bpp
         return StepParts(
             kv_s=kv_bytes / (1 if pipeline else kv_shards(m, tp, system.attention_dp)) / bw + zero,
@@ -212,7 +229,7 @@ def rank_local_prefill_parts(system: System, prompt_tokens: float) -> StepParts:
     n = float(prompt_tokens)
     _, experts = _expert_split(m)
     local = matmul_params(m) - experts * (m.experts_active / m.experts if m.is_moe else 0.0)
-    attention = 2.0 * m.layers * m.heads * 2.0 * m.head_dim * n * m.held(n / 2.0)
+    attention = 2.0 * m.layers * m.heads * prefill_attention_width(m) * n * m.held(n / 2.0)
     zero = np.zeros(())
     return StepParts(
         kv_s=zero,
@@ -357,5 +374,3 @@ def decode_step_s(
 def tpot_s(system: System, batch: ArrayLike, context: ArrayLike, spec: Speculative | None = None) -> FArray:
     """Seconds per output token for one of ``batch`` sequences: step / E[tokens per step]."""
     return decode_step_s(system, batch, context, spec) / tokens_per_step(spec)
-
-

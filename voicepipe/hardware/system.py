@@ -38,13 +38,15 @@ class Efficiency:
     """Efficiency factors, one set for every HBM device (η_mem, MFU, η_wq, η_moe fitted; see docs §2)."""
 
     # fitted on every answerable point of data/validation*.yaml (`voicepipe hardware validate`; docs §2, §3)
-    eta_mem: float = 0.775  # share of the sustained (STREAM-like) bandwidth a native decode step streams
+    eta_mem: float = 0.774  # share of the sustained (STREAM-like) bandwidth a native decode step streams
     mfu: float = 0.796  # share of the sustained (measured maximum) matmul FLOP/s a serving step reaches
     eta_wq: float = 1.0  # weight-only kernels' efficiency relative to native ones (dequant in the loop)
-    eta_moe: float = 0.61  # expert (grouped-GEMM) streaming efficiency relative to dense GEMV + routing
-    layer_s: float = 1.16e-05  # per layer per step on HBM devices beyond the stack's own gaps (launch, sync)
+    eta_moe: float = 0.67  # expert (grouped-GEMM) streaming efficiency relative to dense GEMV + routing
+    layer_s: float = 1.14e-05  # per layer per step on HBM devices beyond the stack's own gaps (launch, sync)
     ar_growth: float = 0.5  # all-reduce latency growth per doubling of the TP group beyond 2
-    moe_route_s: float = 20e-6  # per MoE layer per step: router, top-k, permute, grouped-GEMM launches
+    # per MoE layer per step: router, top-k, alignment, grouped-GEMM launches; the intercept of published
+    # fused-MoE kernel times against the expert bytes they touch, 24.5-26.6 µs (docs §2, tenth pass)
+    moe_route_s: float = 25e-6
     link_eff: float = 0.45  # share of link bandwidth NCCL reaches at 0.1-10 MB messages
     usable_memory: float = 0.90  # share of HBM for weights + KV, or of what weights leave (Stack.kv_pool)
     usable_sram: float = 1.0  # SRAM machines map weights and KV directly
@@ -86,9 +88,13 @@ def speculative_speedup(alpha: ArrayLike, gamma: ArrayLike, draft_cost: ArrayLik
     return expected_tokens_per_step(alpha, g) / (g * np.asarray(draft_cost, dtype=float) + 1.0)
 
 
-def default_kv_precision(precision: str) -> str:
-    """KV-cache format when none is given: the precision the model runs at if that is a KV format
-    (bf16, fp16, fp8), else bf16 (int8/int4/fp4 weight formats keep a 16-bit cache)."""
+def default_kv_precision(precision: str, kv_default: str = "weights") -> str:
+    """KV-cache format when none is given. ``kv_default`` "weights" (the stack's default, Stack.kv_default):
+    the precision the model runs at if that is a KV format (bf16, fp16, fp8), else bf16 (int8/int4/fp4
+    weight formats keep a 16-bit cache). "activations" (vLLM, SGLang: kv_cache_dtype "auto" uses the model
+    data type): the 16-bit activation format, so fp8 weights keep a bf16 cache unless fp8 KV is asked for."""
+    if kv_default == "activations":
+        return precision if precision in ("bf16", "fp16") else "bf16"
     return precision if precision in ("bf16", "fp16", "fp8") else "bf16"
 
 
@@ -101,7 +107,7 @@ class System:
     precision: str
     chips: int
     eff: Efficiency = field(default=DEFAULT_EFFICIENCY)
-    kv_precision: str | None = None  # None: default_kv_precision(precision)
+    kv_precision: str | None = None  # None: default_kv_precision(precision, the stack's kv_default)
     stack: Stack | None = None  # None: the catalog's default stack
     # attention data parallelism (TensorRT-LLM/SGLang "attention DP" for MLA models): each chip runs the
     # attention of its own 1/chips of the sequences with a full copy of the attention weights
@@ -121,7 +127,7 @@ class System:
 
     @property
     def kv(self) -> str:
-        return self.kv_precision or default_kv_precision(self.precision)
+        return self.kv_precision or default_kv_precision(self.precision, self.serving.kv_default)
 
     @property
     def serving(self) -> Stack:
@@ -183,6 +189,18 @@ def decode_attention_width(model: ModelSpec) -> float:
     return 2.0 * model.kv_dim - MLA_ROPE_DIM
 
 
+def prefill_attention_width(model: ModelSpec) -> float:
+    """Multiply-adds per head per (prompt token, attended token) pair in prefill attention.
+
+    Standard attention: ``2 · head_dim`` (scores over ``head_dim``, values over ``head_dim``). MLA
+    prefills in the non-absorbed form (DeepSeek-V2, arXiv 2405.04434 §2.1.2-2.1.3; DeepSeek-V3
+    config.json: qk_nope_head_dim 128 + qk_rope_head_dim 64 = 192-wide scores, v_head_dim 128): the
+    scores also span the decoupled rotary key, ``2 · head_dim + rope`` = 320, 1.25× a 128-wide head."""
+    if model.kv_dim is None:
+        return 2.0 * model.head_dim
+    return 2.0 * model.head_dim + MLA_ROPE_DIM
+
+
 def matmul_params(model: ModelSpec) -> float:
     """Params each token multiplies through (active, minus the untied input embedding lookup)."""
     return model.active_params - (0.0 if model.tied_embeddings else model.embed_params)
@@ -200,11 +218,31 @@ def kv_shards(model: ModelSpec, chips: int, attention_dp: bool = False) -> int:
 
 
 def attention_params(model: ModelSpec) -> float:
-    """Attention projection params, all layers: Q and O (heads × head_dim each), K and V (GQA heads, or
-    the MLA latent projection, ``hidden × kv_dim``). Low-rank factors of MLA are not counted separately."""
-    qo = 2 * model.heads * model.head_dim
-    kv = model.kv_dim if model.kv_dim is not None else 2 * model.kv_heads * model.head_dim
-    return float(model.layers * model.hidden * (qo + kv))
+    """Attention projection params, all layers: Q and O (heads × head_dim each) and K, V (GQA heads).
+
+    MLA (DeepSeek-V2 arXiv 2405.04434 §2.1; V3 config.json) counts its low-rank factors: the query's
+    down- and up-projection (``hidden × q_lora_rank``, ``q_lora_rank × heads·(head_dim + rope)``; a
+    full-rank query without ``q_lora_rank``), the latent's down-projection (``hidden × kv_dim``) and
+    up-projection to keys and values (``(kv_dim − rope) × heads·2·head_dim``), and O. DeepSeek-V3: 187 M
+    a layer."""
+    m, hd = model, model.head_dim
+    if m.kv_dim is None:
+        return float(m.layers * m.hidden * (2 * m.heads * hd + 2 * m.kv_heads * hd))
+    qk = m.heads * (hd + MLA_ROPE_DIM)
+    q = m.hidden * m.q_lora_rank + m.q_lora_rank * qk if m.q_lora_rank else m.hidden * qk
+    kv = m.hidden * m.kv_dim + (m.kv_dim - MLA_ROPE_DIM) * m.heads * 2 * hd
+    return float(m.layers * (q + kv + m.heads * hd * m.hidden))
+
+
+def tp_replicated_params(model: ModelSpec) -> float:
+    """Params every rank of a tensor-parallel group holds and multiplies whole: MLA's down-projections of
+    the query and the latent, whose RMSNorms need the whole low-rank vector on every rank and whose
+    latent is the cache every rank keeps (vLLM and SGLang DeepSeek-V2/V3: ``q_a_proj`` and
+    ``kv_a_proj_with_mqa`` are ``ReplicatedLinear``, vllm/model_executor/models/deepseek_v2.py),
+    ``hidden × (q_lora_rank + kv_dim)`` a layer (DeepSeek-V3: 15 M, 0.92 B in all); 0 for other attention."""
+    if model.kv_dim is None:
+        return 0.0
+    return float(model.layers * model.hidden * (model.kv_dim + (model.q_lora_rank or 0)))
 
 
 def weight_split(system: System) -> tuple[float, float]:
@@ -218,6 +256,10 @@ def weight_split(system: System) -> tuple[float, float]:
     if system.attention_dp:  # a full copy of the attention weights on every chip
         per_chip += (
             attention_params(system.model) * bytes_per_param(system.precision) * (1 - 1 / system.chips)
+        )
+    else:  # under TP, a full copy of the replicated projections (MLA's down-projections)
+        per_chip += (
+            tp_replicated_params(system.model) * bytes_per_param(system.precision) * (1 - 1 / system.chips)
         )
     usable = dev.capacity_bytes * system.eff.usable_memory
     if per_chip <= usable or dev.offload_gb is None:
@@ -406,9 +448,6 @@ def _no_fit(system: System, seqs: int, context: int) -> str:
     )
 
 
-
-
 def mean_context(prompt_tokens: int, output_tokens: int) -> float:
     """Context a request's decode attends to on average: prompt + half its output."""
     return prompt_tokens + output_tokens / 2.0
-
