@@ -274,6 +274,13 @@ class Stack(BaseModel):
     # gpu_memory_utilization, SGLang's mem_fraction_static) or "free" (a share of what the loaded weights
     # leave free: TensorRT-LLM's free_gpu_memory_fraction); the share is Efficiency.usable_memory
     kv_pool: Literal["total", "free"] = "total"
+    # tokens one engine step may carry (the decoders' tokens first, then waiting prompts' prefill tokens, in
+    # arrival order: vLLM's max_num_batched_tokens, SGLang's chunked_prefill_size, TensorRT-LLM's
+    # max_num_tokens); None: one whole prompt per step, alone with the decoders
+    prefill_token_budget: int | None = Field(default=None, ge=1)
+    # True: a prompt longer than the room left in a step is split, its rest continuing in the next steps
+    # (chunked prefill); False: it waits for a step with room (one alone in a step always runs)
+    prefill_chunked: bool = False
     sources: dict[str, str]
 
     @model_validator(mode="after")
@@ -289,7 +296,11 @@ class Stack(BaseModel):
             missing.append("gqa_kv_shared")
         if self.gqa_heads_per_read is not None and not self.sources.get("gqa_heads_per_read"):
             missing.append("gqa_heads_per_read")
-        for flag in ("first_token_from_decode", "preempt_recompute", "window_kv"):
+        if self.prefill_token_budget is not None and not self.sources.get("prefill_token_budget"):
+            missing.append("prefill_token_budget")
+        if self.prefill_chunked and self.prefill_token_budget is None:
+            raise ValueError("prefill_chunked needs a prefill_token_budget")
+        for flag in ("first_token_from_decode", "preempt_recompute", "window_kv", "prefill_chunked"):
             if getattr(self, flag) and not self.sources.get(flag):
                 missing.append(flag)
         for key, default in (("kv_admission", "grow"), ("kv_pool", "total")):
