@@ -148,15 +148,22 @@ class _State:
         self._pf = (n, c, len(jobs), pairs / n if n else 0.0)
         self._step = -1.0
 
+    def paused(self) -> bool:
+        """Whether the decoders wait: a prefill step runs on a stack that does not mix decodes into it."""
+        return bool(self.prefill) and not self.server.prefill_mixed
+
     def step_ns(self) -> float:
         if self._step < 0:
             n, c, ps, span = self._pf
-            self._step = self.server.step_ns(len(self.members), self.kv, n, c, ps, span)
+            if self.paused():
+                self._step = self.server.step_ns(0, 0.0, n, c, ps, span)
+            else:
+                self._step = self.server.step_ns(len(self.members), self.kv, n, c, ps, span)
         return self._step
 
     def rate(self) -> float:
-        """Decode progress per ns (0 when nobody decodes)."""
-        return self.server.tokens_per_step / self.step_ns() if self.members else 0.0
+        """Decode progress per ns (0 when nobody decodes, or while a prefill step holds them)."""
+        return self.server.tokens_per_step / self.step_ns() if self.members and not self.paused() else 0.0
 
     def can_admit(self) -> bool:
         """Whether a request arriving now would start its prefill at once (nothing ahead, a slot free)."""
@@ -184,7 +191,8 @@ class _State:
                 on.start(job, self.t)
             return
         chunked = srv.prefill_chunked
-        room = budget - len(self.members) * srv.decode_tokens
+        # the decoders' tokens count against the budget where they share the step
+        room = budget - (len(self.members) * srv.decode_tokens if srv.prefill_mixed else 0)
         jobs: list[Job] = []
         chunks: list[int] = []
         carry = 0
@@ -234,9 +242,9 @@ class _State:
         while heap and heap[0][1] not in members:
             heapq.heappop(heap)  # lazily drop cancelled members
         step = self.step_ns()
-        r = self.server.tokens_per_step / step if members else 0.0
+        r = self.rate()
         t_pf = self.t + self.prefill_left * step if self.prefill else INF
-        t_fin = self.t + (heap[0][0] - self.v) / r if heap else INF
+        t_fin = self.t + (heap[0][0] - self.v) / r if heap and r > 0 else INF
         t_ev = min(t_pf, t_fin)
         if t_ev > until or t_ev == INF:
             return False
@@ -284,7 +292,7 @@ class _State:
         """Move the state between events to ``t`` (only where a change happens at ``t``)."""
         if t > self.t:
             step = self.step_ns()
-            self._move(t, self.server.tokens_per_step / step if self.members else 0.0, step)
+            self._move(t, self.rate(), step)
 
     def _move(self, t: float, r: float, step: float) -> None:
         dt = t - self.t
@@ -300,7 +308,8 @@ class _State:
         if self.prefill:
             self.prefill_left = max(0.0, self.prefill_left - dt / step)
         if self.trace is not None and dt > 0 and (self.members or self.prefill):
-            self.trace.append((self.t, dt, dt / step, len(self.members), self.kv, *self._pf))
+            d, kv = (0, 0.0) if self.paused() else (len(self.members), self.kv)  # the step's own decoders
+            self.trace.append((self.t, dt, dt / step, d, kv, *self._pf))
         self.t = t
 
 

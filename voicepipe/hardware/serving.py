@@ -4,8 +4,9 @@ The device is a fluid model of a continuous-batching engine. Between membership 
 prefill finishing, a sequence finishing, a cancel) its state is constant, so every decoding sequence
 advances at the same rate ``E / t_step`` tokens per second, where ``t_step`` is
 :func:`voicepipe.hardware.model.mixed_step_s` of the current batch (``d`` decoders, their KV tokens,
-and the prompt being prefilled, if any — prefill shares the step and slows every decoder) and ``E`` the
-expected tokens per step (1, or ``(1 − α^(γ+1)) / (1 − α)`` with speculative decoding).
+and the prompts being prefilled, if any — prefill shares the step and slows every decoder, or, on a stack
+that runs its prefill steps apart (``prefill_mixed: false``, SGLang), holds them for the step) and ``E``
+the expected tokens per step (1, or ``(1 − α^(γ+1)) / (1 − α)`` with speculative decoding).
 
 That shared rate gives a single progress clock ``V(t) = ∫ E / t_step dt``: a sequence that joined decode at
 ``V_join`` emits token ``i`` when ``V = V_join + i``. ``V`` is piecewise linear, so token times are closed
@@ -14,8 +15,8 @@ form. Arrivals and cancels change the future, so the server keeps:
 * the *realised* past — the state at its last event and the breakpoints of ``V`` so far — which never
   changes;
 * a *projection* of the future assuming no more arrivals, run lazily one event at a time as far as a lookup
-  needs. A request that has to queue changes nothing before it starts, so it is appended to the projection
-  (exactly); a request that starts at once, and a cancel, begin a new projection from the realised state.
+  needs. A request that has to queue changes nothing before the first admission after its arrival, so it
+  is added to the projection there (exactly; see :class:`~voicepipe.hardware.engine._Projection`); a request that starts at once, and a cancel, begin a new projection from the realised state.
   The realised past and the projection run the same event step from the same state, so they agree to the
   last bit. On a saturated device each arrival therefore costs a few events, not a re-run of the queue.
 
@@ -28,8 +29,12 @@ the queue first sleeps until a lower bound of its first token that needs no proj
 (:meth:`DeviceServer.earliest_first_ns`), so a cancel on a device with a long queue re-projects only the
 near future that decoding streams wait for, not the whole queue.
 
-Admission: FCFS; the head of the queue starts its prefill when no other prefill runs and fewer than
-``max_batch`` sequences hold slots. A request alone on the device realises exactly
+Admission: FCFS, whenever no prefill step runs, while fewer than ``max_batch`` sequences hold slots: one
+whole prompt per step, or, on a stack with a step token budget (``prefill_token_budget``: vLLM's
+``max_num_batched_tokens``, SGLang's ``chunked_prefill_size``, TensorRT-LLM's ``max_num_tokens``), as many
+waiting prompts as fit beside the decoders' tokens, a prompt that does not fit split over steps where the
+stack chunks (``prefill_chunked``) or left for the next step (:meth:`~voicepipe.hardware.engine._State.admit`).
+A request alone on the device realises exactly
 ``t0 + prefill_s(prompt − cached) + i · t_step(1, ctx) / E`` = :meth:`HardwareBackend.predict`.
 """
 
@@ -93,6 +98,7 @@ class DeviceServer:
         # SRAM machines stream one token through the layers and have no such batching)
         self.prefill_budget = stk.prefill_token_budget if system.device.kind == "hbm" else None
         self.prefill_chunked = stk.prefill_chunked and self.prefill_budget is not None
+        self.prefill_mixed = stk.prefill_mixed or system.device.kind != "hbm"  # False: decoders wait
         self.decode_tokens = 1 if spec is None else spec.gamma + 1  # tokens a decoder puts in a step
         self._tokens_in = 0.0  # capped prompt tokens of every request submitted so far (earliest_first_ns)
         self._tokens_cancelled = 0.0  # of those cancelled while queued
@@ -110,8 +116,8 @@ class DeviceServer:
         self._committed = -INF  # latest token instant handed out; the past before it is fixed
         self._changed_at = -INF  # latest arrival or cancel: a later call cannot change what came before it
         self._queue_cancels = 0  # requests cancelled while queued (for earliest_first_ns)
-        # the shortest a prefill can take: one step of one prompt token on an idle device (a prefill is one
-        # step, and a step never shortens with more work; tested)
+        # the shortest a prefill step can take: one prompt token on an idle device (a step never shortens
+        # with more work; tested)
         self._min_prefill_ns = float(mixed_step_s(system, 0, 0, prefill_tokens=1, spec=spec)) * 1e9
 
     # ------------------------------------------------------------ model

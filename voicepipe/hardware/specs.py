@@ -281,6 +281,9 @@ class Stack(BaseModel):
     # True: a prompt longer than the room left in a step is split, its rest continuing in the next steps
     # (chunked prefill); False: it waits for a step with room (one alone in a step always runs)
     prefill_chunked: bool = False
+    # False: a step that prefills carries no decoders, who wait for it (SGLang's prefill batches without
+    # --enable-mixed-chunk); True: prefill shares the step with the decoders (vLLM V1, TensorRT-LLM)
+    prefill_mixed: bool = True
     sources: dict[str, str]
 
     @model_validator(mode="after")
@@ -298,6 +301,8 @@ class Stack(BaseModel):
             missing.append("gqa_heads_per_read")
         if self.prefill_token_budget is not None and not self.sources.get("prefill_token_budget"):
             missing.append("prefill_token_budget")
+        if not self.prefill_mixed and not self.sources.get("prefill_mixed"):
+            missing.append("prefill_mixed")
         if self.prefill_chunked and self.prefill_token_budget is None:
             raise ValueError("prefill_chunked needs a prefill_token_budget")
         for flag in ("first_token_from_decode", "preempt_recompute", "window_kv", "prefill_chunked"):

@@ -24,7 +24,6 @@ from voicepipe.hardware.system import (
     FArray,
     Speculative,
     System,
-    _expert_split,
     _read_split,
     attention_params,
     bytes_per_param,
@@ -200,33 +199,6 @@ def step_parts(
         layers=zero,
         weight_only=False,
         sram=True,
-    )
-
-
-def rank_local_prefill_parts(system: System, prompt_tokens: float) -> StepParts:
-    """Under attention data parallelism, the work of one prompt's prefill that stays on the chip that
-    owns the sequence: the non-expert matmuls (attention projections, dense layers, shared experts, head)
-    and its attention, at that chip's rate (not split over the group). The routed experts run
-    expert-parallel over the whole group and are not counted. Weight bytes are not counted either (the
-    step that carries the prompt streams them anyway), so only the compute terms are set."""
-    dev, m = system.device, system.model
-    n = float(prompt_tokens)
-    _, experts = _expert_split(m)
-    local = matmul_params(m) - experts * (m.experts_active / m.experts if m.is_moe else 0.0)
-    attention = 2.0 * m.layers * m.heads * 2.0 * m.head_dim * n * m.held(n / 2.0)
-    zero = np.zeros(())
-    return StepParts(
-        kv_s=zero,
-        dense_s=zero,
-        expert_s=zero,
-        spill_s=zero,
-        flops_s=zero + 2.0 * local * n / dev.matmul_flops(system.precision),
-        attn_s=zero + attention / dev.matmul_flops("bf16"),
-        comm_s=zero,
-        fixed_s=zero,
-        layers=zero,
-        weight_only=dev.weight_only(system.precision),
-        sram=False,
     )
 
 
