@@ -163,7 +163,9 @@ class _State:
 
     def rate(self) -> float:
         """Decode progress per ns (0 when nobody decodes, or while a prefill step holds them)."""
-        return self.server.tokens_per_step / self.step_ns() if self.members and not self.paused() else 0.0
+        if not self.members or (self.prefill and not self.server.prefill_mixed):
+            return 0.0
+        return self.server.tokens_per_step / self.step_ns()
 
     def can_admit(self) -> bool:
         """Whether a request arriving now would start its prefill at once (nothing ahead, a slot free)."""
@@ -177,7 +179,7 @@ class _State:
         (``prefill_chunked``) or waits for the next step; the step's first prompt always runs (a chunk of
         at most the budget, or a whole prompt that exceeds it). Before an admission that empties the queue
         the recorder is told (:meth:`_Recorder.draining`): a projection's checkpoint."""
-        if self.prefill:
+        if self.prefill or not (self.queue or self.pending):
             return
         srv, queue, pending = self.server, self.queue, self.pending
         slots = srv.max_batch - len(self.members)
@@ -187,7 +189,9 @@ class _State:
                 if len(queue) == 1:
                     on.draining(self)
                 job = queue.popleft()  # one prefill at a time: at most one admission per instant
-                self.set_prefill((job,), (job.prefill_tokens,), 0)
+                self.prefill, self.chunks, self.carry, self.prefill_left = (job,), (job.prefill_tokens,), 0, 1.0
+                n, c = job.prefill_tokens, job.cached_tokens
+                self._pf, self._step = (n, c, 1, c + n / 2.0), -1.0
                 on.start(job, self.t)
             return
         chunked = srv.prefill_chunked
@@ -242,7 +246,7 @@ class _State:
         while heap and heap[0][1] not in members:
             heapq.heappop(heap)  # lazily drop cancelled members
         step = self.step_ns()
-        r = self.rate()
+        r = self.server.tokens_per_step / step if members and not self.paused() else 0.0
         t_pf = self.t + self.prefill_left * step if self.prefill else INF
         t_fin = self.t + (heap[0][0] - self.v) / r if heap and r > 0 else INF
         t_ev = min(t_pf, t_fin)
@@ -256,7 +260,8 @@ class _State:
             if done < jobs[last].prefill_tokens:  # a chunk: the rest of its prompt leads the next step
                 self.pending = (jobs[last], done)
                 jobs = jobs[:last]
-            self.set_prefill((), (), 0)
+            self.prefill, self.chunks, self.carry, self.prefill_left = (), (), 0, 0.0
+            self._pf = (0, 0, 0, 0.0)
             for job in jobs:
                 on.first(job, self.t, self.v)
                 if job.outputs <= 1:

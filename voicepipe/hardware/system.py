@@ -37,11 +37,11 @@ class Efficiency:
     """Efficiency factors, one set for every HBM device (η_mem, MFU, η_wq, η_moe fitted; see docs §2)."""
 
     # fitted on every point of data/validation.yaml (`voicepipe hardware validate`; docs §2 and §3)
-    eta_mem: float = 0.764  # share of the sustained (STREAM-like) bandwidth a native decode step streams
-    mfu: float = 0.783  # share of the sustained (measured maximum) matmul FLOP/s a serving step reaches
+    eta_mem: float = 0.766  # share of the sustained (STREAM-like) bandwidth a native decode step streams
+    mfu: float = 0.751  # share of the sustained (measured maximum) matmul FLOP/s a serving step reaches
     eta_wq: float = 1.0  # weight-only kernels' efficiency relative to native ones (dequant in the loop)
-    eta_moe: float = 0.65  # expert (grouped-GEMM) streaming efficiency relative to dense GEMV + routing
-    layer_s: float = 9.18e-06  # per layer per step on HBM devices beyond the stack's own gaps (launch, sync)
+    eta_moe: float = 0.634  # expert (grouped-GEMM) streaming efficiency relative to dense GEMV + routing
+    layer_s: float = 9.64e-06  # per layer per step on HBM devices beyond the stack's own gaps (launch, sync)
     ar_growth: float = 0.5  # all-reduce latency growth per doubling of the TP group beyond 2
     moe_route_s: float = 20e-6  # per MoE layer per step: router, top-k, permute, grouped-GEMM launches
     link_eff: float = 0.45  # share of link bandwidth NCCL reaches at 0.1-10 MB messages
