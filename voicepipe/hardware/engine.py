@@ -189,8 +189,8 @@ class _State:
                 if len(queue) == 1:
                     on.draining(self)
                 job = queue.popleft()  # one prefill at a time: at most one admission per instant
-                self.prefill, self.chunks, self.carry, self.prefill_left = (job,), (job.prefill_tokens,), 0, 1.0
                 n, c = job.prefill_tokens, job.cached_tokens
+                self.prefill, self.chunks, self.carry, self.prefill_left = (job,), (n,), 0, 1.0
                 self._pf, self._step = (n, c, 1, c + n / 2.0), -1.0
                 on.start(job, self.t)
             return
