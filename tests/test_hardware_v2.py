@@ -811,31 +811,6 @@ def test_device_memory_is_read_as_binary_gigabytes():
     assert hm.running_sequences(s, 1000, 1000) >= 20
 
 
-def test_lockstep_batch_outgrowing_its_cache_balances_its_tokens():
-    assert hm.lockstep(1e6, 100, 128, 4096) is None  # 100 x 4,224 tokens fit
-    assert hm.lockstep(1e5, 1000, 128, 4096) is None  # not even the prompts plus a token each fit
-    b, p, o, cap = 1500, 128, 4096, 4.2e6
-    g = hm.lockstep(cap, b, p, o)
-    assert g is not None
-    c1 = cap / b
-    assert g.full_steps == pytest.approx(c1 - p) and g.shrink_steps == pytest.approx(p + o - c1)
-    assert g.full_steps + g.shrink_steps == pytest.approx(o)
-    # every output token is produced once: all B until the cache is full, the shrinking batch, the tail
-    made = b * g.full_steps + g.shrink_batch * g.shrink_steps + g.tail_batch * g.tail_steps
-    assert made == pytest.approx(b * o)
-    assert g.evicted == pytest.approx(b - cap / (p + o))
-    assert cap / (p + o) < g.shrink_batch < b
-    assert 0 < g.tail_batch < g.evicted
-    # the evicted re-prefill what they held: at least c1 and at most p + o tokens each
-    assert c1 * g.evicted < g.reprefill_tokens < (p + o) * g.evicted
-
-
-
-
-
-
-
-
 def test_kv_rereads_follow_the_heads_one_read_serves():
     shared, old_trt, tm = cat.stack("lmdeploy"), cat.stack("trtllm-v0.6"), cat.stack("lmdeploy-v0.1")
     assert tm.gqa_heads_per_read == 4

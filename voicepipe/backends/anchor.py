@@ -133,9 +133,11 @@ class AnchoredServer(DeviceServer):
         super().__init__(anchored_system(system, factors), **kw)
         self._min_prefill_ns = self.step_ns(0, 0.0, 1, 0)  # the shortest prefill, re-anchored
 
-    def step_ns(self, decoders: int, kv: float, prefill: int, cached: int) -> float:
+    def step_ns(
+        self, decoders: int, kv: float, prefill: int, cached: int, prompts: int = 1, span: float | None = None
+    ) -> float:
         f = self.factors
-        step = super().step_ns(decoders, kv, prefill, cached)
+        step = super().step_ns(decoders, kv, prefill, cached, prompts, span)
         if not decoders and not prefill:
             return step
         if f.ttft <= f.step:  # the decoders' own step carries the rest of the decode factor
@@ -144,7 +146,7 @@ class AnchoredServer(DeviceServer):
             )
         # the prefill's own step (alone on the device) carries the rest of the TTFT factor
         return f.step * step + (f.ttft - f.step) * (
-            super().step_ns(0, 0.0, prefill, cached) if prefill else 0.0
+            super().step_ns(0, 0.0, prefill, cached, prompts, span) if prefill else 0.0
         )
 
 

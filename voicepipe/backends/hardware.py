@@ -11,7 +11,8 @@ precision and stack default to the anchor's).
 
 ``predict`` is the idle device: the serving engine's run of the request alone
 (:func:`voicepipe.hardware.workload.alone`: ``ttft = stack request cost + t_step(prefill of prompt − cached)``,
-that forward pass emitting token 0; ``tpot = t_step(1 sequence at prompt + output/2 context) / E``). ``start`` runs the request on the
+that forward pass emitting token 0 — over several steps where a chunking stack splits a prompt longer than
+its step budget; ``tpot = t_step(1 sequence at prompt + output/2 context) / E``). ``start`` runs the request on the
 backend's one shared :class:`~voicepipe.hardware.serving.DeviceServer`.
 """
 

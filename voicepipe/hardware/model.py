@@ -5,8 +5,9 @@ This module states the formulas and re-exports their two halves: :mod:`voicepipe
 
 Notation (per step of the serving engine): ``d`` sequences decode, each emitting ``q`` tokens (``q = 1``,
 or ``γ + 1`` when a speculative step verifies ``γ`` drafts); ``K`` = KV tokens those sequences attend to
-(sum of their contexts); ``n`` prompt tokens are prefilled in the same step on top of ``m`` cached prefix
-tokens. ``T = d·q + n`` tokens go through the weights.
+(sum of their contexts); ``n`` prompt tokens of ``s`` prompts (or chunks of prompts) are prefilled in the
+same step on top of ``m`` tokens of context before them (cached prefixes, earlier chunks), each new token
+attending on average to ``c̄ = Σ nᵢ·(mᵢ + nᵢ/2) / n``. ``T = d·q + n`` tokens go through the weights.
 
 HBM devices (GPUs, TPUs), per chip of a tensor-parallel group of ``tp``::
 
@@ -14,7 +15,7 @@ HBM devices (GPUs, TPUs), per chip of a tensor-parallel group of ``tp``::
     t_W    = (W_dense/tp / w + W_exp(T)/tp / (w·η_moe)) / (η_mem · BW_s) + W_spill/tp / BW_offload
     t_KV   = KV(r·K + m + T)/shards / (η_mem · BW_s)
     t_GEMM = 2·P_matmul·T / F_s(precision) / (tp · MFU · w)
-    t_attn = 2·L·H·(a·q·K + 2·hd·n·(m + n/2)) / F_s(bf16) / (tp · MFU)
+    t_attn = 2·L·H·(a·q·K + 2·hd·n·c̄) / F_s(bf16) / (tp · MFU)
              (a = 2·hd; MLA decodes in the absorbed form over its latent: a = 2·kv_dim − rope)
     t_comm = [tp > 1] · 2·L · (α(tp) + 2·(tp−1)/tp · T·hidden·2 B / (link_BW · η_link))
     α(tp)  = α_2 · (1 + g·log2(tp/2))                       (α_2: the device's measured-class latency)
@@ -44,7 +45,9 @@ routed experts that ``T`` tokens touch, ``1 − (1 − k/E)^T`` (= the active pa
 embedding table is not streamed (one row per token) unless it is tied to the output head.
 
 TTFT adds the stack's per-request cost to the prefill step (a ``first_token_from_decode`` stack: the
-prefill of all but the last prompt token, then one decode step). A batch whose KV does not fit runs as many
+prefill of all but the last prompt token, then one decode step). Which prompts share a step is the serving
+engine's (:mod:`voicepipe.hardware.engine`): up to the stack's ``prefill_token_budget``, chunked where the
+stack chunks, or one whole prompt a step. A batch whose KV does not fit runs as many
 sequences as fit (:func:`predict` says ``fits: false`` and the effective batch); most serving stacks allocate
 KV blocks as sequences grow (paged KV), so that is what fits at the sequences' mean context, while
 TensorRT-LLM reserves each request's full length at admission (:func:`running_sequences`).
@@ -72,7 +75,6 @@ from voicepipe.hardware.step import (
     held_total,
     mixed_step_s,
     prefill_s,
-    rank_local_prefill_parts,
     request_overhead_s,
     step_parts,
     step_time,
@@ -86,7 +88,6 @@ from voicepipe.hardware.system import (
     DoesNotFit,
     Efficiency,
     FArray,
-    Lockstep,
     Speculative,
     System,
     attention_params,
@@ -98,7 +99,6 @@ from voicepipe.hardware.system import (
     kv_bytes_per_token,
     kv_capacity_tokens,
     kv_shards,
-    lockstep,
     make_system,
     matmul_params,
     max_sequences,
@@ -124,7 +124,6 @@ __all__ = [
     "DoesNotFit",
     "Efficiency",
     "FArray",
-    "Lockstep",
     "Prediction",
     "Speculative",
     "StepParts",
@@ -144,7 +143,6 @@ __all__ = [
     "kv_bytes_per_token",
     "kv_capacity_tokens",
     "kv_shards",
-    "lockstep",
     "make_system",
     "matmul_params",
     "max_sequences",
@@ -153,7 +151,6 @@ __all__ = [
     "predict",
     "prefill_attention_width",
     "prefill_s",
-    "rank_local_prefill_parts",
     "request_overhead_s",
     "ridge_point",
     "running_sequences",

@@ -4,8 +4,9 @@ The device is a fluid model of a continuous-batching engine. Between membership 
 prefill finishing, a sequence finishing, a cancel) its state is constant, so every decoding sequence
 advances at the same rate ``E / t_step`` tokens per second, where ``t_step`` is
 :func:`voicepipe.hardware.model.mixed_step_s` of the current batch (``d`` decoders, their KV tokens,
-and the prompt being prefilled, if any — prefill shares the step and slows every decoder) and ``E`` the
-expected tokens per step (1, or ``(1 − α^(γ+1)) / (1 − α)`` with speculative decoding).
+and the prompts being prefilled, if any — prefill shares the step and slows every decoder, or, on a stack
+that runs its prefill steps apart (``prefill_mixed: false``, SGLang), holds them for the step) and ``E``
+the expected tokens per step (1, or ``(1 − α^(γ+1)) / (1 − α)`` with speculative decoding).
 
 That shared rate gives a single progress clock ``V(t) = ∫ E / t_step dt``: a sequence that joined decode at
 ``V_join`` emits token ``i`` when ``V = V_join + i``. ``V`` is piecewise linear, so token times are closed
@@ -14,8 +15,8 @@ form. Arrivals and cancels change the future, so the server keeps:
 * the *realised* past — the state at its last event and the breakpoints of ``V`` so far — which never
   changes;
 * a *projection* of the future assuming no more arrivals, run lazily one event at a time as far as a lookup
-  needs. A request that has to queue changes nothing before it starts, so it is appended to the projection
-  (exactly); a request that starts at once, and a cancel, begin a new projection from the realised state.
+  needs. A request that has to queue changes nothing before the first admission after its arrival, so it
+  is added to the projection there (exactly; see :class:`~voicepipe.hardware.engine._Projection`); a request that starts at once, and a cancel, begin a new projection from the realised state.
   The realised past and the projection run the same event step from the same state, so they agree to the
   last bit. On a saturated device each arrival therefore costs a few events, not a re-run of the queue.
 
@@ -28,8 +29,12 @@ the queue first sleeps until a lower bound of its first token that needs no proj
 (:meth:`DeviceServer.earliest_first_ns`), so a cancel on a device with a long queue re-projects only the
 near future that decoding streams wait for, not the whole queue.
 
-Admission: FCFS; the head of the queue starts its prefill when no other prefill runs and fewer than
-``max_batch`` sequences hold slots. A request alone on the device realises exactly
+Admission: FCFS, whenever no prefill step runs, while fewer than ``max_batch`` sequences hold slots: one
+whole prompt per step, or, on a stack with a step token budget (``prefill_token_budget``: vLLM's
+``max_num_batched_tokens``, SGLang's ``chunked_prefill_size``, TensorRT-LLM's ``max_num_tokens``), as many
+waiting prompts as fit beside the decoders' tokens, a prompt that does not fit split over steps where the
+stack chunks (``prefill_chunked``) or left for the next step (:meth:`~voicepipe.hardware.engine._State.admit`).
+A request alone on the device realises exactly
 ``t0 + prefill_s(prompt − cached) + i · t_step(1, ctx) / E`` = :meth:`HardwareBackend.predict`.
 """
 
@@ -88,12 +93,21 @@ class DeviceServer:
         self.prompt_cache = prompt_cache
         self.stage = stage
         self.tokens_per_step = tokens_per_step(spec)
+        stk = system.serving
+        # a step's token budget and whether prompts split over steps (None: one whole prompt per step;
+        # SRAM machines stream one token through the layers and have no such batching)
+        self.prefill_budget = stk.prefill_token_budget if system.device.kind == "hbm" else None
+        self.prefill_chunked = stk.prefill_chunked and self.prefill_budget is not None
+        self.prefill_mixed = stk.prefill_mixed or system.device.kind != "hbm"  # False: decoders wait
+        self.decode_tokens = 1 if spec is None else spec.gamma + 1  # tokens a decoder puts in a step
+        self._tokens_in = 0.0  # capped prompt tokens of every request submitted so far (earliest_first_ns)
+        self._tokens_cancelled = 0.0  # of those cancelled while queued
         self._state = _State(self)
         self._history = _Curve()
         self._real = _Recorder(self._history, on_done=self._finalise)
         self._proj = _Projection(self._state)
         self._ids = 0
-        self._step_cache: dict[tuple[int, float, int, int], float] = {}
+        self._step_cache: dict[tuple[int, float, int, int, int, float], float] = {}
         # sleeping token waits: future -> (deadline, re-read of that token's instant)
         self._waiters: dict[asyncio.Future[None], tuple[int, Callable[[], int]]] = {}
         # queued streams sleeping until earliest_first_ns (that bound only falls when a queued or prefilling
@@ -102,19 +116,26 @@ class DeviceServer:
         self._committed = -INF  # latest token instant handed out; the past before it is fixed
         self._changed_at = -INF  # latest arrival or cancel: a later call cannot change what came before it
         self._queue_cancels = 0  # requests cancelled while queued (for earliest_first_ns)
-        # the shortest a prefill can take: one step of one prompt token on an idle device (a prefill is one
-        # step, and a step never shortens with more work; tested)
+        # the shortest a prefill step can take: one prompt token on an idle device (a step never shortens
+        # with more work; tested)
         self._min_prefill_ns = float(mixed_step_s(system, 0, 0, prefill_tokens=1, spec=spec)) * 1e9
 
     # ------------------------------------------------------------ model
 
-    def step_ns(self, decoders: int, kv: float, prefill: int, cached: int) -> float:
-        key = (decoders, kv, prefill, cached)
+    def step_ns(
+        self, decoders: int, kv: float, prefill: int, cached: int, prompts: int = 1, span: float | None = None
+    ) -> float:
+        """One step of ``decoders`` (``kv`` tokens of cache) beside ``prefill`` prompt tokens from
+        ``prompts`` prompts with ``cached`` tokens of context before them (mean attended ``span``)."""
+        if span is None:
+            span = (cached + prefill / 2.0) / max(prompts, 1)
+        key = (decoders, kv, prefill, cached, prompts, span)
         got = self._step_cache.get(key)
         if got is None:
             s = mixed_step_s(
-                self.system, decoders, kv, prefill_tokens=prefill, prefill_cached=cached, spec=self.spec
-            )
+                self.system, decoders, kv, prefill_tokens=prefill, prefill_cached=cached, spec=self.spec,
+                prefill_seqs=max(prompts, 1), prefill_span=span,
+            )  # fmt: skip
             got = float(s) * 1e9
             if len(self._step_cache) > 65536:
                 self._step_cache.clear()
@@ -138,7 +159,9 @@ class DeviceServer:
             cached_tokens=m,
             context=mean_context(req.prompt_tokens, req.output_tokens),
             outputs=max(req.output_tokens, 1),
+            tokens_before=self._tokens_in,
         )
+        self._tokens_in += self._capped(n)
         s = self._state
         if not s.can_admit():
             # it waits: nothing before its start changes and nothing anywhere moves earlier (more work on
@@ -168,12 +191,18 @@ class DeviceServer:
         job.cancelled = True
         s = self._state
         s.move_to(t)
-        ahead_moved = job.start_ns is None or s.prefill is job  # queued bounds behind it may fall
+        ahead_moved = job.start_ns is None or job in s.prefill  # queued bounds behind it may fall
         if job in s.queue:
             s.queue.remove(job)
             self._queue_cancels += 1
-        elif s.prefill is job:
-            s.prefill, s.prefill_left = None, 0.0
+            self._tokens_cancelled += self._capped(job.prefill_tokens)
+        elif job in s.prefill:  # its share of the running prefill step is not done
+            i = s.prefill.index(job)
+            left = s.prefill_left
+            jobs, chunks = s.prefill[:i] + s.prefill[i + 1 :], s.chunks[:i] + s.chunks[i + 1 :]
+            s.set_prefill(jobs, chunks, 0 if i == 0 else s.carry)
+            if s.prefill:
+                s.prefill_left = left
         elif job.id in s.members:
             del s.members[job.id]
             s.kv = s.kv - job.context if s.members else 0.0
@@ -182,6 +211,10 @@ class DeviceServer:
         s.admit(self._real)
         self._changed(bounds=ahead_moved)
 
+    def _capped(self, tokens: int) -> float:
+        """A prompt's tokens as at most one step's budget (a step carries no more, or one whole prompt)."""
+        return float(tokens if self.prefill_budget is None else min(tokens, self.prefill_budget))
+
     def _done_by(self, job: Job, t: float) -> bool:
         return job.finish_ns is not None and job.finish_ns <= t
 
@@ -189,7 +222,7 @@ class DeviceServer:
         self._state.run(t, self._real)
         self._prune()
 
-    def record(self) -> list[tuple[float, float, float, int, float, int, int]]:
+    def record(self) -> list[tuple[float, float, float, int, float, int, int, int, float]]:
         """From now on, log every stretch of the realised past between events (see ``_State.trace``):
         what a run on virtual time (:mod:`voicepipe.hardware.workload`) reads its step mix from."""
         self._state.trace = []
@@ -311,22 +344,31 @@ class DeviceServer:
 
     def earliest_first_ns(self, job: Job) -> int | None:
         """A lower bound on a still-queued job's first token, found without projecting (None once it left
-        the queue): from the last change on, every request ahead of it and then its own prefill run one at
-        a time, each at least the shortest prefill step. A stream deep in a long queue sleeps until this
-        bound instead of projecting the whole queue ahead of it after every cancel; it projects once the
-        bound is reached."""
+        the queue). From the last change on, the prefill step running then ends first (no sooner than
+        the latest start among its prompts plus the shortest step); then the requests ahead of the job and
+        its own prefill take at least one step each without a step budget (one prompt a step), or at
+        least their prompt tokens over the budget with one (each prompt counted at most at the budget, as
+        one alone in a step may exceed it), each at least the shortest step. A stream deep in a long queue
+        sleeps until this bound instead of projecting the whole queue ahead of it after every cancel; it
+        projects once the bound is reached. The bound never rises above the true instant: more work, or
+        a request arriving later, never starts anyone sooner."""
         s = self._state
         if job.start_ns is not None or job.cancelled or not s.queue:
             return None
-        ahead = max(0, job.id - s.queue[0].id - self._queue_cancels)  # ids rise along the FCFS queue
+        head = s.queue[0]
         # the realised state holds every event up to the last change; a prefill still running then ends
-        # after it, and no sooner than its start plus the shortest prefill. This keeps the bound from
-        # falling as the queue advances (only a cancel ahead can lower it).
+        # after it, and no sooner than its start plus the shortest prefill
         t = max(s.t, self._changed_at)
-        pf = s.prefill
-        if pf is not None and pf.start_ns is not None:
-            t = max(t, pf.start_ns + self._min_prefill_ns)
-        return math.floor(t + (ahead + 1) * self._min_prefill_ns)
+        starts = [pf.start_ns for pf in s.prefill if pf.start_ns is not None]
+        if starts:
+            t = max(t, max(starts) + self._min_prefill_ns)
+        if self.prefill_budget is None:
+            ahead = max(0, job.id - head.id - self._queue_cancels)  # ids rise along the FCFS queue
+            steps = ahead + 1
+        else:
+            tokens = job.tokens_before + self._capped(job.prefill_tokens) - head.tokens_before
+            steps = max(1, math.ceil((tokens - self._tokens_cancelled) / self.prefill_budget - 1e-9))
+        return math.floor(t + steps * self._min_prefill_ns)
 
     # ------------------------------------------------------------ live streams
 
@@ -364,7 +406,7 @@ class DeviceServer:
 
     def load(self) -> dict[str, int]:
         s = self._state
-        return {"decoding": len(s.members), "prefilling": int(s.prefill is not None), "queued": len(s.queue)}
+        return {"decoding": len(s.members), "prefilling": len(s.prefill), "queued": len(s.queue)}
 
 
 class DeviceStream:

@@ -266,9 +266,6 @@ class Stack(BaseModel):
     # True: the prefill pass covers the prompt but its last token, and the first output token comes from
     # the first decode step (TurboMind before v0.1.0's unified pass; TTFT = prefill(P − 1) + one decode step)
     first_token_from_decode: bool = False
-    # True: when the paged KV cache runs out, running sequences are evicted and later re-prefilled
-    # (vLLM's RECOMPUTE preemption); False: not modelled (the batch that fits at the mean context runs)
-    preempt_recompute: bool = False
     # True: the KV cache keeps only a local layer's window (what falls out is freed: vLLM's hybrid KV-cache
     # manager, TensorRT-LLM's per-window pools, llama.cpp's SWA cache), so a sequence holds ModelSpec.held
     # tokens; False: every token on every layer stays allocated (the kernels still read only the window)
@@ -286,6 +283,16 @@ class Stack(BaseModel):
     # bf16: TensorRT-LLM's fp8 recipes) or "activations" (the model's 16-bit data type whatever the weights:
     # vLLM's and SGLang's kv_cache_dtype "auto"), see system.default_kv_precision
     kv_default: Literal["weights", "activations"] = "weights"
+    # tokens one engine step may carry (the decoders' tokens first, then waiting prompts' prefill tokens, in
+    # arrival order: vLLM's max_num_batched_tokens, SGLang's chunked_prefill_size, TensorRT-LLM's
+    # max_num_tokens); None: one whole prompt per step, alone with the decoders
+    prefill_token_budget: int | None = Field(default=None, ge=1)
+    # True: a prompt longer than the room left in a step is split, its rest continuing in the next steps
+    # (chunked prefill); False: it waits for a step with room (one alone in a step always runs)
+    prefill_chunked: bool = False
+    # False: a step that prefills carries no decoders, who wait for it (SGLang's prefill batches without
+    # --enable-mixed-chunk); True: prefill shares the step with the decoders (vLLM V1, TensorRT-LLM)
+    prefill_mixed: bool = True
     sources: dict[str, str]
 
     @model_validator(mode="after")
@@ -304,7 +311,13 @@ class Stack(BaseModel):
             missing.append("gqa_kv_shared")
         if self.gqa_heads_per_read is not None and not self.sources.get("gqa_heads_per_read"):
             missing.append("gqa_heads_per_read")
-        for flag in ("first_token_from_decode", "preempt_recompute", "window_kv"):
+        if self.prefill_token_budget is not None and not self.sources.get("prefill_token_budget"):
+            missing.append("prefill_token_budget")
+        if not self.prefill_mixed and not self.sources.get("prefill_mixed"):
+            missing.append("prefill_mixed")
+        if self.prefill_chunked and self.prefill_token_budget is None:
+            raise ValueError("prefill_chunked needs a prefill_token_budget")
+        for flag in ("first_token_from_decode", "window_kv", "prefill_chunked"):
             if getattr(self, flag) and not self.sources.get(flag):
                 missing.append(flag)
         for key, default in (("kv_admission", "grow"), ("kv_pool", "total"), ("kv_default", "weights")):

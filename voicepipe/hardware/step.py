@@ -112,11 +112,14 @@ def step_parts(
     prefill_tokens: ArrayLike = 0,
     prefill_cached: ArrayLike = 0,
     prefill_seqs: ArrayLike = 1,
+    prefill_span: ArrayLike | None = None,
 ) -> StepParts:
     """Raw costs of one engine step (see the module docstring for the formulas).
 
-    ``prefill_tokens`` may be ``prefill_seqs`` prompts of equal length (a batch arriving at once):
-    attention then costs each prompt its own ``(n/s)²/2``."""
+    ``prefill_tokens`` may come from ``prefill_seqs`` prompts (or chunks of them) sharing the step, with
+    ``prefill_cached`` tokens of context before them in all (cached prefixes, earlier chunks), whose KV the
+    step reads. ``prefill_span`` is the mean context a new prompt token attends to (``Σ nᵢ·(cᵢ + nᵢ/2) / n``
+    over the prompts); None: prompts of equal length, ``(c + n/2) / s``."""
     dev, m, eff = system.device, system.model, system.eff
     d = np.asarray(decode_seqs, dtype=float)
     kv = np.asarray(kv_tokens, dtype=float)
@@ -124,6 +127,7 @@ def step_parts(
     n = np.asarray(prefill_tokens, dtype=float)
     c = np.asarray(prefill_cached, dtype=float)
     ps = np.maximum(np.asarray(prefill_seqs, dtype=float), 1.0)
+    span = (c + n / 2.0) / ps if prefill_span is None else np.asarray(prefill_span, dtype=float)
     tokens = d * q + n
     zero = 0.0 * (tokens + kv + c)
     bpp = bytes_per_param(system.precision)
@@ -136,10 +140,7 @@ def step_parts(
     if m.window is not None:
         kv, cached = held_total(m, kv, d), held_total(m, c, ps)
     attention = (
-        2.0
-        * m.layers
-        * m.heads
-        * (decode_attention_width(m) * q * kv + prefill_attention_width(m) * n * m.held(c + n / (2.0 * ps)))
+        2.0 * m.layers * m.heads * (decode_attention_width(m) * q * kv + prefill_attention_width(m) * n * m.held(span))
     )
     stk = system.serving
     # a decode kernel that does not share a GQA group's KV head reads it once per query head
@@ -219,33 +220,6 @@ def step_parts(
     )
 
 
-def rank_local_prefill_parts(system: System, prompt_tokens: float) -> StepParts:
-    """Under attention data parallelism, the work of one prompt's prefill that stays on the chip that
-    owns the sequence: the non-expert matmuls (attention projections, dense layers, shared experts, head)
-    and its attention, at that chip's rate (not split over the group). The routed experts run
-    expert-parallel over the whole group and are not counted. Weight bytes are not counted either (the
-    step that carries the prompt streams them anyway), so only the compute terms are set."""
-    dev, m = system.device, system.model
-    n = float(prompt_tokens)
-    _, experts = _expert_split(m)
-    local = matmul_params(m) - experts * (m.experts_active / m.experts if m.is_moe else 0.0)
-    attention = 2.0 * m.layers * m.heads * prefill_attention_width(m) * n * m.held(n / 2.0)
-    zero = np.zeros(())
-    return StepParts(
-        kv_s=zero,
-        dense_s=zero,
-        expert_s=zero,
-        spill_s=zero,
-        flops_s=zero + 2.0 * local * n / dev.matmul_flops(system.precision),
-        attn_s=zero + attention / dev.matmul_flops("bf16"),
-        comm_s=zero,
-        fixed_s=zero,
-        layers=zero,
-        weight_only=dev.weight_only(system.precision),
-        sram=False,
-    )
-
-
 def combine(
     parts: StepParts,
     eta_mem: ArrayLike,
@@ -283,6 +257,8 @@ def step_time(
     tokens_per_seq: ArrayLike = 1,
     prefill_tokens: ArrayLike = 0,
     prefill_cached: ArrayLike = 0,
+    prefill_seqs: ArrayLike = 1,
+    prefill_span: ArrayLike | None = None,
 ) -> StepTime:
     """Time of one engine step (see the module docstring for the formulas)."""
     parts = step_parts(
@@ -292,6 +268,8 @@ def step_time(
         tokens_per_seq=tokens_per_seq,
         prefill_tokens=prefill_tokens,
         prefill_cached=prefill_cached,
+        prefill_seqs=prefill_seqs,
+        prefill_span=prefill_span,
     )
     e = system.eff
     memory, compute, total = combine(parts, e.eta_mem, e.mfu, e.eta_wq, e.eta_moe, e.layer_s)
@@ -306,6 +284,8 @@ def mixed_step_s(
     prefill_tokens: ArrayLike = 0,
     prefill_cached: ArrayLike = 0,
     spec: Speculative | None = None,
+    prefill_seqs: ArrayLike = 1,
+    prefill_span: ArrayLike | None = None,
 ) -> FArray:
     """Seconds for one continuous-batching step: ``decode_seqs`` decode while ``prefill_tokens`` prefill.
 
@@ -313,18 +293,18 @@ def mixed_step_s(
     the target verifies γ + 1 tokens per sequence: ``γ·c·t(d, q=1) + t(d, q=γ+1, n)``.
     """
     d = np.asarray(decode_seqs, dtype=float)
-    if spec is None:
-        return step_time(
-            system, d, kv_tokens, prefill_tokens=prefill_tokens, prefill_cached=prefill_cached
-        ).total_s
     verify = step_time(
         system,
         d,
         kv_tokens,
-        tokens_per_seq=spec.gamma + 1,
+        tokens_per_seq=1 if spec is None else spec.gamma + 1,
         prefill_tokens=prefill_tokens,
         prefill_cached=prefill_cached,
+        prefill_seqs=prefill_seqs,
+        prefill_span=prefill_span,
     ).total_s
+    if spec is None:
+        return verify
     draft = spec.gamma * spec.draft_cost * step_time(system, d, kv_tokens).total_s
     return verify + np.where(d > 0, draft, 0.0)
 

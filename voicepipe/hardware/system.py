@@ -328,52 +328,6 @@ def running_sequences(system: System, prompt_tokens: int, output_tokens: int) ->
     return max_sequences(system, max(1, math.floor(mean_context(prompt_tokens, output_tokens))))
 
 
-@dataclass(frozen=True)
-class Lockstep:
-    """A static batch of ``B`` equal requests started together that outgrows its paged KV cache.
-
-    All ``B`` decode until their context reaches ``c1 = C/B`` (``C``: cache tokens); from then on only
-    ``C/c`` fit at context ``c``, and a recompute-preempting stack (vLLM) evicts the rest, so the running
-    batch falls to ``C/L`` by the end (``L = P + O``). The evicted sequences rejoin when the survivors
-    finish: they re-prefill the ``C·ln(L/c1)`` tokens they had (one evicted at context ``c`` holds ``c``;
-    ``C/c²`` are evicted per unit of context) and decode their remaining ``B·L − C − C·ln(L/c1)`` tokens
-    over ``L − c1`` tail steps. Output tokens balance: ``B·(c1 − P)`` + ``C·ln(L/c1)`` (phase two, the
-    shrinking batch) + the tail = ``B·O``."""
-
-    full_steps: float  # steps with all B running: c1 − P
-    shrink_steps: float  # steps while the batch shrinks from B to C/L: L − c1
-    shrink_batch: float  # mean running batch over them: C·ln(L/c1) / (L − c1)
-    capacity: float  # C: KV tokens held during them
-    evicted: float  # sequences evicted: B − C/L
-    reprefill_tokens: float  # C·ln(L/c1)
-    tail_steps: float  # L − c1
-    tail_batch: float  # mean running batch over the tail
-    tail_context: float  # their mean context, (c1 + L)/2
-
-
-def lockstep(capacity_tokens: float, batch: int, prompt_tokens: int, output_tokens: int) -> Lockstep | None:
-    """How a static batch started at once outgrows its cache (see :class:`Lockstep`); None when its KV
-    at the last token fits, or when not even the prompts plus one token each fit."""
-    c, b, length = float(capacity_tokens), float(batch), float(prompt_tokens + output_tokens)
-    if b * length <= c or c / b <= prompt_tokens + 1:
-        return None
-    c1 = c / b
-    grown = c * math.log(length / c1)
-    steps = length - c1
-    tail = b * length - c - grown
-    return Lockstep(
-        full_steps=c1 - prompt_tokens,
-        shrink_steps=steps,
-        shrink_batch=grown / steps,
-        capacity=c,
-        evicted=b - c / length,
-        reprefill_tokens=grown,
-        tail_steps=steps,
-        tail_batch=tail / steps,
-        tail_context=(c1 + length) / 2.0,
-    )
-
-
 def sram_units(
     device: Device, model: ModelSpec, precision: str, seqs: int, context: int, eff: Efficiency, kv: str
 ) -> int:

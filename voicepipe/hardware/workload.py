@@ -2,7 +2,7 @@
 
 A run drives the event step of a :class:`~voicepipe.hardware.serving.DeviceServer` (its own engine state,
 the server's step times, slots and speculative setting) through a whole workload; what it reports is read from the jobs' realised instants and from the log of
-every stretch between events (decoders, their KV, the prompt being prefilled, and how many steps ran):
+every stretch between events (decoders, their KV, the prompts being prefilled, and how many steps ran):
 
 * :func:`static_batch` — ``B`` equal requests arriving together at t = 0 (a burst: MLPerf Offline, a
   throughput benchmark at infinite rate); every job is measured;
@@ -45,8 +45,10 @@ class Run:
     steps: FArray  # engine steps in the stretch
     decoders: FArray
     kv: FArray
-    prefill: FArray
-    cached: FArray
+    prefill: FArray  # prompt tokens the step prefills
+    cached: FArray  # their context before the step (cached prefixes, earlier chunks)
+    prompts: FArray  # prompts (or chunks) in the step
+    span: FArray  # mean context a prefill token attends to
     waiting: FArray  # measured jobs arrived and still without their first token
     decoding: FArray  # measured jobs past their first token and not finished
 
@@ -126,9 +128,9 @@ class _Driver(_Recorder):
         return _run(self.server, self.state.trace or [], measured, clients, output_tokens)
 
 
-def _run(server: DeviceServer, trace: list[tuple[float, float, float, int, float, int, int]],
+def _run(server: DeviceServer, trace: list[tuple[float, float, float, int, float, int, int, int, float]],
          measured: list[Job], clients: int, output_tokens: int) -> Run:  # fmt: skip
-    cols = np.array(trace, dtype=float).reshape(-1, 7).T
+    cols = np.array(trace, dtype=float).reshape(-1, 9).T
     start = cols[0]
     first = np.sort([float(j.first_ns or 0.0) for j in measured])
     arrive = np.sort([j.arrive_ns for j in measured])
@@ -140,7 +142,7 @@ def _run(server: DeviceServer, trace: list[tuple[float, float, float, int, float
     return Run(
         jobs=tuple(measured), request_s=request_overhead_s(server.system), clients=clients,
         output_tokens=output_tokens, start=start, length=cols[1], steps=cols[2], decoders=cols[3],
-        kv=cols[4], prefill=cols[5], cached=cols[6],
+        kv=cols[4], prefill=cols[5], cached=cols[6], prompts=cols[7], span=cols[8],
         waiting=(arrived - firsted).astype(float), decoding=(firsted - finished).astype(float),
     )  # fmt: skip
 

@@ -104,20 +104,23 @@ def _stack_parts(parts: list[StepParts]) -> StepParts:
     return StepParts(**{**arrays, "weight_only": arrays["weight_only"].astype(bool), "sram": arrays["sram"].astype(bool)})
 
 
-def _merged(r: Run, w: FArray) -> tuple[FArray, FArray, FArray, FArray, FArray]:
-    """(weights, decoders, kv, prefill, cached) of the stretches merged by batch shape (≤ MAX_ROWS)."""
+def _merged(r: Run, w: FArray) -> tuple[FArray, ...]:
+    """(weights, decoders, kv, prefill, cached, prompts, span) of the stretches merged by batch shape
+    (≤ MAX_ROWS)."""
     keep = w > 0
     w, d, kv, n, c = w[keep], r.decoders[keep], r.kv[keep], r.prefill[keep], r.cached[keep]
+    ps, span = r.prompts[keep], r.span[keep]
     if len(w) == 0:
-        return np.zeros(1), np.ones(1), np.ones(1), np.zeros(1), np.zeros(1)
-    per = max(1, MAX_ROWS // max(len(np.unique(n)), 1))
+        return np.zeros(1), np.ones(1), np.ones(1), np.zeros(1), np.zeros(1), np.ones(1), np.zeros(1)
+    shapes = np.unique(np.stack([n, ps]), axis=1).shape[1]
+    per = max(1, MAX_ROWS // max(shapes, 1))
     edges = np.unique(np.quantile(d, np.linspace(0, 1, per + 1)))
     dbin = np.clip(np.searchsorted(edges, d, side="right") - 1, 0, max(len(edges) - 2, 0))
-    key = np.unique(np.stack([dbin, n, c]), axis=1, return_inverse=True)[1].ravel()
+    key = np.unique(np.stack([dbin, n, c, ps]), axis=1, return_inverse=True)[1].ravel()
     k = key.max() + 1
     ws = np.bincount(key, w, k).astype(float)
     mean = lambda v: np.bincount(key, w * v, k) / ws  # noqa: E731
-    return ws, mean(d), mean(kv), mean(n), mean(c)
+    return ws, mean(d), mean(kv), mean(n), mean(c), np.maximum(mean(ps), 1.0), mean(span)
 
 
 @dataclass(frozen=True)
@@ -142,8 +145,9 @@ def batch_of(items: list[Prepared], theta: FArray | None = None) -> Batch:
         assert x.system is not None
         r = engine_run(x, theta)
         fig, sc, iv = form(x)
-        w, d, kv, n, c = _merged(r, r.weights(fig))
-        parts.append(step_parts(x.system, d, kv, prefill_tokens=n, prefill_cached=c))
+        w, d, kv, n, c, ps, span = _merged(r, r.weights(fig))
+        pf = {"prefill_tokens": n, "prefill_cached": c, "prefill_seqs": ps, "prefill_span": span}
+        parts.append(step_parts(x.system, d, kv, **pf))
         weights.append(w)
         starts.append(col)
         col += len(w)
