@@ -198,10 +198,10 @@ def run(
         if record is not None:
             sets.append(f"client.record={json.dumps(str(record))}")
         cfg = load_config(config, sets, broker)
-        if cfg.real_audio:
+        if cfg.real_stages:
             check_engines(cfg.vad.engine, cfg.asr.engine, cfg.tts.engine, cfg.client.voice)
-        elif record is not None:
-            raise UserError("--record", "recordings need real audio (--audio real)")
+        if record is not None and not cfg.audio_caller:
+            raise UserError("--record", "recordings need an audio caller (--audio real, or client.voice espeak-ng)")
         scs = load_scenarios(scenario)
         check_speech(cfg, scs)
         reqs = gate.parse(require)
