@@ -17,7 +17,17 @@ give the turn's causal chain and metadata, ``asr.final`` its transcript and word
 With ``client.record`` set, every session's conversation is written as a stereo WAV
 (:mod:`voicepipe.audio.record`). A turn with ``wav`` streams that recording's samples instead of
 synthesising (a real recorded caller); its word error rate is scored against ``user`` when the turn also
-gives it, and not at all otherwise. Not yet here: barge-in over real audio.
+gives it, and not at all otherwise.
+
+The other speech stages may be modelled (:mod:`voicepipe.speech_mix`): a modelled ASR gets the turn's words
+placed on this audio (:func:`~voicepipe.audio.align.aligned`) as their audio starts, beside the frames; a
+modelled TTS answers in tone frames (:mod:`voicepipe.audio.tone`). The stopwatch is the same. A turn's
+``barge_in_after_ms`` has the caller speak its ``barge_in`` text over the reply that long after the
+reply's onset (the frames replace the microphone's silence from the next frame on); a modelled VAD gets
+``user.speech_start`` at the barge-in's first voiced sample, a real one hears it. ``barge_in_stop_ms`` is
+from that sample to when the reply stopped in the caller's ear (the stop's ``control.cancel``, or the
+reply's end if sooner). Reply audio heard before the end of speech is talking over the caller
+(``talked_over_ms``: its overlap with the caller's voiced stretches, cut at any stop): a miss.
 """
 
 from __future__ import annotations
