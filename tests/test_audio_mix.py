@@ -19,7 +19,7 @@ from tests.test_audio_e2e import MISSING, envelope, onset_in_recording, scenario
 from voicepipe.audio import RATE
 from voicepipe.records import TurnRecord
 from voicepipe.runner import run_pipeline
-from voicepipe.scenario import Scenario, Turn
+from voicepipe.scenario import CacheEntry, Scenario, Turn
 
 pytestmark = pytest.mark.audio
 
@@ -75,9 +75,13 @@ async def test_real_asr_with_a_modelled_tts_is_heard_as_a_tone_and_measured_by_e
     assert res.stage_errors == 0
 
 
-async def test_a_modelled_asr_with_a_real_tts_for_the_word_client_and_for_the_audio_caller(tmp_path, mosquitto):
+async def test_a_modelled_asr_with_a_real_tts_for_the_word_client_and_for_the_audio_caller(
+    tmp_path, mosquitto
+):
     # the word client times the real TTS's first tts.audio (plus the modelled downlink)
-    res = await run_pipeline(fast_config(VOICE, "tts.words_per_minute=170", broker=mosquitto.url), [plain_turns()], 1)
+    res = await run_pipeline(
+        fast_config(VOICE, "tts.words_per_minute=170", broker=mosquitto.url), [plain_turns()], 1
+    )
     recs = sorted(res.records, key=lambda r: r.turn)
     check_measured(recs, ["tts"])
     for r in recs:
@@ -157,4 +161,42 @@ async def test_a_barge_in_over_real_audio_stops_the_agent(tmp_path, mosquitto, e
     assert heard < 900 + r.barge_in_stop_ms + 100  # nothing of the reply after the stop...
     assert right_channel_voiced_ms(r.recording, stop + 100, stop + 1000) == 0  # (the next turn's is later)
     assert recs[1].barge_in_stop_ms is None and recs[1].status == "ok"
+    assert res.stage_errors == 0
+
+
+async def test_a_real_asr_that_answered_in_a_pause_stops_when_the_caller_resumes_and_the_turn_is_a_miss(
+    tmp_path, mosquitto
+):
+    # a 2.5 s pause under a 200 ms endpoint wait: the answer to "I would like" plays in the pause, the caller
+    # resumes over it, the real VAD hears that while the agent speaks and stops it; the rest of the
+    # utterance joins the turn and its reply is measured from the real end of speech
+    sc = Scenario(name="tea2", turns=[Turn(user="I would like [2500] a cup of tea.", reply=LONG, gap_ms=50)])
+    cfg = fast_config(CALLER, *EAR, VOICE, "asr.silence_ms=200", "client.turn_timeout_s=15",
+                      f"client.record={tmp_path}", broker=mosquitto.url)  # fmt: skip
+    res = await run_pipeline(cfg, [sc], 1)
+    (r,) = res.records
+    check_measured([r], STAGES)
+    check_recording([r])
+    assert r.premature_endpoint and r.talked_over and not r.within_budget
+    assert r.talked_over_ms is not None and r.talked_over_ms < 2000  # cut when it stopped, not the ~7 s reply
+    assert "tea" in (r.transcript or "") or len((r.transcript or "").split()) > 3  # the whole utterance
+    assert res.stage_errors == 0
+
+
+@pytest.mark.parametrize("voice", ["modelled", "real"])
+async def test_a_cache_hit_is_heard_by_the_audio_caller(tmp_path, mosquitto, voice):
+    # the cache decides and sends tts.audio; the TTS stage plays the answer as frames (a tone of the modelled
+    # length, or espeak-ng audio rendered when the first script named the entry)
+    sc = Scenario(
+        name="faq",
+        turns=[Turn(user="What time do you close?", reply="We close at six tonight.", gap_ms=50)],
+        cache=[CacheEntry(questions=["what time do you close"], answer="We close at six tonight.")],
+    )
+    sets = (CALLER, "cache.enabled=true", "router.cache_first=true", *((VOICE,) if voice == "real" else ()))
+    cfg = fast_config(*sets, f"client.record={tmp_path}", broker=mosquitto.url)
+    res = await run_pipeline(cfg, [sc], 1)
+    recs = list(res.records)
+    check_measured(recs, ["client", *(["tts"] if voice == "real" else [])])
+    check_recording(recs)
+    assert recs[0].path == "cache"
     assert res.stage_errors == 0

@@ -90,3 +90,17 @@ def test_the_modelled_reply_is_a_tone_voiced_from_its_first_window_for_its_model
     assert voiced(x).all()  # heard from its first sample window to its last
     joined = np.frombuffer(b"".join(tone_frames(40.0) + tone_frames(40.0, phase=640)), dtype="<i2")
     assert np.array_equal(joined, np.frombuffer(b"".join(tone_frames(80.0)), dtype="<i2"))  # no click
+
+
+@pytest.mark.parametrize(
+    "said", ["What time do you close?", "I would like [1200] a cup of tea.", "a b c d e f g"]
+)
+@pytest.mark.parametrize("samples", [16000, 25600, 32127, 7919])
+def test_placed_words_never_overlap_whatever_the_rounding(said, samples):
+    pcm = np.full(samples, 3000, dtype=np.int16)
+    words = aligned(spoken(said, 150), pcm, None).words
+    end = 0
+    for w in words:
+        assert w.media_ns >= end and w.dur_ns >= 0  # what the bus guard checks (else: a dead letter)
+        end = w.media_ns + w.dur_ns
+    assert end == round(samples // 80 * 80 * 1e9 / RATE)  # the last word ends at the last voiced window

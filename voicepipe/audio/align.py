@@ -51,6 +51,7 @@ def aligned(
     out = []
     for i, (w, (start, end)) in enumerate(zip(words, placed, strict=True)):
         nxt = placed[i + 1][0] if i + 1 < len(placed) else None
+        end = end if nxt is None else min(end, nxt)  # rounding must not run a word into the next
         out.append(UserWord(
             text=w.text, dur_ns=end - start, index=i, pause_before=w.pause_before, last_word=w.last_word,
             media_ns=start, gap_after_ns=None if nxt is None else max(0, nxt - end),

@@ -39,6 +39,10 @@ class ToneTTS(RealTTS):
     """The modelled TTS (:class:`~voicepipe.stages.tts.TTS`), heard: its ``tts.audio`` also as tone frames."""
 
     _speak = TTS._speak  # the modelled synthesis, not espeak-ng
+    prerender = False
+
+    async def answer_frames(self, p: Audio) -> list[bytes]:
+        return tone_frames(p.duration_ms)  # the cache's answer, as long as the model says
 
     def __init__(self, *a, **kw) -> None:
         super().__init__(*a, **kw)
@@ -54,7 +58,7 @@ class ToneTTS(RealTTS):
     async def publish(self, env: Envelope, *, qos: int | None = None) -> None:
         await super().publish(env, qos=qos)
         p = env.payload
-        if not isinstance(p, Audio):
+        if not isinstance(p, Audio) or env.src.split("/", 1)[0] != "tts":
             return
         key = (env.session, env.turn, p.segment)
         out = self.outs.get(key)

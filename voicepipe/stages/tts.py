@@ -12,6 +12,7 @@ import asyncio
 import functools
 import math
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from voicepipe.clock import now_ns, rng_for, sleep_until_ns
 from voicepipe.config import TTSConfig
@@ -74,7 +75,7 @@ class TTS(Stage):
     name = "tts"
     # turn/script: to know the run's sessions and their turns (voicepipe.stages.guard), even on turns the
     # cache answers without any text to speak
-    channels = ("reply/text", "control/cancel", "user/speech_start", "turn/script")
+    channels: ClassVar[tuple[str, ...]] = ("reply/text", "control/cancel", "user/speech_start", "turn/script")
 
     def __init__(self, *a, **kw) -> None:
         super().__init__(*a, **kw)
