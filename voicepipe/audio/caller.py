@@ -72,6 +72,7 @@ from voicepipe.messages import (
 )
 from voicepipe.records import TurnRecord
 from voicepipe.scenario import Scenario, Turn
+from voicepipe.spans import shifted
 from voicepipe.speech_mix import modelled_speech_stages
 from voicepipe.stages.client import LEAD_NS, Listening, TurnFailed, overlap_ns, spoken
 from voicepipe.stages.client import Client as _Client
@@ -94,6 +95,8 @@ class Call:
     play_until_ns: int = 0
     withdrawn: set[int] = field(default_factory=set)
     audio: dict[int, Envelope[Audio]] = field(default_factory=dict)  # segment -> its first tts.audio
+    audio_got: dict[int, int] = field(default_factory=dict)  # segment -> when that arrived
+    frame_got: dict[int, int] = field(default_factory=dict)  # segment -> when its first frame arrived
     finals: dict[int, str] = field(default_factory=dict)  # segment -> transcript
     reply: dict[int, list[str]] = field(default_factory=dict)
     done: asyncio.Event = field(default_factory=asyncio.Event)
@@ -111,6 +114,7 @@ class Call:
         """The reply's audio stops here: the jitter buffer is dropped; early audio is cut at the stop."""
         self.play_until_ns = min(self.play_until_ns, at_ns)
         self.early = [(a, min(b, at_ns)) for a, b in self.early if a < at_ns]
+        self.rec.clear(RIGHT, at_ns)
 
 
 def stretches(x: np.ndarray, origin_ns: int) -> list[tuple[int, int]]:
@@ -162,7 +166,8 @@ class Caller(_Client):
         if call is None:
             return
         p = env.payload
-        call.audio.setdefault(p.segment, env)
+        if p.segment not in call.audio:
+            call.audio[p.segment], call.audio_got[p.segment] = env, now_ns()
         call.reply.setdefault(p.segment, []).append(p.text)
 
     async def final_seen(self, env: Envelope[Final]) -> None:
@@ -205,6 +210,7 @@ class Caller(_Client):
         x = np.frombuffer(frame.pcm, dtype="<i2")
         call.rec.put(RIGHT, play, x)
         call.played.add(frame.segment)
+        call.frame_got.setdefault(frame.segment, got)
         if call.onset_ns is None:
             for w in np.flatnonzero(voiced(x)):
                 at = play + round(int(w) * WINDOW * 1e9 / RATE)
@@ -272,6 +278,7 @@ class Caller(_Client):
             barge = await synthesize(turn.barge_in, wpm, cfg.client.espeak_voice)
         call.turn, call.onset_ns, call.onset_seg, call.premature = k, None, -1, False
         call.withdrawn, call.audio, call.finals, call.reply = set(), {}, {}, {}
+        call.audio_got, call.frame_got = {}, {}
         call.early, call.played, call.barge, call.barge_ns, call.stopped_ns = [], set(), None, 0, 0
         call.done, call.stopped = asyncio.Event(), asyncio.Event()
         await self.publish(Envelope.of(script, run, session, k))
@@ -365,6 +372,11 @@ class Caller(_Client):
             await asyncio.sleep(0.01)
         env = call.audio.get(seg)
         spans = list(env.spans) if env is not None else []
+        # the chain ends where its tts.audio arrived; the frames that followed it out of the TTS are the
+        # audio's path: one that overtook the message (QoS 0 beside QoS 1) moves the chain back to its arrival
+        early = call.frame_got.get(seg, 0) - call.audio_got.get(seg, 0)
+        if env is not None and early < 0:
+            spans = shifted(spans, early)
         m = measure(spans, call.eos_ns, onset)
         transcript = call.finals.get(seg, "")
         measured = m.measured_ns / 1e6
