@@ -200,3 +200,19 @@ async def test_a_cache_hit_is_heard_by_the_audio_caller(tmp_path, mosquitto, voi
     check_recording(recs)
     assert recs[0].path == "cache"
     assert res.stage_errors == 0
+
+
+async def test_a_real_vad_endpoints_the_audio_for_a_modelled_recogniser(tmp_path, mosquitto):
+    cfg = fast_config(CALLER, "vad.engine=silero", "asr.silence_ms=200", f"client.record={tmp_path}",
+                      broker=mosquitto.url)  # fmt: skip
+    res = await run_pipeline(cfg, [scenario()], 1)  # "I would like [1200] a cup of tea."
+    recs = sorted(res.records, key=lambda r: r.turn)
+    check_measured(recs, ["client", "vad"])
+    check_recording(recs)
+    assert recs[0].premature_endpoint  # the real VAD heard the scripted pause as silence
+    assert recs[0].transcript == "I would like a cup of tea."  # the script recogniser: every word, once
+    for r in recs:
+        parts = {(p.stage, p.what): p.modelled for p in r.breakdown}
+        assert parts[("asr", "endpoint wait")] is False and parts[("asr", "finalise")] is True
+        assert r.wer is None
+    assert res.stage_errors == 0

@@ -1,6 +1,7 @@
 """Each speech stage real or modelled on its own (issue 25): which mixes are refused, which stage class
 plays each box, the words a modelled ASR gets from an audio caller, the tone a modelled TTS plays to it.
-No speech engine is needed here (the end-to-end mixes are tests/test_audio_mix.py, `-m audio`)."""
+The script recogniser of a real VAD with a modelled ASR returns the words heard so far. No speech engine is
+needed here (the end-to-end mixes are tests/test_audio_mix.py, `-m audio`)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from voicepipe.audio.caller import Caller
 from voicepipe.audio.engines import first_voiced_sample, last_voiced_sample, voiced
 from voicepipe.audio.tone import ToneTTS, tone_frames
 from voicepipe.audio.tts import RealTTS
+from voicepipe.audio.vad_asr import Scripted, VadASR
 from voicepipe.config import load_config
 from voicepipe.errors import UserError
 from voicepipe.stages.asr import ASR
@@ -33,6 +35,7 @@ EAR = ("vad.engine=silero", "asr.engine=pocketsphinx")
         ((CALLER,), (Caller, ASR, ToneTTS), ["client"]),
         ((CALLER, "tts.engine=espeak-ng"), (Caller, ASR, RealTTS), ["client", "tts"]),
         ((CALLER, *EAR), (Caller, RealASR, ToneTTS), ["client", "vad", "asr"]),
+        ((CALLER, "vad.engine=webrtc"), (Caller, VadASR, ToneTTS), ["client", "vad"]),
         ((CALLER, *EAR, "tts.engine=espeak-ng"), (Caller, RealASR, RealTTS), ["client", "vad", "asr", "tts"]),
     ],
 )
@@ -48,7 +51,7 @@ def test_every_mix_that_can_run_loads_and_picks_a_class_per_stage(sets, classes,
     [
         (EAR, "asr.engine", "client.voice espeak-ng or wav"),  # a real ASR needs audio to hear
         ((CALLER, "asr.engine=pocketsphinx"), "vad.engine", "silero or webrtc"),
-        ((CALLER, "vad.engine=webrtc"), "asr.engine", "pocketsphinx or an endpoint"),
+        (("vad.engine=webrtc",), "vad.engine", "client.voice espeak-ng or wav"),
     ],
 )
 def test_a_mix_that_cannot_run_is_one_line_naming_the_field(sets, field, says):
@@ -104,3 +107,16 @@ def test_placed_words_never_overlap_whatever_the_rounding(said, samples):
         assert w.media_ns >= end and w.dur_ns >= 0  # what the bus guard checks (else: a dead letter)
         end = w.media_ns + w.dur_ns
     assert end == round(samples // 80 * 80 * 1e9 / RATE)  # the last word ends at the last voiced window
+
+
+def test_the_script_recogniser_returns_the_words_heard_so_far_once_each():
+    words = aligned(spoken("one two [500] three four", 150), np.full(RATE * 3, 3000, np.int16), None).words
+    rec = Scripted()
+    rec.reset(lambda: words)
+    for _ in range(round((words[1].media_ns + words[1].dur_ns) / 20e6) + 1):
+        rec.feed(b"")
+    assert rec.partial() == "one two" and rec.finish() == "one two"
+    assert rec.partial() == "" and rec.finish() == ""  # nothing new since the endpoint
+    for _ in range(150):
+        rec.feed(b"")
+    assert rec.finish() == "three four"

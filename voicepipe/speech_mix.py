@@ -9,9 +9,10 @@ it plays its reply as frames (a tone of the modelled duration, :mod:`voicepipe.a
 ASR listening to it gets the utterance's words placed on the real audio's timeline beside the frames
 (:mod:`voicepipe.audio.align`).
 
-Two couplings remain, each refused in one line: a real ASR hears audio, so it needs an audio caller; and
-the VAD and the ASR endpoint together (the real ASR on the real VAD's output, the modelled ASR on the
-modelled word timings), so they are real or modelled together.
+A real VAD with a modelled ASR endpoints the caller's audio for a recogniser that returns the words said
+so far (:mod:`voicepipe.audio.vad_asr`). Two couplings remain, each refused in one line: a real VAD or ASR
+hears audio, so it needs an audio caller; and a real ASR endpoints on a real VAD (the modelled VAD is the
+modelled ASR's timing of the scripted words, which a real decoder does not see).
 """
 
 from __future__ import annotations
@@ -40,9 +41,9 @@ def mix_problem(voice: str, vad: str, asr: object, tts: object) -> str | None:
         )
     if "asr" in real and "vad" not in real:
         return f"vad.engine: a real ASR ({asr!r}) endpoints on a real VAD: set vad.engine silero or webrtc"
-    if "vad" in real and "asr" not in real:
+    if "vad" in real and "client" not in real:
         return (
-            f"asr.engine: the real VAD ({vad!r}) endpoints for a real ASR (the modelled ASR endpoints on the "
-            "modelled word timings): set asr.engine pocketsphinx or an endpoint"
+            f"vad.engine: {vad!r} hears audio, and a modelled caller sends words: set client.voice "
+            "espeak-ng or wav (or use --audio real)"
         )
     return None

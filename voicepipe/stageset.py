@@ -16,6 +16,7 @@ from voicepipe.audio.asr import RealASR
 from voicepipe.audio.caller import Caller
 from voicepipe.audio.tone import ToneTTS
 from voicepipe.audio.tts import RealTTS
+from voicepipe.audio.vad_asr import VadASR
 from voicepipe.bus import BrokerHealth, Bus
 from voicepipe.bus.mqtt import BrokerAddress, MqttBus, MqttLink
 from voicepipe.config import PipelineConfig
@@ -70,8 +71,8 @@ def stage_class(name: str, cfg: PipelineConfig) -> type[Stage]:
     real = cfg.real_stages
     if name == "client" and "client" in real:
         return Caller
-    if name == "asr" and "asr" in real:
-        return RealASR
+    if name == "asr" and "vad" in real:
+        return RealASR if "asr" in real else VadASR
     if name == "tts":
         return RealTTS if "tts" in real else ToneTTS if "client" in real else TTS
     return STAGES[name]

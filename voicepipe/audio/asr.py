@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from voicepipe.audio import FRAME_MS
 from voicepipe.audio.engines import Recognizer, Vad, make_vad
@@ -99,7 +100,8 @@ class Buffer:
 
 class RealASR(Stage):
     name = "asr"
-    channels = ("turn/script", "tts/audio")  # tts/audio: is the agent speaking (a barge-in) or not yet
+    # tts/audio: is the agent speaking (speech is a barge-in) or not yet (the user resumed)
+    channels: ClassVar[tuple[str, ...]] = ("turn/script", "tts/audio")
 
     def __init__(self, *a, **kw) -> None:
         super().__init__(*a, **kw)
