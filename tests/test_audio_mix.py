@@ -156,10 +156,13 @@ async def test_a_barge_in_over_real_audio_stops_the_agent(tmp_path, mosquitto, e
     assert r.barge_in_stop_ms is not None and 0 < r.barge_in_stop_ms < 3000, r.barge_in_stop_ms
     assert r.recording is not None and r.measured_ms is not None and r.recording_eos_ms is not None
     onset = r.recording_eos_ms + r.measured_ms
-    stop = onset + 900 + r.barge_in_stop_ms
-    heard = right_channel_voiced_ms(r.recording, onset, stop + 1000)
-    assert heard < 900 + r.barge_in_stop_ms + 100  # nothing of the reply after the stop...
-    assert right_channel_voiced_ms(r.recording, stop + 100, stop + 1000) == 0  # (the next turn's is later)
+    # the record places the stop in the recording: the barge-in starts at the next mic frames past 900 ms
+    # (plus any late wake-up on a loaded box), and the stop is barge_in_stop_ms after that
+    stop = r.recording_stop_ms
+    assert stop is not None and 0 <= stop - (onset + 900 + r.barge_in_stop_ms) <= 250
+    # the agent's channel: its reply until the stop, then nothing (the next turn's reply comes later)
+    assert right_channel_voiced_ms(r.recording, onset, stop) > 500
+    assert right_channel_voiced_ms(r.recording, stop + 5, stop + 1000) == 0
     assert recs[1].barge_in_stop_ms is None and recs[1].status == "ok"
     assert res.stage_errors == 0
 

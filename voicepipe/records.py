@@ -111,6 +111,7 @@ class TurnRecord(BaseModel):
     wer: float | None = None
     recording: str | None = None
     recording_eos_ms: float | None = None
+    recording_stop_ms: float | None = None  # where the reply stopped for the barge-in in the recording
 
     @model_validator(mode="after")
     def _derive_metrics(self) -> TurnRecord:

@@ -342,6 +342,8 @@ class Caller(_Client):
         await sleep_until_ns(call.play_until_ns)
         if call.stopped_ns:
             record.barge_in_stop_ms = (call.stopped_ns - call.barge_ns) / 1e6
+            if self.cfg.client.record:
+                record.recording_stop_ms = call.rec.ms(call.stopped_ns)
 
     async def _heard(
         self, scenario: Scenario, session: str, k: int, turn: Turn, call: Call, lis: Listening
