@@ -142,13 +142,14 @@ def barge_scenario() -> Scenario:
     )  # fmt: skip
 
 
-@pytest.mark.parametrize("ear", ["real", "modelled"])
+@pytest.mark.parametrize("ear", ["real", "vad only", "modelled"])
 async def test_a_barge_in_over_real_audio_stops_the_agent(tmp_path, mosquitto, ear):
-    sets = (*EAR, VOICE) if ear == "real" else (VOICE,)
+    sets = {"real": (*EAR, VOICE), "vad only": ("vad.engine=silero", VOICE), "modelled": (VOICE,)}[ear]
     cfg = fast_config(CALLER, *sets, "asr.silence_ms=400", f"client.record={tmp_path}", broker=mosquitto.url)
     res = await run_pipeline(cfg, [barge_scenario()], 1)
     recs = sorted(res.records, key=lambda r: r.turn)
-    check_measured(recs, ["client", *(["vad", "asr"] if ear == "real" else []), "tts"])
+    ears = {"real": ["vad", "asr"], "vad only": ["vad"], "modelled": []}[ear]
+    check_measured(recs, ["client", *ears, "tts"])
     check_recording(recs)
     r = recs[0]
     # the agent stopped: a real VAD's onset (min_speech_ms of speech) or the modelled detection, then the

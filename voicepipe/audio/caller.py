@@ -324,7 +324,7 @@ class Caller(_Client):
     ) -> None:  # fmt: skip
         """The caller speaks ``barge`` over the reply ``barge_in_after_ms`` after its onset (unless the reply
         is over by then) and waits until the reply's audio stops. A real VAD (the real ASR) hears it in the
-        frames; a modelled one gets ``user.speech_start`` at its first voiced sample."""
+        frames (in the real ASR stage); a modelled one gets ``user.speech_start`` at its first voiced sample."""
         assert record.first_audio_ns is not None and turn.barge_in_after_ms is not None
         at = record.first_audio_ns + round(turn.barge_in_after_ms * 1e6)
         await sleep_until_ns(at)
@@ -334,7 +334,7 @@ class Caller(_Client):
         first = first_voiced_sample(barge) or 0
         call.barge_ns = t_start + i * FRAME_NS + round(first * 1e9 / RATE)
         call.barge = (i, frames_of(barge))
-        if "asr" not in self.cfg.real_stages:
+        if "vad" not in self.cfg.real_stages:
             await sleep_until_ns(call.barge_ns)
             await self.publish(Envelope.of(SpeechStart(), self.ctx.run, session, k))
         with contextlib.suppress(TimeoutError):
