@@ -41,7 +41,8 @@ LEAD_NS = 60_000_000  # frames leave up to this long before they are due to play
 
 
 class RealTTS(TTS):
-    channels: ClassVar[tuple[str, ...]] = (*TTS.channels, "tts/audio")  # the cache's answers: this stage plays them as frames
+    # tts/audio: the cache's answers, which this stage plays as frames
+    channels: ClassVar[tuple[str, ...]] = (*TTS.channels, "tts/audio")
     prerender = True  # speak the cache's answers with espeak-ng ahead of time
 
     def __init__(self, *a, **kw) -> None:
