@@ -201,7 +201,7 @@ def run(
         if cfg.real_stages:
             check_engines(cfg.vad.engine, cfg.asr.engine, cfg.tts.engine, cfg.client.voice)
         if record is not None and not cfg.audio_caller:
-            raise UserError("--record", "recordings need an audio caller (--audio real, or client.voice X)")
+            raise UserError("--record", "recordings need an audio caller: --audio real or client.voice espeak-ng")
         scs = load_scenarios(scenario)
         check_speech(cfg, scs)
         reqs = gate.parse(require)
