@@ -201,7 +201,8 @@ def run(
         if cfg.real_stages:
             check_engines(cfg.vad.engine, cfg.asr.engine, cfg.tts.engine, cfg.client.voice)
         if record is not None and not cfg.audio_caller:
-            raise UserError("--record", "recordings need an audio caller: --audio real or client.voice espeak-ng")
+            why = "recordings need an audio caller: --audio real or client.voice espeak-ng"
+            raise UserError("--record", why)
         scs = load_scenarios(scenario)
         check_speech(cfg, scs)
         reqs = gate.parse(require)
