@@ -19,8 +19,6 @@ from tests.conftest import UNDER_CI, fast_config
 from tests.speech_server import SpeechServer
 from voicepipe.audio import RATE
 from voicepipe.audio.engines import SileroVad, frames_of, synthesize
-from voicepipe.config import load_config
-from voicepipe.errors import UserError
 from voicepipe.runner import run_pipeline
 from voicepipe.scenario import Scenario, Turn
 
@@ -102,11 +100,6 @@ async def test_an_endpoint_wait_longer_than_the_pause_does_not_end_the_turn_earl
     assert rec.status == "ok", rec.error
     assert not rec.premature_endpoint
     assert rec.measured_ms is not None and rec.measured_ms >= 1600  # the wait itself is in the turn
-
-
-def test_a_mix_of_real_and_modelled_speech_stages_is_one_line_naming_the_fields():
-    with pytest.raises(UserError, match=r"vad\.engine, asr\.engine, tts\.engine: real audio needs"):
-        load_config(None, ["client.voice=espeak-ng"])
 
 
 async def test_a_recorded_turn_streams_its_wav_and_is_scored_only_against_given_text(tmp_path, mosquitto):

@@ -111,3 +111,13 @@ def test_a_missing_recording_is_a_note_and_the_report_is_still_written(tmp_path)
     html = page(records(tmp_path / "gone.wav"))
     assert "<audio" not in html and "gone.wav" in html and "no such file" in html
     assert "per-turn latency waterfall" in html
+
+
+def test_a_barge_in_turns_player_runs_on_to_the_stop_and_says_how_fast_the_agent_stopped(tmp_path):
+    recs = records(recording(tmp_path / "tea-0.wav"))
+    plain_end = raudio._segment(recs[0], 1000.0)[1]
+    recs[0] = recs[0].model_copy(update={"barge_in_stop_ms": 180.0, "recording_stop_ms": 4500.0})
+    assert raudio._segment(recs[0], 1000.0)[1] == 4500.0 + raudio.TAIL_MS > plain_end
+    assert raudio._segment(recs[1], 1000.0)[1] == plain_end - EOS_MS[0] + EOS_MS[1]  # others unchanged
+    html = page(recs)
+    assert html.count("barge-in: the agent stopped 180 ms after the caller spoke over it") == 1

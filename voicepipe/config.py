@@ -53,6 +53,7 @@ from voicepipe.limits import (
 from voicepipe.safeyaml import YamlRejected, load
 from voicepipe.scenario import CacheEntry, Scenario, reply_speech_ms, too_long
 from voicepipe.shipped import resolve_config
+from voicepipe.speech_mix import mix_problem, real_speech_stages
 from voicepipe.text import plain, speak
 
 if TYPE_CHECKING:
@@ -373,21 +374,19 @@ class PipelineConfig(Strict):
         return self
 
     @model_validator(mode="after")
-    def _audio_all_or_none(self) -> PipelineConfig:
-        """Real audio flows from the caller through VAD and ASR and back from the TTS: a mix of real and
-        modelled speech stages is not supported yet (``--audio real`` sets all four)."""
-        real = {
-            "client.voice": self.client.voice != "model", "vad.engine": self.vad.engine != "model",
-            "asr.engine": self.asr.engine != "model", "tts.engine": self.tts.engine != "model",
-        }  # fmt: skip
-        if any(real.values()) and not all(real.values()):
-            model = ", ".join(k for k, v in real.items() if not v)
-            raise ValueError(f"{model}: real audio needs every speech stage real (or use --audio real)")
+    def _audio_mix_coherent(self) -> PipelineConfig:
+        """Each speech stage real or modelled, in a mix that can run (:mod:`voicepipe.speech_mix`)."""
+        if why := mix_problem(self.client.voice, self.vad.engine, self.asr.engine, self.tts.engine):
+            raise ValueError(why)
         return self
 
     @property
-    def real_audio(self) -> bool:
+    def audio_caller(self) -> bool:  # the client speaks and listens in audio frames (and times by ear)
         return self.client.voice != "model"
+
+    @property
+    def real_stages(self) -> list[str]:  # the speech stages on real engines (each turn's record names them)
+        return real_speech_stages(self.client.voice, self.vad.engine, self.asr.engine, self.tts.engine)
 
     @model_validator(mode="after")
     def _answers_speakable(self) -> PipelineConfig:
@@ -578,11 +577,9 @@ def check_speech(cfg: PipelineConfig, scenarios: list[Scenario]) -> None:
     tts = cfg.tts.words_per_minute
     for sc in scenarios:
         for i, t in enumerate(sc.turns):
-            if t.wav is not None and not cfg.real_audio and not plain(t.user):
-                raise UserError(
-                    sc.source or sc.name,
-                    f"turns.{i}.wav: a recorded turn without `user` text needs real audio (--audio real)",
-                )
+            if t.wav is not None and "asr" not in cfg.real_stages and not plain(t.user):
+                why = f"turns.{i}.wav: a recorded turn without `user` text needs a real ASR (--audio real)"
+                raise UserError(sc.source or sc.name, why)
             wpm = t.words_per_minute or cfg.client.words_per_minute
             words = speak(t.user, wpm)
             rate = f"{wpm:g} words per minute" + ("" if t.words_per_minute else " (client.words_per_minute)")

@@ -132,9 +132,12 @@ class UserUtterance(Payload):
 
 
 class SpeechStart(Payload):
-    """client -> tts: the user started speaking over the reply (barge-in)."""
+    """client -> tts: the user started speaking over the reply (barge-in). asr -> tts when a real VAD heard
+    it (``vad``): its detection is over, so the TTS stops at once rather than after the modelled
+    ``tts.barge_in_detect_ms``."""
 
     TYPE = "user.speech_start"
+    vad: bool = False
 
 
 class Partial(Payload):

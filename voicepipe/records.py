@@ -120,12 +120,15 @@ class TurnRecord(BaseModel):
     tts_ttfb_ms: float | None = None
     asr_final_ms: float | None = None
     endpoint_delay_ms: float | None = None
-    # real audio (issue 25): which stages ran real engines, the ASR's word error rate against the scripted
-    # text, and where the turn's end of speech lies in the session's recording (``--record``)
+    # real audio (issue 25): which speech stages (client, vad, asr, tts) ran real engines and which were
+    # modelled, the ASR's word error rate against the scripted text (a real ASR only), and where the turn's
+    # end of speech lies in the session's recording (``--record``)
     real_stages: list[str] = Field(default_factory=list)
+    modelled_stages: list[str] = Field(default_factory=list)
     wer: float | None = None
     recording: str | None = None
     recording_eos_ms: float | None = None
+    recording_stop_ms: float | None = None  # where the reply stopped for the barge-in in the recording
 
     @model_validator(mode="after")
     def _derive_metrics(self) -> TurnRecord:

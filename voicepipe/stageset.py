@@ -14,7 +14,9 @@ from collections.abc import Callable
 
 from voicepipe.audio.asr import RealASR
 from voicepipe.audio.caller import Caller
+from voicepipe.audio.tone import ToneTTS
 from voicepipe.audio.tts import RealTTS
+from voicepipe.audio.vad_asr import VadASR
 from voicepipe.bus import BrokerHealth, Bus
 from voicepipe.bus.mqtt import BrokerAddress, MqttBus, MqttLink
 from voicepipe.config import PipelineConfig
@@ -43,9 +45,6 @@ STAGES: dict[str, type[Stage]] = {
 }  # fmt: skip
 
 
-REAL_STAGES: dict[str, type[Stage]] = {"asr": RealASR, "tts": RealTTS, "client": Caller}
-
-
 def needed_stages(cfg: PipelineConfig) -> list[str]:
     """The diagram's boxes this config uses; the cache and the council only when configured."""
     ctx = RunContext(run="", cfg=cfg)
@@ -66,10 +65,16 @@ def build_stages(
 
 
 def stage_class(name: str, cfg: PipelineConfig) -> type[Stage]:
-    """The stage that plays ``name`` under ``cfg``: the real-audio caller, ASR and TTS when its speech
-    engines are real (issue 25), else the modelled ones."""
-    if cfg.real_audio:
-        return REAL_STAGES.get(name, STAGES[name])
+    """The stage that plays ``name`` under ``cfg``, each speech stage on its own (issue 25,
+    :mod:`voicepipe.speech_mix`): the audio caller for an audio ``client.voice``, the real ASR and TTS for
+    real engines; a modelled TTS answering an audio caller plays its reply as frames (:class:`ToneTTS`)."""
+    real = cfg.real_stages
+    if name == "client" and "client" in real:
+        return Caller
+    if name == "asr" and "vad" in real:
+        return RealASR if "asr" in real else VadASR
+    if name == "tts":
+        return RealTTS if "tts" in real else ToneTTS if "client" in real else TTS
     return STAGES[name]
 
 

@@ -12,7 +12,9 @@ messages the modelled ASR sends, so router, cache and council act on what was re
 
 Speech after an endpoint means the user was not done: the segment is withdrawn (``control.cancel``, reason
 ``user resumed``) and the turn goes on as the next segment, whose transcript is everything recognised in the
-turn so far. Spans are measured (not modelled): ``endpoint wait`` from the arrival of the first silent frame
+turn so far. Once the segment's reply has begun (its ``tts.audio`` seen) that speech is a barge-in instead:
+the VAD's onset goes out as ``user.speech_start`` (``vad``: detected, so the TTS stops at once and drops the
+turn's work), and the turn goes on as the next segment all the same. Spans are measured (not modelled): ``endpoint wait`` from the arrival of the first silent frame
 to the endpoint decision, ``finalise`` the decoder's own time to close the utterance.
 
 With ``asr.engine`` a speech endpoint (:mod:`voicepipe.backends.speech`) the VAD still endpoints here; the
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from voicepipe.audio import FRAME_MS
 from voicepipe.audio.engines import Recognizer, Vad, make_vad
@@ -35,7 +38,7 @@ from voicepipe.audio.wire import AudioPort
 from voicepipe.backends.base import EndpointError
 from voicepipe.backends.speech import is_url, speech_endpoint, transcribe
 from voicepipe.clock import now_ns
-from voicepipe.messages import Cancel, CancelReason, Envelope, Final, Partial
+from voicepipe.messages import Audio, Cancel, CancelReason, Envelope, Final, Partial, SpeechStart
 from voicepipe.spans import Span
 from voicepipe.stages.asr import looks_complete
 from voicepipe.stages.base import Stage
@@ -65,6 +68,7 @@ class Ear:
     since_partial: int = 0
     last_partial: str = ""
     closed: str = ""  # the hypothesis of the segment last endpointed
+    replying: bool = False  # the reply to the segment last endpointed has begun (its tts.audio seen)
 
     def text(self, hyp: str) -> str:
         return " ".join([*self.before, hyp]).strip()
@@ -96,7 +100,8 @@ class Buffer:
 
 class RealASR(Stage):
     name = "asr"
-    channels = ("turn/script",)
+    # tts/audio: is the agent speaking (speech is a barge-in) or not yet (the user resumed)
+    channels: ClassVar[tuple[str, ...]] = ("turn/script", "tts/audio")
 
     def __init__(self, *a, **kw) -> None:
         super().__init__(*a, **kw)
@@ -107,6 +112,12 @@ class RealASR(Stage):
         self.endpoint = speech_endpoint("asr", engine) if is_url(engine) else None
         self.recognizers.append(self._decoder())
         self.port = AudioPort(self.bus, self.ctx.run, self.ctx.token)
+        self.on(Audio, self.reply_began)
+
+    async def reply_began(self, env: Envelope[Audio]) -> None:
+        ear = self.ears.get(env.session)
+        if ear is not None and ear.finalised and env.turn == ear.turn and env.payload.segment == ear.segment:
+            ear.replying = True
 
     def _decoder(self) -> Recognizer | Buffer:
         return Recognizer() if self.endpoint is None else Buffer()
@@ -206,8 +217,12 @@ class RealASR(Stage):
         await self.publish(Envelope.of(final, self.ctx.run, session, ear.turn, spans))
 
     async def _resumed(self, session: str, ear: Ear) -> None:
-        cancel = Cancel(segment=ear.segment, reason=CancelReason.USER_RESUMED)
-        await self.publish(Envelope.of(cancel, self.ctx.run, session, ear.turn))
+        if ear.replying:  # the agent is speaking: a barge-in, and the VAD's onset is its detection
+            await self.publish(Envelope.of(SpeechStart(vad=True), self.ctx.run, session, ear.turn))
+        else:
+            cancel = Cancel(segment=ear.segment, reason=CancelReason.USER_RESUMED)
+            await self.publish(Envelope.of(cancel, self.ctx.run, session, ear.turn))
+        ear.replying = False
         if ear.closed:
             ear.before.append(ear.closed)
         ear.closed = ""

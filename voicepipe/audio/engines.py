@@ -96,16 +96,27 @@ async def espeak(text: str, words_per_minute: float, voice: str = "en-us") -> np
 async def synthesize(utterance: str, words_per_minute: float, voice: str = "en-us") -> np.ndarray:
     """A scripted utterance as audio: each stretch between pause markers spoken by espeak-ng, each marker
     that much silence (so a scripted pause is a real pause in the signal)."""
+    return (await synthesize_parts(utterance, words_per_minute, voice))[0]
+
+
+async def synthesize_parts(
+    utterance: str, words_per_minute: float, voice: str = "en-us"
+) -> tuple[np.ndarray, list[tuple[str, int, int]]]:
+    """:func:`synthesize`, and where each spoken stretch lies in it: (its text, first sample, end sample)."""
     parts: list[np.ndarray] = []
-    pos = 0
+    spans: list[tuple[str, int, int]] = []
+    pos = at = 0
     for m in [*PAUSE.finditer(utterance), None]:
         chunk = " ".join(utterance[pos : m.start() if m else len(utterance)].split())
         if chunk:
             parts.append(await espeak(chunk, words_per_minute, voice))
+            spans.append((chunk, at, at + len(parts[-1])))
+            at += len(parts[-1])
         if m:
             parts.append(np.zeros(round(pause_ms(m) * RATE / 1000), dtype=np.int16))
+            at += len(parts[-1])
             pos = m.end()
-    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int16)
+    return (np.concatenate(parts) if parts else np.zeros(0, dtype=np.int16)), spans
 
 
 # -- VAD --------------------------------------------------------------------------------------------------

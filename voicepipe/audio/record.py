@@ -43,6 +43,10 @@ class Recorder:
         self.data[i:end, channel] = samples
         self.length = max(self.length, end)
 
+    def clear(self, channel: int, from_ns: int) -> None:
+        """Silence ``channel`` from ``from_ns`` on: audio queued to play past a stop is never heard."""
+        self.data[max(0, self.index(from_ns)) : self.length, channel] = 0
+
     def write(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         with wave.open(str(path), "wb") as w:

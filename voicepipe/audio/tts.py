@@ -11,11 +11,17 @@ synthesised audio). A cancel or a barge-in stops the turn's tasks, and with them
 With ``tts.engine`` a speech endpoint (:mod:`voicepipe.backends.speech`), each clause is posted as it is
 complete and its audio streams back in chunks, cut into whole frames as they arrive: time to first audio is
 the first chunk's arrival. An endpoint error fails the turn with its one-line reason.
+
+A cache hit is the cache's ``tts.audio`` (its lookup and render are the cache's model); this stage plays its
+answer as frames when that message arrives, from audio it rendered ahead (the config's and the scenario's
+cache entries, spoken by espeak-ng when the first script names them). An answer it did not render ahead (a
+learned entry) is rendered then, and that time falls in the turn's bus part.
 """
 
 from __future__ import annotations
 
 import asyncio
+from typing import ClassVar
 
 import numpy as np
 
@@ -27,7 +33,7 @@ from voicepipe.audio.wire import AudioPort
 from voicepipe.backends.base import EndpointError
 from voicepipe.backends.speech import is_url, speech_endpoint, synthesize_stream
 from voicepipe.clock import now_ns, sleep_until_ns
-from voicepipe.messages import Envelope, ReplyText, audio
+from voicepipe.messages import Audio, Envelope, ReplyText, TurnScript, audio
 from voicepipe.scenario import reply_speech_ms
 from voicepipe.stages.tts import TTS, Reply
 
@@ -35,12 +41,53 @@ LEAD_NS = 60_000_000  # frames leave up to this long before they are due to play
 
 
 class RealTTS(TTS):
+    # tts/audio: the cache's answers, which this stage plays as frames
+    channels: ClassVar[tuple[str, ...]] = (*TTS.channels, "tts/audio")
+    prerender = True  # speak the cache's answers with espeak-ng ahead of time
+
     def __init__(self, *a, **kw) -> None:
         super().__init__(*a, **kw)
         self.port = AudioPort(self.bus, self.ctx.run, self.ctx.token)
         engine = self.cfg.tts.engine
         self.endpoint = speech_endpoint("tts", engine) if is_url(engine) else None
         self.down_seq: dict[str, int] = {}
+        self.rendered: dict[str, asyncio.Task[np.ndarray]] = {}  # a cache answer's text -> its audio
+        self.on(Audio, self.cached_answer)
+
+    # -- the cache's answers (pre-rendered audio: the cache decides and sends tts.audio, this stage plays it)
+    async def on_script(self, env: Envelope[TurnScript]) -> None:
+        if self.prerender:
+            ours = [e["answer"] for e in self.cfg.cache.entries]
+            for text in [*ours, *(c.answer for c in env.payload.cache)]:
+                self._render(text)
+
+    def _render(self, text: str) -> asyncio.Task[np.ndarray]:
+        task = self.rendered.get(text)
+        if task is None:
+            cfg = self.cfg.tts
+            task = self.rendered[text] = asyncio.ensure_future(espeak(text, cfg.words_per_minute, cfg.voice))
+        return task
+
+    async def answer_frames(self, p: Audio) -> list[bytes]:
+        """The cache answer's frames: its pre-rendered audio (rendered now if it was not: a learned entry)."""
+        return frames_of(await self._render(p.text))
+
+    async def cached_answer(self, env: Envelope[Audio]) -> None:
+        if env.src.split("/", 1)[0] != "cache":
+            return  # our own (or another replica's) audio, already playing
+        self.spawn(env.session, (env.turn, env.payload.segment, "send"), self._play_answer(env))
+
+    async def _play_answer(self, env: Envelope[Audio]) -> None:
+        frames = await self.answer_frames(env.payload)
+        out: asyncio.Queue[tuple[bytes, bool] | None] = asyncio.Queue()
+        for i, f in enumerate(frames):
+            out.put_nowait((f, i == len(frames) - 1))
+        await self._send(env.session, env.turn, env.payload.segment, out)
+
+    async def shutdown(self) -> None:
+        for task in self.rendered.values():
+            task.cancel()
+        await super().shutdown()
 
     def forget(self, session: str) -> None:
         super().forget(session)

@@ -201,10 +201,11 @@ def run(
             sets.append(f"client.record={json.dumps(str(record))}")
         cfg = load_config(config, sets, broker)
         require_keys(cfg, str(config) if config else "")
-        if cfg.real_audio:
+        if cfg.real_stages:
             check_engines(cfg.vad.engine, cfg.asr.engine, cfg.tts.engine, cfg.client.voice)
-        elif record is not None:
-            raise UserError("--record", "recordings need real audio (--audio real)")
+        if record is not None and not cfg.audio_caller:
+            why = "recordings need an audio caller: --audio real or client.voice espeak-ng"
+            raise UserError("--record", why)
         scs = load_scenarios(scenario)
         check_speech(cfg, scs)
         reqs = gate.parse(require)

@@ -99,7 +99,8 @@ def preview_wav(x: np.ndarray) -> bytes:
 def _segment(r: TurnRecord, x_max_ms: float) -> tuple[float, float]:
     """The player's [start, end] in ms of the recording."""
     eos = r.recording_eos_ms or 0.0
-    return max(0.0, eos - LEAD_MS), eos + x_max_ms + TAIL_MS
+    end = max(eos + x_max_ms, r.recording_stop_ms or 0.0)  # a barge-in: on to where the agent stopped
+    return max(0.0, eos - LEAD_MS), end + TAIL_MS
 
 
 def player(r: TurnRecord, x: np.ndarray, x_max_ms: float, recs: Recordings) -> str:
@@ -113,6 +114,8 @@ def player(r: TurnRecord, x: np.ndarray, x_max_ms: float, recs: Recordings) -> s
     else:
         uri = Path(r.recording or "").resolve().as_uri()
         src, note = f"{uri}#t={start / 1000:.3f},{end / 1000:.3f}", "links the recording file"
+    if r.barge_in_stop_ms is not None:
+        note += f"; barge-in: the agent stopped {r.barge_in_stop_ms:,.0f} ms after the caller spoke over it"
     return (
         f'<audio class="turn-audio" controls preload="none" title="{esc(title)}" src="{esc(src)}"></audio>'
         f'<span class="note">{esc(note)}</span>'

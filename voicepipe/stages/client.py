@@ -41,6 +41,7 @@ from voicepipe.messages import (
 from voicepipe.records import TurnRecord
 from voicepipe.scenario import Scenario, Turn
 from voicepipe.spans import modelled_span
+from voicepipe.speech_mix import modelled_speech_stages
 from voicepipe.stages.base import Stage
 from voicepipe.text import plain, speak
 
@@ -360,6 +361,8 @@ class Client(Stage):
             "end_of_speech_ns": lis.end_of_speech_ns,
             "clock_offset_ns": time.time_ns() - time.monotonic_ns(),
             "backend": cfg.backend_label(),
+            "real_stages": cfg.real_stages,  # a real TTS answering this word client, or none
+            "modelled_stages": modelled_speech_stages(cfg.real_stages),
         }
         try:
             got, env = await wait_within(lis.first, cfg.client.turn_timeout_s + 10)

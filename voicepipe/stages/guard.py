@@ -68,7 +68,7 @@ STAGES = ("client", "asr", "router", "agent", "council", "cache", "tts")
 OWNERS: dict[str, frozenset[str]] = {
     "turn.script": frozenset({"client"}),
     "user.utterance": frozenset({"client"}),
-    "user.speech_start": frozenset({"client"}),
+    "user.speech_start": frozenset({"client", "asr"}),  # asr: its real VAD heard a barge-in
     "session.end": frozenset({"client"}),
     "turn.record": frozenset({"client"}),
     "asr.partial": frozenset({"asr"}),

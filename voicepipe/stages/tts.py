@@ -12,6 +12,7 @@ import asyncio
 import functools
 import math
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from voicepipe.clock import now_ns, rng_for, sleep_until_ns
 from voicepipe.config import TTSConfig
@@ -74,7 +75,7 @@ class TTS(Stage):
     name = "tts"
     # turn/script: to know the run's sessions and their turns (voicepipe.stages.guard), even on turns the
     # cache answers without any text to speak
-    channels = ("reply/text", "control/cancel", "user/speech_start", "turn/script")
+    channels: ClassVar[tuple[str, ...]] = ("reply/text", "control/cancel", "user/speech_start", "turn/script")
 
     def __init__(self, *a, **kw) -> None:
         super().__init__(*a, **kw)
@@ -84,11 +85,13 @@ class TTS(Stage):
         self.on(SpeechStart, self.barge_in)
 
     async def barge_in(self, env: Envelope[SpeechStart]) -> None:
-        """The user talks over the reply: after VAD onset, stop speaking and cancel the turn's work."""
+        """The user talks over the reply: after VAD onset (modelled, or a real VAD's), stop speaking and cancel
+        the turn's work."""
         self.spawn(env.session, ("barge-in", env.turn), self._stop(env))
 
     async def _stop(self, env: Envelope[SpeechStart]) -> None:
-        await sleep_until_ns(now_ns() + round(self.cfg.tts.barge_in_detect_ms * 1e6))
+        if not env.payload.vad:  # a real VAD's onset (the real ASR's) was detected already
+            await sleep_until_ns(now_ns() + round(self.cfg.tts.barge_in_detect_ms * 1e6))
         self.cancel(env.session, lambda k: k[0] == env.turn)
         replies = self.replies.get(env.session, {})
         for k in [k for k in replies if k[0] == env.turn]:

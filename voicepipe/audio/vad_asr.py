@@ -1,0 +1,99 @@
+"""A real VAD endpointing for a modelled recogniser: ``vad.engine`` silero or webrtc with ``asr.engine: model``.
+
+The real ASR stage (:class:`~voicepipe.audio.asr.RealASR`) runs unchanged on the caller's frames — the VAD's
+decision per frame, the endpointing strategies on its output, resumptions and barge-ins — but its decoder is
+:class:`Scripted`: it "recognises" exactly the words the caller said so far, as placed on the audio
+(the caller sends them for a modelled ASR: :mod:`voicepipe.audio.align`), counting the frames it was fed as
+media time. So the endpoint is the real VAD's, the transcript the script's (no word error rate is scored),
+and ``finalise`` is the modelled ``asr.finalize_ms`` (a modelled span), after the measured ``endpoint wait``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import ClassVar
+
+from voicepipe.audio import FRAME_NS
+from voicepipe.audio.asr import Ear, RealASR, measured_span
+from voicepipe.audio.frames import Frame
+from voicepipe.clock import now_ns, rng_for, sleep_until_ns
+from voicepipe.messages import Envelope, Final, UserUtterance, UserWord
+from voicepipe.spans import modelled_span
+
+
+class Scripted:
+    """The :class:`~voicepipe.audio.engines.Recognizer` interface over the caller's placed words."""
+
+    def __init__(self) -> None:
+        self.source: Callable[[], list[UserWord]] = list
+        self.frames = 0  # fed so far this turn: the media position, in frames
+        self.taken = 0  # words already returned by finish()
+
+    def reset(self, source: Callable[[], list[UserWord]]) -> None:
+        self.source, self.frames, self.taken = source, 0, 0
+
+    def start(self) -> None:
+        pass
+
+    def feed(self, pcm: bytes) -> None:
+        self.frames += 1
+
+    def _heard(self) -> list[UserWord]:
+        at = self.frames * FRAME_NS
+        return [w for w in self.source() if w.media_ns + w.dur_ns <= at]
+
+    def partial(self) -> str:
+        return " ".join(w.text for w in self._heard()[self.taken :])
+
+    def finish(self) -> str:
+        heard = self._heard()
+        out = " ".join(w.text for w in heard[self.taken :])
+        self.taken = len(heard)
+        return out
+
+
+class VadASR(RealASR):
+    # user/utterance: the caller's placed words, what the script recogniser knows
+    channels: ClassVar[tuple[str, ...]] = (*RealASR.channels, "user/utterance")
+
+    def __init__(self, *a, **kw) -> None:
+        super().__init__(*a, **kw)
+        self.words: dict[tuple[str, int], list[UserWord]] = {}
+        self.on(UserUtterance, self.utterance)
+
+    async def utterance(self, env: Envelope[UserUtterance]) -> None:
+        for key in [k for k in self.words if k[0] == env.session and k[1] < env.turn - 1]:
+            del self.words[key]
+        self.words[(env.session, env.turn)] = env.payload.words
+
+    def forget(self, session: str) -> None:
+        super().forget(session)
+        for key in [k for k in self.words if k[0] == session]:
+            del self.words[key]
+
+    def _decoder(self) -> Scripted:  # type: ignore[override]
+        return Scripted()
+
+    def _frame(self, session: str, frame: Frame, arrived: int) -> None:
+        before = self.ears.get(session)
+        super()._frame(session, frame, arrived)
+        ear = self.ears.get(session)
+        if ear is not None and ear is not before and isinstance(ear.rec, Scripted):  # a new turn's ear
+            key = (session, ear.turn)
+            ear.rec.reset(lambda: self.words.get(key, []))
+
+    async def _endpoint(self, session: str, ear: Ear) -> None:
+        decided = now_ns()
+        hyp = ear.rec.finish()
+        ear.in_speech, ear.finalised, ear.silence_run = False, True, 0
+        text = ear.text(hyp)
+        ear.closed = hyp
+        rng = rng_for(self.cfg.seed, session, ear.turn, ear.segment, "asr")
+        fin = round(self.cfg.asr.finalize_ms.sample_ms(rng) * 1e6)
+        spans = [
+            measured_span("asr", "endpoint wait", ear.silence_from_ns, decided - ear.silence_from_ns),
+            modelled_span("asr", "finalise", decided, fin),
+        ]
+        await sleep_until_ns(decided + fin)
+        final = Final(text=text, words=len(text.split()), segment=ear.segment)
+        await self.publish(Envelope.of(final, self.ctx.run, session, ear.turn, spans))
