@@ -3,7 +3,8 @@
 Frames arrive on ``audio/up`` (:class:`~voicepipe.audio.wire.AudioPort`). Each session's frames are handled
 in order by one task: every frame goes through the VAD (``vad.engine``) and into the session's PocketSphinx
 decoder, both in an engine host process (:mod:`voicepipe.audio.hosts`: PocketSphinx holds the GIL, so on
-the event loop or in a thread it would delay every other session's frames and the bus's messages). The endpointing strategies of the modelled ASR run on the VAD's output in media time (frames, not
+the event loop or in a thread it would delay every other session's frames and the bus's messages). The
+endpointing strategies of the modelled ASR run on the VAD's output in media time (frames, not
 arrival): speech for ``vad.min_speech_ms`` opens a stretch of speech; a run of non-speech frames as long as
 the endpoint wait (``silence``: ``asr.silence_ms``; ``smart``: ``smart_complete_ms`` or
 ``smart_incomplete_ms`` by :func:`~voicepipe.stages.asr.looks_complete` on the live hypothesis) ends the
@@ -55,9 +56,7 @@ class Ear:
 
     turn: int
     buffer: Buffer | None  # the segment's audio, for a speech endpoint
-    listener: Listener | InlineListener | None = (
-        None  # VAD and decoder, in an engine host (voicepipe.audio.hosts)
-    )
+    listener: Listener | InlineListener | None = None  # VAD and decoder (voicepipe.audio.hosts)
     queue: asyncio.Queue[tuple[Frame, int]] = field(default_factory=asyncio.Queue)
     segment: int = 0
     speech_run: int = 0  # consecutive speech frames
