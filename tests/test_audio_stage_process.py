@@ -83,6 +83,8 @@ async def test_real_asr_in_two_stage_replica_processes_measures_every_turn(mosqu
         assert "asr" in r.real_stages
         fin = [p for p in r.breakdown if (p.stage, p.what) == ("asr", "finalise")]
         assert fin and not fin[0].modelled  # the decoder's own finalisation, measured in the stage process
+        hang = [p for p in r.breakdown if (p.stage, p.what) == ("asr", "vad hangover")]
+        assert hang and not hang[0].modelled and 0 <= hang[0].ms < 1000  # the VAD's lag, by media time
     assert {owner("asr", r.session, ["asr.0", "asr.1"]) for r in recs} == {"asr.0", "asr.1"}
     assert res.remote_skipped > 0  # each replica dropped the other's session's messages by topic
     assert res.remote_cpu_s > 0  # the stage processes reported their work
@@ -115,8 +117,8 @@ async def test_an_engine_host_decodes_in_its_own_process_and_a_dead_host_fails_t
     pool = EnginePool(("webrtc", 0.5, 2), with_rec=True, size=1)
     try:
         lis = await pool.open()
-        speech, hyp = await lis.hear(bytes(640))
-        assert speech is False and hyp == ""
+        speech, hyp, voiced_end = await lis.hear(bytes(640))
+        assert speech is False and hyp == "" and voiced_end == -1  # silence: not speech, nothing voiced
         assert await lis.finish() == ""
         host = pool.hosts[0]
         assert host.proc is not None and host.proc.pid is not None

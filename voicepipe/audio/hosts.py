@@ -32,11 +32,24 @@ import sys
 from collections import deque
 from typing import Any
 
-from voicepipe.audio.engines import Recognizer, Vad, make_vad
+import numpy as np
+
+from voicepipe.audio.engines import Recognizer, Vad, last_voiced_sample, make_vad
 
 OFFLOAD = True  # engines in host processes (False: on the event loop, the measured "before")
 ENGINE_PROCESSES = max(1, min(4, os.cpu_count() or 1))
 HOST_CODE = "from voicepipe.audio.hosts import host_main; host_main()"
+SPENT_CPU_S = [0.0]  # CPU seconds of the engine hosts stopped so far in this process (bench/audio_cost.py)
+
+
+def _cpu_s(pid: int) -> float:
+    """utime + stime of a live child (Linux /proc; 0 where unreadable)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
 
 class EngineFailed(RuntimeError):
@@ -44,6 +57,12 @@ class EngineFailed(RuntimeError):
 
 
 # -- the host process ------------------------------------------------------------------------------------
+def voiced_end(pcm: bytes) -> int:
+    """The sample just after the frame's last voiced window by the caller's energy stopwatch (-1: none)."""
+    end = last_voiced_sample(np.frombuffer(pcm, dtype="<i2"))
+    return -1 if end is None else end
+
+
 def _send(out: Any, obj: object) -> None:
     data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     out.write(len(data).to_bytes(4, "little") + data)
@@ -53,7 +72,7 @@ def _send(out: Any, obj: object) -> None:
 def host_main() -> None:
     """An engine host: requests ``(op, id, arg)`` in, answers ``(ok, value)`` out, in order, until end of input.
     Ops: ``open`` (arg: vad engine, threshold, webrtc mode, with a recognizer), ``hear`` (a frame: its VAD
-    decision and the live hypothesis), ``finish`` (close the utterance: the final hypothesis), ``close``."""
+    decision, the live hypothesis, and where its voiced samples end: :func:`voiced_end`), ``finish`` (close the utterance: the final hypothesis), ``close``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     inp, out = sys.stdin.buffer, sys.stdout.buffer
     engines: dict[int, tuple[Vad, Recognizer | None]] = {}
@@ -72,7 +91,7 @@ def host_main() -> None:
                 speech = vad.speech(arg)
                 if rec is not None:
                     rec.feed(arg)
-                value = (speech, rec.partial() if rec is not None else "")
+                value = (speech, rec.partial() if rec is not None else "", voiced_end(arg))
             elif op == "finish":
                 vad, rec = engines[eid]
                 value = rec.finish() if rec is not None else ""
@@ -141,6 +160,7 @@ class EngineHost:
     async def stop(self, timeout_s: float = 5.0) -> None:
         if self.proc is None:
             return
+        SPENT_CPU_S[0] += _cpu_s(self.proc.pid)  # (a request still in flight when stopped is not counted)
         if self.proc.stdin is not None and not self.proc.stdin.is_closing():
             self.proc.stdin.close()
         try:
@@ -165,10 +185,11 @@ class Listener:
     def __init__(self, host: EngineHost, eid: int, vad_args: tuple[str, float, int]) -> None:
         self.host, self.eid, self.vad_args = host, eid, vad_args
 
-    async def hear(self, pcm: bytes) -> tuple[bool, str]:
-        """This 20 ms frame: is it speech, and the live hypothesis after it ('' without a recognizer)."""
-        speech, hyp = await self.host.call("hear", self.eid, pcm)
-        return bool(speech), str(hyp)
+    async def hear(self, pcm: bytes) -> tuple[bool, str, int]:
+        """This 20 ms frame: is it speech, the live hypothesis after it ('' without a recognizer), and the
+        sample just after its last voiced window (-1: none voiced)."""
+        speech, hyp, end = await self.host.call("hear", self.eid, pcm)
+        return bool(speech), str(hyp), int(end)
 
     async def finish(self) -> str:
         """Close the utterance: the final hypothesis (the decoder is ready for the next one)."""
@@ -188,12 +209,12 @@ class InlineListener:
         self.vad = make_vad(*vad_args)
         self.rec = Recognizer() if with_rec else None
 
-    async def hear(self, pcm: bytes) -> tuple[bool, str]:
+    async def hear(self, pcm: bytes) -> tuple[bool, str, int]:
         speech = self.vad.speech(pcm)
         if self.rec is None:
-            return speech, ""
+            return speech, "", voiced_end(pcm)
         self.rec.feed(pcm)
-        return speech, self.rec.partial()
+        return speech, self.rec.partial(), voiced_end(pcm)
 
     async def finish(self) -> str:
         return self.rec.finish() if self.rec is not None else ""
