@@ -14,11 +14,12 @@ messages the modelled ASR sends, so router, cache and council act on what was re
 
 Speech after an endpoint means the user was not done: the segment is withdrawn (``control.cancel``, reason
 ``user resumed``) and the turn goes on as the next segment, whose transcript is everything recognised in the
-turn so far. Spans are measured (not modelled): ``vad hangover`` the media time from the last voiced sample
-(by the caller's own energy stopwatch, :func:`~voicepipe.audio.engines.voiced`) to the first frame the VAD
-calls silence — the VAD's own lag, placed just before that frame's arrival —, ``endpoint wait`` from the
+turn so far. Spans are measured (not modelled): ``vad decision`` the media time from the last voiced sample
+(by the caller's own energy stopwatch, :func:`~voicepipe.audio.engines.voiced`) to the end of the first
+frame the VAD calls silence — the VAD's hangover plus that frame's own 20 ms, which must be heard whole
+before it is judged; placed just before that frame's arrival —, ``endpoint wait`` from the
 arrival of the first silent frame to the endpoint decision, ``finalise`` the decoder's own time to close
-the utterance. What no span covers is the tool's: the frame's own 20 ms, the bus hops, scheduling.
+the utterance. What no span covers is the tool's: the bus hops and scheduling.
 
 With ``asr.engine`` a speech endpoint (:mod:`voicepipe.backends.speech`) the VAD still endpoints here; the
 segment's audio (since the turn began, or since the last endpoint) is posted at the endpoint and
@@ -33,7 +34,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from voicepipe.audio import FRAME_MS, RATE
+from voicepipe.audio import FRAME_MS, FRAME_NS, RATE
 from voicepipe.audio.engines import make_vad
 from voicepipe.audio.frames import UP, Frame
 from voicepipe.audio.hosts import EngineFailed, EnginePool, InlineListener, Listener
@@ -68,7 +69,7 @@ class Ear:
     finalised: bool = False
     silence_from_ns: int = 0  # arrival of the first non-speech frame after speech
     voiced_until_ns: int = 0  # media time just after the last voiced sample heard (the caller's stopwatch)
-    hangover_ns: int = 0  # media time from there to the first non-speech frame: the VAD's own lag
+    decision_ns: int = 0  # media time from there to the end of the first non-speech frame: the VAD's own lag
     before: list[str] = field(default_factory=list)  # text of the turn's earlier (withdrawn) segments
     since_partial: int = 0
     last_partial: str = ""
@@ -168,7 +169,7 @@ class RealASR(Stage):
                 if ear.in_speech:
                     if ear.silence_run == 0:
                         ear.silence_from_ns = arrived
-                        ear.hangover_ns = max(0, frame.media_ns - ear.voiced_until_ns)
+                        ear.decision_ns = max(0, frame.media_ns + FRAME_NS - ear.voiced_until_ns)
                     ear.silence_run += 1
                     wait = self._wait_ms(ear.text(hyp))
                     if ear.silence_run * FRAME_MS >= wait:
@@ -214,7 +215,7 @@ class RealASR(Stage):
         text = ear.text(hyp)
         ear.closed = hyp
         spans = [
-            measured_span("asr", "vad hangover", ear.silence_from_ns - ear.hangover_ns, ear.hangover_ns),
+            measured_span("asr", "vad decision", ear.silence_from_ns - ear.decision_ns, ear.decision_ns),
             measured_span("asr", "endpoint wait", ear.silence_from_ns, decided - ear.silence_from_ns),
             measured_span("asr", "finalise", decided, done - decided),
         ]
