@@ -10,7 +10,8 @@ MEASURED, in this process, nothing modelled except the LLM agent (a modelled bac
   core one stream of it keeps busy. Each is the median of ``--reps`` repetitions.
 * **Whole runs** of ``--scenario`` through the live pipeline on a loopback mosquitto: once with every speech
   stage modelled, then with real audio (``--audio real``'s engines) at 1, 2, 4, ... sessions until the tax
-  p99 crosses 25 ms or ``--max-sessions`` is reached. CPU = this process (all threads, ``process_time``) +
+  p99 passes 1 s, a turn fails, or ``--max-sessions`` is reached; the sessions that fit are the most at
+  which tax p99 <= 25 ms with every turn ok. CPU = this process (all threads, ``process_time``) +
   its reaped children (the ASR's engine hosts, espeak-ng) + the broker (``/proc/PID/stat``), per
   session-second (sessions x the run's wall time); the engine hosts' share is read from ``/proc`` as each
   stops (:data:`voicepipe.audio.hosts.SPENT_CPU_S`), espeak-ng's is the children's rest.
@@ -184,6 +185,14 @@ def fits(run: dict[str, Any]) -> bool:
     return run["ok"] == run["turns"] and p99 is not None and p99 <= TAX_GOAL_MS
 
 
+def overloaded(run: dict[str, Any]) -> bool:
+    """Past the point of measuring anything but overload: a turn failed, or tax p99 over 1 s. (A level that
+    only misses the goal does not stop the sweep: on a shared box the load can fail one level and not the
+    next, and the trend is the information.)"""
+    p99 = run["tax_uncovered_ms"]["p99"]
+    return run["ok"] < run["turns"] or p99 is None or p99 > 1000.0
+
+
 def f(v: float | None, spec: str = ".1f") -> str:
     return "-" if v is None else format(v, spec)
 
@@ -220,13 +229,13 @@ async def main() -> None:
     with Mosquitto() as mq:
         runs.append(await one_run(mq, args.scenario, 1, False, args.backend))
         for mode in modes:
-            for n in steps:  # bounded: up to --max-sessions, stopping at the first that misses the goal
+            for n in steps:  # bounded: up to --max-sessions, stopping once clearly overloaded (see overloaded)
                 r = await one_run(mq, args.scenario, n, True, args.backend, mode)
                 runs.append(r)
                 con.print(f"[dim]{r['mode']}, {n} session(s): tax p99 {f(r['tax_uncovered_ms']['p99'])} ms, "
                           f"loop lag p99 {f((r['loop_lag_ms'] or {}).get('p99'))} ms, {r['ok']}/{r['turns']} ok, "
                           f"load {r['loadavg_1m'][0]:.2f}[/]")  # fmt: skip
-                if not fits(r):
+                if overloaded(r):
                     break
             real = [r for r in runs if r["engines_in"] == mode]
             fit[mode] = max((r["sessions"] for r in real if fits(r)), default=0)

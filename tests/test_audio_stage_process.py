@@ -114,7 +114,7 @@ def test_the_stage_command_refuses_an_engine_for_two_speech_stages_and_replicas_
 
 
 async def test_an_engine_host_decodes_in_its_own_process_and_a_dead_host_fails_the_call():
-    pool = EnginePool(("webrtc", 0.5, 2), with_rec=True, size=1)
+    pool = EnginePool(("silero", 0.5, 2), with_rec=True, size=1)
     try:
         lis = await pool.open()
         speech, hyp, voiced_end = await lis.hear(bytes(640))
@@ -125,5 +125,16 @@ async def test_an_engine_host_decodes_in_its_own_process_and_a_dead_host_fails_t
         host.proc.kill()
         with pytest.raises(Exception, match="engine process"):
             await asyncio.wait_for(lis.hear(bytes(640)), 30)
+    finally:
+        await pool.stop()
+
+
+async def test_listeners_opened_at_once_spread_over_the_hosts_and_all_answer():
+    pool = EnginePool(("silero", 0.5, 2), with_rec=False, size=2)
+    try:
+        got = await asyncio.gather(*(pool.open() for _ in range(4)))  # the second opener must not find a host
+        assert sorted(h.listeners for h in pool.hosts) == [2, 2]  # still starting, nor crowd onto the first
+        for lis in got:
+            assert (await lis.hear(bytes(640)))[0] is False
     finally:
         await pool.stop()

@@ -117,6 +117,13 @@ class EngineHost:
         self.reader: asyncio.Task[None] | None = None
         self.listeners = 0
         self.dead: str | None = None
+        self.starting: asyncio.Future[None] | None = None  # the start, shared by every opener that waits on it
+
+    async def ready(self) -> None:
+        """Started (the first caller starts it; the others await the same start)."""
+        if self.starting is None:
+            self.starting = asyncio.ensure_future(self.start())
+        await asyncio.shield(self.starting)
 
     async def start(self) -> None:
         self.proc = await asyncio.create_subprocess_exec(
@@ -158,6 +165,9 @@ class EngineHost:
                     fut.set_exception(EngineFailed(self.dead or "asr engine process stopped"))
 
     async def stop(self, timeout_s: float = 5.0) -> None:
+        if self.starting is not None and not self.starting.done():
+            with contextlib.suppress(Exception):
+                await self.starting
         if self.proc is None:
             return
         SPENT_CPU_S[0] += _cpu_s(self.proc.pid)  # (a request still in flight when stopped is not counted)
@@ -248,10 +258,10 @@ class EnginePool:
         if host is None or (host.listeners and len(self.hosts) < self.size):
             host = EngineHost(len(self.hosts))
             self.hosts.append(host)
-            await host.start()
-        host.listeners += 1
+        host.listeners += 1  # counted before any wait, so concurrent openers spread over the hosts
         self._next_id += 1
         lis = Listener(host, self._next_id, self.vad_args)
+        await host.ready()
         await host.call("open", lis.eid, (*self.vad_args, self.with_rec))
         return lis
 
