@@ -113,7 +113,7 @@ def test_the_stage_command_refuses_an_engine_for_two_speech_stages_and_replicas_
         assert got.returncode == 2 and len(lines) == 1 and says in lines[0], got.stderr
 
 
-async def test_an_engine_host_decodes_in_its_own_process_and_a_dead_host_fails_the_call():
+async def test_an_engine_host_decodes_in_its_own_process_and_a_dead_host_fails_the_call_and_is_replaced():
     pool = EnginePool(("silero", 0.5, 2), with_rec=True, size=1)
     try:
         lis = await pool.open()
@@ -125,6 +125,10 @@ async def test_an_engine_host_decodes_in_its_own_process_and_a_dead_host_fails_t
         host.proc.kill()
         with pytest.raises(Exception, match="engine process"):
             await asyncio.wait_for(lis.hear(bytes(640)), 30)
+        pool.release(lis)
+        again = await pool.open()  # a dead host is replaced, and its listeners are not handed out again
+        assert again is not lis and (await again.hear(bytes(640)))[0] is False
+        assert len(pool.hosts) == 2 and pool.hosts[0].dead
     finally:
         await pool.stop()
 

@@ -250,12 +250,15 @@ class EnginePool:
 
     async def open(self) -> Listener | InlineListener:
         """A listener: an idle one, else a new one on the least-loaded host (a new host while under ``size``)."""
-        if self.idle:
-            return self.idle.pop()
+        while self.idle:
+            lis = self.idle.pop()
+            if isinstance(lis, InlineListener) or lis.host.dead is None:
+                return lis
         if not self.offload:
             return InlineListener(self.vad_args, self.with_rec)
-        host = min(self.hosts, key=lambda h: h.listeners, default=None)
-        if host is None or (host.listeners and len(self.hosts) < self.size):
+        live = [h for h in self.hosts if h.dead is None]  # a dead host is replaced, never reused
+        host = min(live, key=lambda h: h.listeners, default=None)
+        if host is None or (host.listeners and len(live) < self.size):
             host = EngineHost(len(self.hosts))
             self.hosts.append(host)
         host.listeners += 1  # counted before any wait, so concurrent openers spread over the hosts
