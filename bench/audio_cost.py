@@ -229,7 +229,7 @@ async def main() -> None:
     with Mosquitto() as mq:
         runs.append(await one_run(mq, args.scenario, 1, False, args.backend))
         for mode in modes:
-            for n in steps:  # bounded: up to --max-sessions, stopping once clearly overloaded (see overloaded)
+            for n in steps:  # bounded: up to --max-sessions, and stopping once clearly overloaded
                 r = await one_run(mq, args.scenario, n, True, args.backend, mode)
                 runs.append(r)
                 con.print(f"[dim]{r['mode']}, {n} session(s): tax p99 {f(r['tax_uncovered_ms']['p99'])} ms, "

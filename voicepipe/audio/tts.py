@@ -71,9 +71,10 @@ class RealTTS(TTS):
                 spans = []
                 if r.seq == 0:
                     spans = [*env.spans, measured_span("tts", "time to first audio", arrived, ready - arrived)]
-                    lead = first_voiced_sample(pcm)  # the synthesis's own silence before its first voiced sample
+                    lead = first_voiced_sample(pcm)  # the synthesis's silence before its first voiced sample
                     if lead:
-                        spans.append(measured_span("tts", "lead silence", ready, lead * 1_000_000_000 // RATE))
+                        lead_ns = lead * 1_000_000_000 // RATE
+                        spans.append(measured_span("tts", "lead silence", ready, lead_ns))
                 p = env.payload
                 msg = audio(
                     seq=r.seq, text=text, duration_ms=len(pcm) * 1000.0 / RATE, last=last, words=p.words,
