@@ -90,7 +90,7 @@ async def espeak(text: str, words_per_minute: float, voice: str = "en-us") -> np
     if proc.returncode != 0:
         raise RuntimeError(f"espeak-ng failed ({proc.returncode}): {err.decode(errors='replace').strip()[:200]}")
     x, sr = wav_samples(out)
-    return resample(x, sr)
+    return await asyncio.to_thread(resample, x, sr)  # a few ms of numpy per clause: off the event loop
 
 
 async def synthesize(utterance: str, words_per_minute: float, voice: str = "en-us") -> np.ndarray:

@@ -6,7 +6,8 @@ paced at real time, :data:`LEAD_NS` ahead of playout (a real TTS streams, it doe
 and the next clause is synthesised while the one before is still streaming. Beside the frames, one
 ``tts.audio`` message per clause carries the reply's text, its real duration and the turn's metadata to the
 caller; the first carries the causal chain with a measured ``time to first audio`` span (text arrival to
-synthesised audio). A cancel or a barge-in stops the turn's tasks, and with them the frames.
+synthesised audio) and ``lead silence`` (the synthesised audio's own silence before its first voiced sample,
+by the caller's energy stopwatch: heard as part of the gap). A cancel or a barge-in stops the turn's tasks, and with them the frames.
 
 With ``tts.engine`` a speech endpoint (:mod:`voicepipe.backends.speech`), each clause is posted as it is
 complete and its audio streams back in chunks, cut into whole frames as they arrive: time to first audio is
@@ -27,7 +28,7 @@ import numpy as np
 
 from voicepipe.audio import FRAME_NS, FRAME_SAMPLES, RATE
 from voicepipe.audio.asr import measured_span
-from voicepipe.audio.engines import espeak, frames_of
+from voicepipe.audio.engines import espeak, first_voiced_sample, frames_of
 from voicepipe.audio.frames import DOWN, Frame
 from voicepipe.audio.wire import AudioPort
 from voicepipe.backends.base import EndpointError
@@ -117,6 +118,10 @@ class RealTTS(TTS):
                 spans = []
                 if r.seq == 0:
                     spans = [*env.spans, measured_span("tts", "time to first audio", arrived, ready - arrived)]
+                    lead = first_voiced_sample(pcm)  # the synthesis's silence before its first voiced sample
+                    if lead:
+                        lead_ns = lead * 1_000_000_000 // RATE
+                        spans.append(measured_span("tts", "lead silence", ready, lead_ns))
                 p = env.payload
                 msg = audio(
                     seq=r.seq, text=text, duration_ms=len(pcm) * 1000.0 / RATE, last=last, words=p.words,

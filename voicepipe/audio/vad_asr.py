@@ -15,7 +15,7 @@ from typing import ClassVar
 
 from voicepipe.audio import FRAME_NS
 from voicepipe.audio.asr import Ear, RealASR, measured_span
-from voicepipe.audio.frames import Frame
+from voicepipe.audio.hosts import EnginePool, Hears, InlineListener, Listener
 from voicepipe.clock import now_ns, rng_for, sleep_until_ns
 from voicepipe.messages import Envelope, Final, UserUtterance, UserWord
 from voicepipe.spans import modelled_span
@@ -52,12 +52,30 @@ class Scripted:
         return out
 
 
+class ScriptedListener:
+    """A VAD-only listener (its hypothesis empty) with the script's transcript: the interface
+    :class:`~voicepipe.audio.asr.RealASR` hears through."""
+
+    def __init__(self, vad: Listener | InlineListener, script: Scripted) -> None:
+        self.vad, self.script = vad, script
+
+    async def hear(self, pcm: bytes) -> tuple[bool, str, int]:
+        speech, _, end = await self.vad.hear(pcm)
+        self.script.feed(pcm)
+        return speech, self.script.partial(), end
+
+    async def finish(self) -> str:
+        await self.vad.finish()  # the VAD's own reset between segments
+        return self.script.finish()
+
+
 class VadASR(RealASR):
     # user/utterance: the caller's placed words, what the script recogniser knows
     channels: ClassVar[tuple[str, ...]] = (*RealASR.channels, "user/utterance")
 
     def __init__(self, *a, **kw) -> None:
         super().__init__(*a, **kw)
+        self.pool = EnginePool(self.pool.vad_args, with_rec=False)  # the VAD only: the script recognises
         self.words: dict[tuple[str, int], list[UserWord]] = {}
         self.on(UserUtterance, self.utterance)
 
@@ -71,26 +89,28 @@ class VadASR(RealASR):
         for key in [k for k in self.words if k[0] == session]:
             del self.words[key]
 
-    def _decoder(self) -> Scripted:  # type: ignore[override]
-        return Scripted()
+    async def _listen(self, session: str, ear: Ear) -> None:
+        key = (session, ear.turn)
+        script = Scripted()
+        script.reset(lambda: self.words.get(key, []))
+        try:
+            ear.listener = await self.pool.open()
+            await self._hear(session, ear, ScriptedListener(ear.listener, script))
+        finally:
+            if ear.listener is not None:
+                self.pool.release(ear.listener)
+                ear.listener = None
 
-    def _frame(self, session: str, frame: Frame, arrived: int) -> None:
-        before = self.ears.get(session)
-        super()._frame(session, frame, arrived)
-        ear = self.ears.get(session)
-        if ear is not None and ear is not before and isinstance(ear.rec, Scripted):  # a new turn's ear
-            key = (session, ear.turn)
-            ear.rec.reset(lambda: self.words.get(key, []))
-
-    async def _endpoint(self, session: str, ear: Ear) -> None:
+    async def _endpoint(self, session: str, ear: Ear, listener: Hears) -> None:
         decided = now_ns()
-        hyp = ear.rec.finish()
+        hyp = await listener.finish()
         ear.in_speech, ear.finalised, ear.silence_run = False, True, 0
         text = ear.text(hyp)
         ear.closed = hyp
         rng = rng_for(self.cfg.seed, session, ear.turn, ear.segment, "asr")
         fin = round(self.cfg.asr.finalize_ms.sample_ms(rng) * 1e6)
         spans = [
+            measured_span("asr", "vad decision", ear.silence_from_ns - ear.decision_ns, ear.decision_ns),
             measured_span("asr", "endpoint wait", ear.silence_from_ns, decided - ear.silence_from_ns),
             modelled_span("asr", "finalise", decided, fin),
         ]

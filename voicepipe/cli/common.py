@@ -26,6 +26,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from voicepipe import gate
 from voicepipe.bus import BrokerOutage
 from voicepipe.bus.mqtt import RunTopicsUnreachable
+from voicepipe.bus.partition import replica_id
 from voicepipe.config import PipelineConfig, check_speech, config_dict
 from voicepipe.errors import UserError, redact_url
 from voicepipe.exitcodes import ExitCode
@@ -130,6 +131,22 @@ class Writes:
     def fail(self, line: str) -> None:
         self.failed.append(line)
         err.print(f"[bold red]error:[/] {escape(line)}", highlight=False, soft_wrap=True)
+
+
+def external_plan(raw: str | None) -> tuple[list[str], list[list[str]] | None]:
+    """``--external asr:2,router``: the stage kinds served elsewhere, and (when a count is given) every
+    replica the run waits for (``voicepipe stage ... --replicas N`` serves ``NAME.0`` .. ``NAME.N-1``)."""
+    kinds: list[str] = []
+    counts: list[int] = []
+    for item in [x.strip() for x in (raw or "").split(",") if x.strip()]:
+        name, _, n = item.partition(":")
+        if n and (not n.isdigit() or not 1 <= int(n) <= 64):
+            raise UserError("--external", f"{item!r}: a replica count is NAME:N with N from 1 to 64")
+        kinds += stage_names(name, "--external")
+        counts.append(int(n) if n else 1)
+    if ":" not in (raw or ""):
+        return kinds, None
+    return kinds, [[replica_id(k, i)] for k, c in zip(kinds, counts, strict=True) for i in range(c)]
 
 
 class RecordSink:

@@ -23,11 +23,11 @@ from voicepipe.cli.common import (
     RecordSink,
     Writes,
     err,
+    external_plan,
     load_scenarios,
     out,
     progress_bar,
     progress_sink,
-    stage_names,
     user_errors,
     write_outputs,
 )
@@ -70,6 +70,7 @@ def run_live(
     run_id: str | None = None,
     external: frozenset[str] = frozenset(),
     workers: int = 0,
+    plan: list[list[str]] | None = None,
 ) -> RunResult:
     """One live run with progress on stderr; every record goes to ``sink`` as it is measured."""
     total = sum(len(s.turns) for s in scenarios) * sessions
@@ -85,6 +86,7 @@ def run_live(
                     run_id=run_id,
                     external=external,
                     workers=workers,
+                    plan=plan,
                 )
             )
         )
@@ -163,7 +165,9 @@ def run(
     external: Annotated[
         str | None,
         typer.Option(
-            "--external", help="Stages served by `voicepipe stage` processes, e.g. asr,router,agent,tts."
+            "--external",
+            help="Stages served by `voicepipe stage` processes, e.g. asr,router,agent,tts; NAME:N waits for "
+            "N replicas (`voicepipe stage NAME --replicas N`).",
         ),
     ] = None,
     workers: Annotated[
@@ -209,7 +213,7 @@ def run(
         scs = load_scenarios(scenario)
         check_speech(cfg, scs)
         reqs = gate.parse(require)
-        ext = stage_names(external, "--external")
+        ext, plan = external_plan(external)
         if ext and not cfg.broker.url:
             raise UserError("--external", "stages in other processes need a broker (--broker URL)")
         if run_id is not None:
@@ -228,7 +232,7 @@ def run(
     result: RunResult | None = None
     ending: Ending | None = None
     try:
-        result = run_live(cfg, scs, sessions, sink, "running", run_id, frozenset(ext), workers)
+        result = run_live(cfg, scs, sessions, sink, "running", run_id, frozenset(ext), workers, plan)
     except BaseException as exc:  # a signal, an outage, a failure: keep and write what was measured
         result, ending = stopped_by(cfg, exc, len(sink.records))
     finally:
