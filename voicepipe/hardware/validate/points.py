@@ -221,8 +221,7 @@ def prepare(p: Point) -> Prepared:
         # lengths are not what was run), so it says nothing about the physics of a prefill
         floor_ms = 2.0 * matmul_params(mdl) * p.prompt_tokens / (system.chips * dev.peak_flops(p.precision)) * 1e3
         if p.value < floor_ms:
-            return Prepared(p, reason=f"TTFT {p.value:g} ms is under the {floor_ms:.3g} ms the prompt's matmuls "
-                                      "take at the datasheet peak: not a cold prefill (a prefix-cache hit?)")
+            return Prepared(p, reason="below peak FLOPs")  # docs §3: a TTFT under its compute floor
     # a per-token mean at concurrency B, and a closed-loop client's throughput, are a loaded server's;
     # the rest time a burst of requests arriving together (as many as published; "saturated": what fits)
     steady = p.metric in STEADY_STATE or p.metric == "itl_median_ms" or p.closed_loop

@@ -128,7 +128,7 @@ def slice_table(res: Sequence[Residual]) -> list[SliceRow]:
 
 
 # the cell's keys, finest last: a cell too thin drops the last key first (precision, then batch, ...)
-CELL_KEYS = ("phase", "maker", "stack", "architecture", "batch", "precision")
+CELL_KEYS = ("phase", "maker", "architecture", "batch", "stack", "precision")
 MIN_FAMILIES = 3  # ... or with residuals from fewer publisher families than this (one family is one harness)
 THIN = 10  # a slice with fewer residuals than this is far from evidence
 
