@@ -74,7 +74,7 @@ def stage_class(name: str, cfg: PipelineConfig) -> type[Stage]:
     if name == "asr" and "vad" in real:
         return RealASR if "asr" in real else VadASR
     if name == "tts":
-        return RealTTS if "tts" in real else ToneTTS if "client" in real else TTS
+        return RealTTS if "tts" in real else ToneTTS if "client" in real else STAGES["tts"]
     return STAGES[name]
 
 

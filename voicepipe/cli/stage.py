@@ -137,7 +137,8 @@ def stage(
         raise typer.Exit(_supervise(mine))
     reps = plan[mine[0]]
     planned = [r for p in plan for r in p]
-    err.print(f"serving {', '.join(reps)} for run {run_id} on {safe_url(cfg.broker.url)}", highlight=False)
+    shown = chosen if replicas == 1 else reps  # one replica each: the stages by name
+    err.print(f"serving {', '.join(shown)} for run {run_id} on {safe_url(cfg.broker.url)}", highlight=False)
     try:
         run_live_loop(until_signalled(_follow(cfg, chosen, run_id, reps, planned)))
     except KeyboardInterrupt:
