@@ -144,3 +144,11 @@ def test_predictions_carry_the_metric_columns_of_the_stages_spans() -> None:
         assert p.to_json()["ttft_ms"] == rec.ttft_ms
         # the parts named by the metrics are parts of the predicted chain
         assert rec.ttft_ms + rec.tts_ttfb_ms < p.predicted_ms
+
+
+def test_advice_says_how_many_of_the_missed_turns_were_only_uncertain() -> None:
+    recs, cfg = _records(["agent.backend=h100-sxm/llama-3.1-8b"])
+    unsure = sum(r.uncertain for r in recs)
+    a = advice(recs, cfg, ["cafe-order"])
+    assert a is not None and a.uncertain == unsure
+    assert (f"({unsure} of them uncertain)" in a.text()) == (unsure > 0)

@@ -55,6 +55,7 @@ class Advice:
     now_within: float | None = None
     command: str | None = None
     talked_over: int = 0  # missed turns on which the agent talked over the user (then ``part`` is the ASR's)
+    uncertain: int = 0  # of the missed: within budget only at their range's fast end (predictions)
 
     def text(self) -> str:
         """The finding and the predicted effect of the fix, as prose (the command is :attr:`command`)."""
@@ -65,9 +66,10 @@ class Advice:
                 f"talked over the user (the endpoint came mid-sentence: {st} {wh} {self.part_ms:,.0f} ms)"
             )
         else:
+            unsure = f" ({self.uncertain} of them uncertain)" if self.uncertain else ""
             head = (
-                f"next step: {self.missed}/{self.turns} turns missed {self.budget_ms:.0f} ms; the largest part "
-                f"of them is {st} {wh} ({self.part_ms:,.0f} ms of {self.total_ms:,.0f} ms on average)"
+                f"next step: {self.missed}/{self.turns} turns missed {self.budget_ms:.0f} ms{unsure}; the largest "
+                f"part of them is {st} {wh} ({self.part_ms:,.0f} ms of {self.total_ms:,.0f} ms on average)"
             )
         if self.fix is None:
             return head + "; no shipped change to it predicts fewer misses."
@@ -216,7 +218,9 @@ def advice(
         part_ms = sum(p.ms for r in talked_recs for p in r.breakdown if (p.stage, p.what) == part) / len(talked_recs)
     else:
         talked = 0
-    base = Advice(len(missed), len(records), cfg.budget_ms, part, part_ms, total, None, talked_over=talked)
+    unsure = sum(r.uncertain for r in missed)
+    base = Advice(len(missed), len(records), cfg.budget_ms, part, part_ms, total, None, talked_over=talked,
+                  uncertain=unsure)  # fmt: skip
     try:
         scs = [load_scenario(s) for s in scenarios]
         now = summarise(p.as_record() for p in predict(cfg, scs))
@@ -249,7 +253,7 @@ def advice(
     cmd = _without_keys(cmd, {s.partition("=")[0] for s in c.sets})
     return Advice(
         base.missed, base.turns, base.budget_ms, part, part_ms, total, c, p50, within,
-        now.p50_ms, now.within_budget, shlex.join([*cmd, *_flags(c)]), talked,
+        now.p50_ms, now.within_budget, shlex.join([*cmd, *_flags(c)]), talked, unsure,
     )  # fmt: skip
 
 
