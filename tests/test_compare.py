@@ -282,3 +282,21 @@ def test_compare_two_backends_end_to_end(tmp_path):
     assert sonnet.p50_ms > cerebras.p50_ms
     assert sonnet.cost_per_turn_usd > cerebras.cost_per_turn_usd > 0
     assert cerebras.best_p50 and cerebras.cheapest and sonnet.best_quality
+
+
+def test_compare_predict_shows_the_uncertain_turns_beside_the_within_budget_share():
+    from typer.testing import CliRunner
+
+    from voicepipe.cli import app
+
+    r = CliRunner().invoke(app, ["compare", "--predict", "cafe-order", "--vary",
+                                 "agent.backend=h100-sxm/llama-3.1-8b,sonnet-gpu"], env={"COLUMNS": "160"})  # fmt: skip
+    assert r.exit_code == 0, r.output
+    from voicepipe.config import load_config
+    from voicepipe.predict import predict
+    from voicepipe.scenario import load_scenario
+
+    recs = [p.as_record() for p in predict(load_config(None, ["agent.backend=h100-sxm/llama-3.1-8b"]),
+                                           [load_scenario("cafe-order")])]  # fmt: skip
+    n = sum(r.uncertain for r in recs)
+    assert n > 0 and f"+{n}?" in r.output and "not counted as within the budget" in r.output

@@ -148,6 +148,7 @@ class Row:
     p99_ms: float | None
     within_budget: float  # share of all turns (timeouts count as misses)
     under_200ms: float
+    uncertain: int = field(default=0, kw_only=True)  # predicted turns within budget only at their range's fast end
     tax_p50_ms: float | None
     stage_ms: dict[str, float]  # mean ms per stage over answered turns
     cost_per_turn_usd: float
@@ -204,6 +205,7 @@ def compare_rows(runs: Mapping[str, Sequence[TurnRecord]]) -> list[Row]:
                 cost_per_turn_usd=s.mean_cost_usd,
                 quality=s.mean_quality,
                 backends=sorted({r.backend for r in recs if r.backend}),
+                uncertain=s.uncertain,
             )
         )
     _mark_best(rows, "best_p50", lambda r: r.p50_ms, lowest=True)

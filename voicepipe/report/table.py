@@ -349,7 +349,7 @@ def print_compare(
                 Text(_ms(r.p50_ms), style=("green" if r.fits else "red") + (" bold" if r.best_p50 else "")),
                 _ms(r.p90_ms),
                 _ms(r.p99_ms),
-                Text(f"{r.within_budget * 100:.0f}%", style=share_style),
+                Text(f"{r.within_budget * 100:.0f}%" + (f" +{r.uncertain}?" if r.uncertain else ""), style=share_style),
                 f"{r.under_200ms * 100:.0f}%",
                 Text(fmt_usd(r.cost_per_1k_usd), style="bold cyan" if r.cheapest else ""),
                 Text(
@@ -360,3 +360,5 @@ def print_compare(
             ]
         )
     print_fitted(console, cols, out, wide=wide, title=title, caption=caption)
+    if any(r.uncertain for r in rows):
+        console.print(Text(f"+N{UNCERTAIN_MARK}: N more turns {UNCERTAIN_NOTE.split(' — ', 1)[1]}", style="dim"))
