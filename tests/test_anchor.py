@@ -31,6 +31,7 @@ from voicepipe.hardware.validate.ratios import (
     residual_pairs,
 )
 from voicepipe.hardware.workload import steady, throughput
+from voicepipe.turnrange import spread_of
 
 runner = CliRunner()
 
@@ -265,3 +266,18 @@ def test_validate_reports_cross_device_ratios():
     shipped = ratio_accuracy(residual_pairs(points(), shipped_accuracy().residuals))
     assert shipped["pairs"] == got["summary"]["pairs"]
     assert shipped["median_error_pct"] == pytest.approx(got["summary"]["median_error_pct"], abs=0.2)
+
+
+def test_an_anchored_agents_turn_range_is_the_one_predict_anchor_prints(tmp_path):
+    # a turn's range carries the agent's 80 % range: for an anchored agent that is the cross-device ratio
+    # band hardware predict --anchor prints, not the unanchored model's held-out band
+    path = profile_file(tmp_path, anchor())
+    b = build_backend({"hardware": "h100-sxm", "model": "llama-3.1-8b", "anchor": str(path)})
+    got = json.loads(cli("hardware", "predict", "-H", "h100-sxm", "-m", "llama-3.1-8b", "--prompt-tokens", "256",
+                         "--output-tokens", "64", "--anchor", str(path), "--format", "json").stdout)  # fmt: skip
+    s = spread_of(b)
+    for metric, (lo, hi) in (("ttft_ms", s.ttft), ("step_ms", s.step)):
+        want = got["intervals"][metric]
+        assert (lo * got[metric], hi * got[metric]) == pytest.approx(want, rel=1e-9)
+    plain = spread_of(build_backend("h100-sxm/llama-3.1-8b"))
+    assert (s.ttft, s.step) != (plain.ttft, plain.step)
