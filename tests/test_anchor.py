@@ -281,3 +281,13 @@ def test_an_anchored_agents_turn_range_is_the_one_predict_anchor_prints(tmp_path
         assert (lo * got[metric], hi * got[metric]) == pytest.approx(want, rel=1e-9)
     plain = spread_of(build_backend("h100-sxm/llama-3.1-8b"))
     assert (s.ttft, s.step) != (plain.ttft, plain.step)
+
+
+@pytest.mark.parametrize(("kv", "stack"), [("fp8", None), ("bf16", None), ("bf16", "trtllm"), ("fp8", "trtllm")])
+def test_an_anchored_backend_caches_in_the_anchors_kv_format_whatever_its_stacks_default(tmp_path, kv, stack):
+    # vLLM caches fp8 weights in bf16 unless asked (kv_default activations), TensorRT-LLM in fp8: a vLLM
+    # anchor measured with an fp8 cache re-anchors a target that caches in fp8 too, as predict --anchor does
+    a = anchor(hardware="h100-sxm", precision="fp8", kv_precision=kv)
+    spec = {"hardware": "h200-sxm", "model": "llama-3.1-8b", "anchor": str(profile_file(tmp_path, a))}
+    b = build_backend({**spec, **({"stack": stack} if stack else {})})
+    assert (b.system.precision, b.system.kv, b.system.serving.key) == ("fp8", kv, stack or "vllm")

@@ -363,10 +363,14 @@ def anchor_defaults(a: Anchor, cfg: dict[str, Any]) -> dict[str, Any]:
     defaults (a backend re-anchored on vLLM at fp8 runs vLLM at fp8)."""
     mdl = model(str(cfg["model"]))
     prec = str(cfg.get("precision") or a.precision)
+    try:  # the KV format the target's stack would pick by itself (vLLM, SGLang: the 16-bit model dtype)
+        kv_default = stack(str(cfg.get("stack") or a.stack)).kv_default
+    except ValueError:  # a bad stack name: deploy() says so
+        kv_default = "weights"
     out: dict[str, Any] = {}
     if a.precision != mdl.default_precision:
         out["precision"] = a.precision
-    if a.kv_precision != default_kv_precision(prec):
+    if a.kv_precision != default_kv_precision(prec, kv_default):
         out["kv_precision"] = a.kv_precision
     if a.stack != default_stack_name():
         out["stack"] = a.stack
