@@ -291,3 +291,14 @@ def test_an_anchored_backend_caches_in_the_anchors_kv_format_whatever_its_stacks
     spec = {"hardware": "h200-sxm", "model": "llama-3.1-8b", "anchor": str(profile_file(tmp_path, a))}
     b = build_backend({**spec, **({"stack": stack} if stack else {})})
     assert (b.system.precision, b.system.kv, b.system.serving.key) == ("fp8", kv, stack or "vllm")
+
+
+def test_an_anchor_on_an_engine_timed_stack_is_compared_with_a_client_side_model():
+    # calibrate --anchor times the server over HTTP: the TTFT factor is measured over the model's
+    # client-side TTFT even where the stack's published numbers are engine-side (TensorRT-LLM)
+    a = anchor(stack="trtllm")
+    client = make_system(catalog.device(a.hardware), catalog.model(a.model), a.precision, tp=1,
+                         kv_precision=a.kv_precision, stack=catalog.stack("trtllm"), timing="client")  # fmt: skip
+    assert anchor_prediction(a).ttft_timing == "client"
+    run = steady(AnchoredServer(client, Factors(1.0, 1.0), max_batch=1, prompt_cache=False), 1, 256, 64, rounds=1)
+    assert factors(a).ttft == pytest.approx(a.ttft_ms / (run.ttft_s * 1e3), rel=1e-9)
