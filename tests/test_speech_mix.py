@@ -5,14 +5,18 @@ needed here (the end-to-end mixes are tests/test_audio_mix.py, `-m audio`)."""
 
 from __future__ import annotations
 
+import asyncio
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
 from voicepipe.audio import FRAME_BYTES, RATE
 from voicepipe.audio.align import aligned
-from voicepipe.audio.asr import RealASR
+from voicepipe.audio.asr import Ear, RealASR
 from voicepipe.audio.caller import Caller
 from voicepipe.audio.engines import first_voiced_sample, last_voiced_sample, voiced
+from voicepipe.audio.hosts import EngineFailed
 from voicepipe.audio.tone import ToneTTS, tone_frames
 from voicepipe.audio.tts import RealTTS
 from voicepipe.audio.vad_asr import Scripted, VadASR
@@ -120,3 +124,30 @@ def test_the_script_recogniser_returns_the_words_heard_so_far_once_each():
     for _ in range(150):
         rec.feed(b"")
     assert rec.finish() == "three four"
+
+
+def test_a_vad_only_asr_whose_engine_host_died_fails_the_turn_with_the_reason():
+    # the listener's host is gone at the endpoint: the turn fails naming it (as the real ASR's does), no
+    # final goes out, and the segment is closed (not an exception out of the stage's listen task)
+    class Dead:
+        async def hear(self, pcm: bytes) -> tuple[bool, str, int]:
+            return False, "", -1
+
+        async def finish(self) -> str:
+            raise EngineFailed("asr engine process exited (code 1)")
+
+    failed: list[str] = []
+    published: list[object] = []
+
+    async def fail_turn(session: str, turn: int, reason: str) -> None:
+        failed.append(reason)
+
+    async def publish(env: object, **kw: object) -> None:
+        published.append(env)
+
+    stage = SimpleNamespace(cfg=load_config(None, []), ctx=SimpleNamespace(run="r"), fail_turn=fail_turn,
+                            publish=publish)  # fmt: skip
+    ear = Ear(turn=0, buffer=None, in_speech=True)
+    asyncio.run(VadASR._endpoint(stage, "s-0", ear, Dead()))  # type: ignore[arg-type]
+    assert failed == ["asr engine: asr engine process exited (code 1)"] and not published
+    assert ear.finalised and not ear.in_speech

@@ -15,7 +15,7 @@ from typing import ClassVar
 
 from voicepipe.audio import FRAME_NS
 from voicepipe.audio.asr import Ear, RealASR, measured_span
-from voicepipe.audio.hosts import EnginePool, Hears, InlineListener, Listener
+from voicepipe.audio.hosts import EngineFailed, EnginePool, Hears, InlineListener, Listener
 from voicepipe.clock import now_ns, rng_for, sleep_until_ns
 from voicepipe.messages import Envelope, Final, UserUtterance, UserWord
 from voicepipe.spans import modelled_span
@@ -65,7 +65,7 @@ class ScriptedListener:
         return speech, self.script.partial(), end
 
     async def finish(self) -> str:
-        await self.vad.finish()  # the VAD's own reset between segments
+        await self.vad.finish()  # closes the listener's utterance (its VAD keeps its state, as the real ASR's)
         return self.script.finish()
 
 
@@ -103,7 +103,12 @@ class VadASR(RealASR):
 
     async def _endpoint(self, session: str, ear: Ear, listener: Hears) -> None:
         decided = now_ns()
-        hyp = await listener.finish()
+        try:
+            hyp = await listener.finish()
+        except EngineFailed as exc:  # its engine host is gone: the turn fails with the reason (as RealASR)
+            await self.fail_turn(session, ear.turn, f"asr engine: {exc}")
+            ear.in_speech, ear.finalised, ear.silence_run = False, True, 0
+            return
         ear.in_speech, ear.finalised, ear.silence_run = False, True, 0
         text = ear.text(hyp)
         ear.closed = hyp
