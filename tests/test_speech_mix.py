@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from voicepipe.audio import FRAME_BYTES, RATE
+from voicepipe.audio import FRAME_BYTES, FRAME_NS, RATE
 from voicepipe.audio.align import aligned
 from voicepipe.audio.asr import Ear, RealASR
 from voicepipe.audio.caller import Caller
@@ -19,7 +19,7 @@ from voicepipe.audio.engines import first_voiced_sample, last_voiced_sample, voi
 from voicepipe.audio.hosts import EngineFailed
 from voicepipe.audio.tone import ToneTTS, tone_frames
 from voicepipe.audio.tts import RealTTS
-from voicepipe.audio.vad_asr import Scripted, VadASR
+from voicepipe.audio.vad_asr import Scripted, ScriptedListener, VadASR
 from voicepipe.config import load_config
 from voicepipe.errors import UserError
 from voicepipe.stages.asr import ASR
@@ -151,3 +151,24 @@ def test_a_vad_only_asr_whose_engine_host_died_fails_the_turn_with_the_reason():
     asyncio.run(VadASR._endpoint(stage, "s-0", ear, Dead()))  # type: ignore[arg-type]
     assert failed == ["asr engine: asr engine process exited (code 1)"] and not published
     assert ear.finalised and not ear.in_speech
+
+
+def test_the_script_recogniser_hears_by_each_frames_media_time_when_frames_are_lost():
+    # frames lost on the way (the gate counts them) do not hold the script back: after the frame whose
+    # place in the audio ends past the second word, both words are heard, however few frames arrived
+    words = aligned(spoken("one two [500] three four", 150), np.full(RATE * 3, 3000, np.int16), None).words
+
+    class Vad:
+        async def hear(self, pcm: bytes, media_ns: int = 0) -> tuple[bool, str, int]:
+            return True, "", -1
+
+        async def finish(self) -> str:
+            return ""
+
+    script = Scripted()
+    script.reset(lambda: words)
+    lis = ScriptedListener(Vad(), script)  # type: ignore[arg-type]
+    last = (words[1].media_ns + words[1].dur_ns) // FRAME_NS  # the frame the second word ends in
+    got = [asyncio.run(lis.hear(bytes(FRAME_BYTES), i * FRAME_NS))[1] for i in (0, last // 2, last)]
+    assert got[0] == "" and got[-1] == "one two"  # three frames fed, the last at the second word's end
+    assert asyncio.run(lis.finish()) == "one two"

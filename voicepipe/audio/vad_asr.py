@@ -3,8 +3,8 @@
 The real ASR stage (:class:`~voicepipe.audio.asr.RealASR`) runs unchanged on the caller's frames — the VAD's
 decision per frame, the endpointing strategies on its output, resumptions and barge-ins — but its decoder is
 :class:`Scripted`: it "recognises" exactly the words the caller said so far, as placed on the audio
-(the caller sends them for a modelled ASR: :mod:`voicepipe.audio.align`), counting the frames it was fed as
-media time. So the endpoint is the real VAD's, the transcript the script's (no word error rate is scored),
+(the caller sends them for a modelled ASR: :mod:`voicepipe.audio.align`), up to each frame's place in
+the turn's audio (its media time: a frame lost on the way holds nothing back). So the endpoint is the real VAD's, the transcript the script's (no word error rate is scored),
 and ``finalise`` is the modelled ``asr.finalize_ms`` (a modelled span), after the measured ``endpoint wait``.
 """
 
@@ -26,7 +26,7 @@ class Scripted:
 
     def __init__(self) -> None:
         self.source: Callable[[], list[UserWord]] = list
-        self.frames = 0  # fed so far this turn: the media position, in frames
+        self.frames = 0  # the media position this turn, in frames (those fed, or the last one's place)
         self.taken = 0  # words already returned by finish()
 
     def reset(self, source: Callable[[], list[UserWord]]) -> None:
@@ -59,9 +59,11 @@ class ScriptedListener:
     def __init__(self, vad: Listener | InlineListener, script: Scripted) -> None:
         self.vad, self.script = vad, script
 
-    async def hear(self, pcm: bytes) -> tuple[bool, str, int]:
+    async def hear(self, pcm: bytes, media_ns: int = 0) -> tuple[bool, str, int]:
         speech, _, end = await self.vad.hear(pcm)
         self.script.feed(pcm)
+        # the media position is the frame's own: a frame lost on the way does not hold back the script
+        self.script.frames = max(self.script.frames, media_ns // FRAME_NS + 1)
         return speech, self.script.partial(), end
 
     async def finish(self) -> str:
