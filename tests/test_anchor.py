@@ -31,6 +31,7 @@ from voicepipe.hardware.validate.ratios import (
     residual_pairs,
 )
 from voicepipe.hardware.workload import steady, throughput
+from voicepipe.turnrange import spread_of
 
 runner = CliRunner()
 
@@ -265,3 +266,39 @@ def test_validate_reports_cross_device_ratios():
     shipped = ratio_accuracy(residual_pairs(points(), shipped_accuracy().residuals))
     assert shipped["pairs"] == got["summary"]["pairs"]
     assert shipped["median_error_pct"] == pytest.approx(got["summary"]["median_error_pct"], abs=0.2)
+
+
+def test_an_anchored_agents_turn_range_is_the_one_predict_anchor_prints(tmp_path):
+    # a turn's range carries the agent's 80 % range: for an anchored agent that is the cross-device ratio
+    # band hardware predict --anchor prints, not the unanchored model's held-out band
+    path = profile_file(tmp_path, anchor())
+    b = build_backend({"hardware": "h100-sxm", "model": "llama-3.1-8b", "anchor": str(path)})
+    got = json.loads(cli("hardware", "predict", "-H", "h100-sxm", "-m", "llama-3.1-8b", "--prompt-tokens", "256",
+                         "--output-tokens", "64", "--anchor", str(path), "--format", "json").stdout)  # fmt: skip
+    s = spread_of(b)
+    for metric, (lo, hi) in (("ttft_ms", s.ttft), ("step_ms", s.step)):
+        want = got["intervals"][metric]
+        assert (lo * got[metric], hi * got[metric]) == pytest.approx(want, rel=1e-9)
+    plain = spread_of(build_backend("h100-sxm/llama-3.1-8b"))
+    assert (s.ttft, s.step) != (plain.ttft, plain.step)
+
+
+@pytest.mark.parametrize(("kv", "stack"), [("fp8", None), ("bf16", None), ("bf16", "trtllm"), ("fp8", "trtllm")])
+def test_an_anchored_backend_caches_in_the_anchors_kv_format_whatever_its_stacks_default(tmp_path, kv, stack):
+    # vLLM caches fp8 weights in bf16 unless asked (kv_default activations), TensorRT-LLM in fp8: a vLLM
+    # anchor measured with an fp8 cache re-anchors a target that caches in fp8 too, as predict --anchor does
+    a = anchor(hardware="h100-sxm", precision="fp8", kv_precision=kv)
+    spec = {"hardware": "h200-sxm", "model": "llama-3.1-8b", "anchor": str(profile_file(tmp_path, a))}
+    b = build_backend({**spec, **({"stack": stack} if stack else {})})
+    assert (b.system.precision, b.system.kv, b.system.serving.key) == ("fp8", kv, stack or "vllm")
+
+
+def test_an_anchor_on_an_engine_timed_stack_is_compared_with_a_client_side_model():
+    # calibrate --anchor times the server over HTTP: the TTFT factor is measured over the model's
+    # client-side TTFT even where the stack's published numbers are engine-side (TensorRT-LLM)
+    a = anchor(stack="trtllm")
+    client = make_system(catalog.device(a.hardware), catalog.model(a.model), a.precision, tp=1,
+                         kv_precision=a.kv_precision, stack=catalog.stack("trtllm"), timing="client")  # fmt: skip
+    assert anchor_prediction(a).ttft_timing == "client"
+    run = steady(AnchoredServer(client, Factors(1.0, 1.0), max_batch=1, prompt_cache=False), 1, 256, 64, rounds=1)
+    assert factors(a).ttft == pytest.approx(a.ttft_ms / (run.ttft_s * 1e3), rel=1e-9)

@@ -32,6 +32,9 @@ def vp(*args: str, cwd=None) -> subprocess.CompletedProcess[str]:
         # a global option after the command: the error says where it goes
         (["run", "cafe-order", "-v"], "it goes before the command (`voicepipe -v run ...`)"),
         (["hardware", "validate", "--log-format", "json"], "(`voicepipe --log-format"),
+        # --external NAME:N: a count without its stage, or a stage named twice
+        (["run", "cafe-order", "--external", ":2"], "a stage name comes before the replica count"),
+        (["run", "cafe-order", "--external", "asr:2,asr:3"], "'asr' is named twice"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(args, needle):

@@ -131,3 +131,15 @@ def test_mla_down_projections_are_read_whole_by_every_tp_rank() -> None:
     adp = hm.step_parts(hm.System(d, r1, "fp8", 8, attention_dp=True), 1, 1000)
     whole = hm.attention_params(r1) * (1 - 1 / 8) / d.stream_bytes_s
     assert float(adp.dense_s) == pytest.approx(float(p1.dense_s) / 8 + whole)
+
+
+def test_attention_dp_moves_exactly_the_prefill_attention_of_prompts_with_context_before_them() -> None:
+    # twelve prompts of 500 new tokens, each after 1,000 of context (cached prefixes): under attention DP
+    # over 8 ranks the busiest rank holds 2 of them, so the step's attention (no decoders: all of it the
+    # prompts') is 8 x 2 / 12 of the TP-split share, whether the mean span is given or derived
+    d, m = cat.device("h200-sxm"), cat.model("deepseek-r1")
+    tp, adp = hm.System(d, m, "fp8", 8), hm.System(d, m, "fp8", 8, attention_dp=True)
+    for span in (None, 1000 + 500 / 2):
+        kw = {"prefill_tokens": 12 * 500, "prefill_cached": 12 * 1000, "prefill_seqs": 12, "prefill_span": span}
+        a, b = hm.step_parts(tp, 0, 0, **kw), hm.step_parts(adp, 0, 0, **kw)
+        assert float(b.attn_s) == pytest.approx(float(a.attn_s) * 8 * 2 / 12)

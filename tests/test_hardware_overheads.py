@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
+from voicepipe.backends import build_backend
+from voicepipe.backends.base import LLMRequest
 from voicepipe.cli import app
 from voicepipe.hardware import catalog as cat
 from voicepipe.hardware import model as hm
@@ -115,3 +118,14 @@ def test_a_stack_profile_cites_a_source_for_its_client_path_and_its_timing():
         Stack(**base, client_overhead_ms=3)  # type: ignore[arg-type]
     with pytest.raises(ValidationError, match="timing"):
         Stack(**base, timing="client")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("key", ["vllm", "trtllm", "llama.cpp", "lmdeploy"])
+def test_the_pipelines_hardware_agent_answers_a_client_side_ttft_on_every_stack(key):
+    # a pipeline calls the server over HTTP: its agent's TTFT includes the stack's HTTP path even where
+    # the stack's own published numbers are engine-side (TensorRT-LLM, llama.cpp, LMDeploy)
+    b = build_backend({"hardware": DEV, "model": MDL, "stack": key, "tp": 1})
+    assert b.system.ttft_timing == "client"
+    t = b.predict(LLMRequest("s", 0, 1024, 64), np.random.default_rng(0))
+    want = _predict(stack=cat.stack(key), prompt_tokens=1024, output_tokens=64, timing="client")
+    assert t.ttft_s * 1e3 == pytest.approx(want.ttft_ms, rel=1e-9)

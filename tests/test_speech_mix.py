@@ -5,17 +5,21 @@ needed here (the end-to-end mixes are tests/test_audio_mix.py, `-m audio`)."""
 
 from __future__ import annotations
 
+import asyncio
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
-from voicepipe.audio import FRAME_BYTES, RATE
+from voicepipe.audio import FRAME_BYTES, FRAME_NS, RATE
 from voicepipe.audio.align import aligned
-from voicepipe.audio.asr import RealASR
+from voicepipe.audio.asr import Ear, RealASR
 from voicepipe.audio.caller import Caller
 from voicepipe.audio.engines import first_voiced_sample, last_voiced_sample, voiced
+from voicepipe.audio.hosts import EngineFailed
 from voicepipe.audio.tone import ToneTTS, tone_frames
 from voicepipe.audio.tts import RealTTS
-from voicepipe.audio.vad_asr import Scripted, VadASR
+from voicepipe.audio.vad_asr import Scripted, ScriptedListener, VadASR
 from voicepipe.config import load_config
 from voicepipe.errors import UserError
 from voicepipe.stages.asr import ASR
@@ -120,3 +124,51 @@ def test_the_script_recogniser_returns_the_words_heard_so_far_once_each():
     for _ in range(150):
         rec.feed(b"")
     assert rec.finish() == "three four"
+
+
+def test_a_vad_only_asr_whose_engine_host_died_fails_the_turn_with_the_reason():
+    # the listener's host is gone at the endpoint: the turn fails naming it (as the real ASR's does), no
+    # final goes out, and the segment is closed (not an exception out of the stage's listen task)
+    class Dead:
+        async def hear(self, pcm: bytes) -> tuple[bool, str, int]:
+            return False, "", -1
+
+        async def finish(self) -> str:
+            raise EngineFailed("asr engine process exited (code 1)")
+
+    failed: list[str] = []
+    published: list[object] = []
+
+    async def fail_turn(session: str, turn: int, reason: str) -> None:
+        failed.append(reason)
+
+    async def publish(env: object, **kw: object) -> None:
+        published.append(env)
+
+    stage = SimpleNamespace(cfg=load_config(None, []), ctx=SimpleNamespace(run="r"), fail_turn=fail_turn,
+                            publish=publish)  # fmt: skip
+    ear = Ear(turn=0, buffer=None, in_speech=True)
+    asyncio.run(VadASR._endpoint(stage, "s-0", ear, Dead()))  # type: ignore[arg-type]
+    assert failed == ["asr engine: asr engine process exited (code 1)"] and not published
+    assert ear.finalised and not ear.in_speech
+
+
+def test_the_script_recogniser_hears_by_each_frames_media_time_when_frames_are_lost():
+    # frames lost on the way (the gate counts them) do not hold the script back: after the frame whose
+    # place in the audio ends past the second word, both words are heard, however few frames arrived
+    words = aligned(spoken("one two [500] three four", 150), np.full(RATE * 3, 3000, np.int16), None).words
+
+    class Vad:
+        async def hear(self, pcm: bytes, media_ns: int = 0) -> tuple[bool, str, int]:
+            return True, "", -1
+
+        async def finish(self) -> str:
+            return ""
+
+    script = Scripted()
+    script.reset(lambda: words)
+    lis = ScriptedListener(Vad(), script)  # type: ignore[arg-type]
+    last = (words[1].media_ns + words[1].dur_ns) // FRAME_NS  # the frame the second word ends in
+    got = [asyncio.run(lis.hear(bytes(FRAME_BYTES), i * FRAME_NS))[1] for i in (0, last // 2, last)]
+    assert got[0] == "" and got[-1] == "one two"  # three frames fed, the last at the second word's end
+    assert asyncio.run(lis.finish()) == "one two"

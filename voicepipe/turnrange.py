@@ -13,18 +13,23 @@ would also queue longer under load; the queue part is scaled, not re-simulated.
 budget; *uncertain* when the fast end is inside and the slow end over (within budget only at the range's
 fast end); a *miss* otherwise. An uncertain turn is not a pass (``within_budget`` is False for it).
 Which batch regime's residuals speak for the agent: ``concurrency`` (sessions sharing the device, capped
-at its max batch) — 1 is a request alone on the device (``predict`` with one session).
+at its max batch) — 1 is a request alone on the device (``predict`` with one session). An anchored agent
+(``anchor:``, :mod:`voicepipe.backends.anchor`) is a measurement times the model's ratio, so its ranges are
+those ``hardware predict --anchor`` prints: the cross-device ratio residuals
+(:func:`voicepipe.hardware.validate.ratios.anchored_intervals`), not the model's own.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cache
 
 from voicepipe.backends import build_backend
 from voicepipe.backends.hardware import HardwareBackend
 from voicepipe.config import PipelineConfig
-from voicepipe.hardware.validate import LEVEL, device_maker, ranges, shipped_accuracy
+from voicepipe.hardware.validate import LEVEL, device_maker, points, ranges, shipped_accuracy
+from voicepipe.hardware.validate.ratios import anchored_intervals, residual_pairs
 from voicepipe.records import BreakdownPart
 
 RANGED_STAGE = "agent"  # the parts the agent stage adds to a turn's chain
@@ -44,14 +49,25 @@ class Spread:
 
 
 def spread_of(backend: HardwareBackend, concurrency: int = 1) -> Spread:
-    """``backend``'s ranges at ``concurrency`` sequences on its device (capped at its max batch)."""
+    """``backend``'s ranges at ``concurrency`` sequences on its device (capped at its max batch); an
+    anchored backend's from the cross-device ratio residuals (the model's own where too few pairs)."""
     sys_ = backend.system
     dev = sys_.device
     batch = max(1, min(concurrency, backend.deployment.max_batch))
     stack = None if dev.kind == "sram" else sys_.serving.key  # an SRAM machine runs its vendor's software
     rng = ranges(shipped_accuracy(), {"ttft_ms": 1.0, "step_ms": 1.0}, dev.key, dev.kind, stack, sys_.model,
                  batch, sys_.precision, maker=device_maker(dev))  # fmt: skip
+    if backend.anchor is not None:
+        got, _ = anchored_intervals({"ttft_ms": 1.0, "step_ms": 1.0}, _ratio_residuals())
+        ttft, step = got.get("ttft_ms", rng.intervals["ttft_ms"]), got.get("step_ms", rng.intervals["step_ms"])
+        return Spread(backend.name, ttft, step, (), LEVEL)
     return Spread(backend.name, rng.intervals["ttft_ms"], rng.intervals["step_ms"], rng.thin, rng.level)
+
+
+@cache
+def _ratio_residuals() -> tuple[tuple[str, float], ...]:
+    """The shipped cross-device ratio residuals an anchored range is built from (read once)."""
+    return tuple(residual_pairs(points(), shipped_accuracy().residuals))
 
 
 def spreads(cfg: PipelineConfig, concurrency: int = 1) -> dict[str, Spread]:

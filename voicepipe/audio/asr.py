@@ -164,7 +164,7 @@ class RealASR(Stage):
         min_speech = max(1, round(cfg.vad.min_speech_ms / FRAME_MS))
         while True:
             frame, arrived = await ear.queue.get()
-            speech, hyp, end = await listener.hear(frame.pcm)
+            speech, hyp, end = await listener.hear(frame.pcm, frame.media_ns)
             if end >= 0:
                 ear.voiced_until_ns = frame.media_ns + end * 1_000_000_000 // RATE
             if ear.buffer is not None:

@@ -195,9 +195,10 @@ class Listener:
     def __init__(self, host: EngineHost, eid: int, vad_args: tuple[str, float, int]) -> None:
         self.host, self.eid, self.vad_args = host, eid, vad_args
 
-    async def hear(self, pcm: bytes) -> tuple[bool, str, int]:
+    async def hear(self, pcm: bytes, media_ns: int = 0) -> tuple[bool, str, int]:
         """This 20 ms frame: is it speech, the live hypothesis after it ('' without a recognizer), and the
-        sample just after its last voiced window (-1: none voiced)."""
+        sample just after its last voiced window (-1: none voiced). ``media_ns`` (the frame's place in the
+        turn's audio) is for a scripted recogniser; the engines hear the samples alone."""
         speech, hyp, end = await self.host.call("hear", self.eid, pcm)
         return bool(speech), str(hyp), int(end)
 
@@ -214,7 +215,7 @@ class Listener:
 class Hears(Protocol):
     """What the ASR stage hears a turn through: a listener, or one wrapped (a script's transcript)."""
 
-    async def hear(self, pcm: bytes) -> tuple[bool, str, int]: ...
+    async def hear(self, pcm: bytes, media_ns: int = 0) -> tuple[bool, str, int]: ...
 
     async def finish(self) -> str: ...
 
@@ -227,7 +228,7 @@ class InlineListener:
         self.vad = make_vad(*vad_args)
         self.rec = Recognizer() if with_rec else None
 
-    async def hear(self, pcm: bytes) -> tuple[bool, str, int]:
+    async def hear(self, pcm: bytes, media_ns: int = 0) -> tuple[bool, str, int]:
         speech = self.vad.speech(pcm)
         if self.rec is None:
             return speech, "", voiced_end(pcm)

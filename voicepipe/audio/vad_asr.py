@@ -3,8 +3,8 @@
 The real ASR stage (:class:`~voicepipe.audio.asr.RealASR`) runs unchanged on the caller's frames — the VAD's
 decision per frame, the endpointing strategies on its output, resumptions and barge-ins — but its decoder is
 :class:`Scripted`: it "recognises" exactly the words the caller said so far, as placed on the audio
-(the caller sends them for a modelled ASR: :mod:`voicepipe.audio.align`), counting the frames it was fed as
-media time. So the endpoint is the real VAD's, the transcript the script's (no word error rate is scored),
+(the caller sends them for a modelled ASR: :mod:`voicepipe.audio.align`), up to each frame's place in
+the turn's audio (its media time: a frame lost on the way holds nothing back). So the endpoint is the real VAD's, the transcript the script's (no word error rate is scored),
 and ``finalise`` is the modelled ``asr.finalize_ms`` (a modelled span), after the measured ``endpoint wait``.
 """
 
@@ -15,7 +15,7 @@ from typing import ClassVar
 
 from voicepipe.audio import FRAME_NS
 from voicepipe.audio.asr import Ear, RealASR, measured_span
-from voicepipe.audio.hosts import EnginePool, Hears, InlineListener, Listener
+from voicepipe.audio.hosts import EngineFailed, EnginePool, Hears, InlineListener, Listener
 from voicepipe.clock import now_ns, rng_for, sleep_until_ns
 from voicepipe.messages import Envelope, Final, UserUtterance, UserWord
 from voicepipe.spans import modelled_span
@@ -26,7 +26,7 @@ class Scripted:
 
     def __init__(self) -> None:
         self.source: Callable[[], list[UserWord]] = list
-        self.frames = 0  # fed so far this turn: the media position, in frames
+        self.frames = 0  # the media position this turn, in frames (those fed, or the last one's place)
         self.taken = 0  # words already returned by finish()
 
     def reset(self, source: Callable[[], list[UserWord]]) -> None:
@@ -59,13 +59,15 @@ class ScriptedListener:
     def __init__(self, vad: Listener | InlineListener, script: Scripted) -> None:
         self.vad, self.script = vad, script
 
-    async def hear(self, pcm: bytes) -> tuple[bool, str, int]:
+    async def hear(self, pcm: bytes, media_ns: int = 0) -> tuple[bool, str, int]:
         speech, _, end = await self.vad.hear(pcm)
         self.script.feed(pcm)
+        # the media position is the frame's own: a frame lost on the way does not hold back the script
+        self.script.frames = max(self.script.frames, media_ns // FRAME_NS + 1)
         return speech, self.script.partial(), end
 
     async def finish(self) -> str:
-        await self.vad.finish()  # the VAD's own reset between segments
+        await self.vad.finish()  # closes the listener's utterance (its VAD keeps its state, as the real ASR's)
         return self.script.finish()
 
 
@@ -103,7 +105,12 @@ class VadASR(RealASR):
 
     async def _endpoint(self, session: str, ear: Ear, listener: Hears) -> None:
         decided = now_ns()
-        hyp = await listener.finish()
+        try:
+            hyp = await listener.finish()
+        except EngineFailed as exc:  # its engine host is gone: the turn fails with the reason (as RealASR)
+            await self.fail_turn(session, ear.turn, f"asr engine: {exc}")
+            ear.in_speech, ear.finalised, ear.silence_run = False, True, 0
+            return
         ear.in_speech, ear.finalised, ear.silence_run = False, True, 0
         text = ear.text(hyp)
         ear.closed = hyp

@@ -82,6 +82,7 @@ def anchor_prediction(a: Anchor, where: str = "anchor") -> Prediction:
         return model_predict(
             dev, mdl, precision=a.precision, batch=a.concurrency, prompt_tokens=a.prompt_tokens,
             output_tokens=a.output_tokens, tp=a.chips, kv_precision=a.kv_precision, stack=stk,
+            timing="client",  # calibrate times the server as a client over HTTP
         )  # fmt: skip
     except ValueError as exc:  # DoesNotFit is a ValueError
         raise UserError(where, f"anchor: {exc}") from None
@@ -158,6 +159,7 @@ def anchored_prediction(p: Prediction, device: catalog.Device, model: catalog.Mo
     system = make_system(
         device, model, p.precision, tp=p.chips, seqs=p.batch if device.kind == "sram" else 1,
         context=p.prompt_tokens + p.output_tokens, kv_precision=p.kv_precision, stack=stack,
+        timing="client" if p.ttft_timing == "client" else "engine",
     )  # fmt: skip
     server = AnchoredServer(system, f, max_batch=max(p.effective_batch, 1), spec=spec, prompt_cache=False)
     run = steady(server, p.batch, p.prompt_tokens, p.output_tokens, rounds=1 if p.batch == 1 else 2)

@@ -344,7 +344,7 @@ def make_hardware_backend(spec: str | dict[str, Any]) -> HardwareBackend:
     """Build a hardware backend from ``DEVICE/MODEL`` or a mapping (raises ValueError naming the bad field)."""
     cfg = parse_spec(spec)
     if not cfg.get("anchor"):
-        dep = deploy(cfg)
+        dep = as_client(deploy(cfg))
         return HardwareBackend(dep, backend_name(cfg, dep))
     where = str(cfg.pop("anchor"))
     try:
@@ -354,8 +354,14 @@ def make_hardware_backend(spec: str | dict[str, Any]) -> HardwareBackend:
     except UserError as exc:
         raise ValueError(str(exc)) from None
     cfg = {**anchor_defaults(a, cfg), **cfg}
-    dep = deploy(cfg)
+    dep = as_client(deploy(cfg))
     return HardwareBackend(dep, backend_name(cfg, dep) + "+anchored", (a, where, f))
+
+
+def as_client(dep: Deployment) -> Deployment:
+    """``dep`` answering a client-side TTFT (the stack's HTTP path included) whatever its stack's default
+    timing: a pipeline calls the server over HTTP (``hardware sweep`` keeps the stack's own)."""
+    return replace(dep, system=replace(dep.system, timing="client"))
 
 
 def anchor_defaults(a: Anchor, cfg: dict[str, Any]) -> dict[str, Any]:
@@ -363,10 +369,14 @@ def anchor_defaults(a: Anchor, cfg: dict[str, Any]) -> dict[str, Any]:
     defaults (a backend re-anchored on vLLM at fp8 runs vLLM at fp8)."""
     mdl = model(str(cfg["model"]))
     prec = str(cfg.get("precision") or a.precision)
+    try:  # the KV format the target's stack would pick by itself (vLLM, SGLang: the 16-bit model dtype)
+        kv_default = stack(str(cfg.get("stack") or a.stack)).kv_default
+    except ValueError:  # a bad stack name: deploy() says so
+        kv_default = "weights"
     out: dict[str, Any] = {}
     if a.precision != mdl.default_precision:
         out["precision"] = a.precision
-    if a.kv_precision != default_kv_precision(prec):
+    if a.kv_precision != default_kv_precision(prec, kv_default):
         out["kv_precision"] = a.kv_precision
     if a.stack != default_stack_name():
         out["stack"] = a.stack

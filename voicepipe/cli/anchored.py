@@ -75,6 +75,7 @@ def predict_anchored(
         p = model_predict(
             dev, mdl, precision=precision or a.precision, batch=batch, prompt_tokens=prompt_tokens,
             output_tokens=output_tokens, tp=tp, spec=spec, kv_precision=kv_precision or a.kv_precision, stack=stk,
+            timing="client",  # a measured (client-side) TTFT times a ratio of client-side ones
         )  # fmt: skip
     except (UserError, DoesNotFit, ValueError) as exc:
         _fail(str(exc))

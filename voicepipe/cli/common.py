@@ -142,6 +142,10 @@ def external_plan(raw: str | None) -> tuple[list[str], list[list[str]] | None]:
         name, _, n = item.partition(":")
         if n and (not n.isdigit() or not 1 <= int(n) <= 64):
             raise UserError("--external", f"{item!r}: a replica count is NAME:N with N from 1 to 64")
+        if not name.strip():
+            raise UserError("--external", f"{item!r}: a stage name comes before the replica count (NAME:N)")
+        if name.strip() in kinds:
+            raise UserError("--external", f"{name.strip()!r} is named twice")
         kinds += stage_names(name, "--external")
         counts.append(int(n) if n else 1)
     if ":" not in (raw or ""):

@@ -162,7 +162,7 @@ def step_parts(
     _, experts = _expert_split(m)
     routed = experts * (m.experts_active / m.experts if m.is_moe else 0.0)
     pre_linear = 2.0 * (matmul_params(m) - routed) * n
-    pre_attn = 2.0 * m.layers * m.heads * prefill_attention_width(m) * n * m.held(c + n / (2.0 * ps))
+    pre_attn = 2.0 * m.layers * m.heads * prefill_attention_width(m) * n * m.held(span)  # attention's own
     # projections every TP rank holds whole (MLA's down-projections) multiply every token on every rank
     rep = 0.0 if system.attention_dp or par == 1 else tp_replicated_params(m) * (1.0 - 1.0 / par)
     flops_s = (

@@ -15,7 +15,7 @@ decode ones):
 1. **Its cell (Mondrian).** Among those, the residuals sharing the configuration's phase, device maker,
    stack profile (its version era with it: vllm-v0 vs vllm), architecture, batch regime and precision
    class; while fewer than ``MIN_POINTS`` (15) share them, or they come from fewer than ``MIN_FAMILIES``
-   (3) publisher families, the last key is dropped (precision, then batch, architecture, stack, maker).
+   (3) publisher families, the last key is dropped (precision, then stack, batch, architecture, maker).
    The conformal ranks ⌊(n+1)·0.1⌋ and ⌈(n+1)·0.9⌉ of the cell's residuals give the band; a cell's
    signed bias is in it (the ranks are of signed residuals, themselves held out).
 2. **Far from evidence, wider.** The configuration's *thin* slices are those of its device, stack,

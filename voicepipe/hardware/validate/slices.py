@@ -127,7 +127,7 @@ def slice_table(res: Sequence[Residual]) -> list[SliceRow]:
     return out
 
 
-# the cell's keys, finest last: a cell too thin drops the last key first (precision, then batch, ...)
+# the cell's keys, finest last: a cell too thin drops the last key first (precision, then stack, batch, ...)
 CELL_KEYS = ("phase", "maker", "architecture", "batch", "stack", "precision")
 MIN_FAMILIES = 3  # ... or with residuals from fewer publisher families than this (one family is one harness)
 THIN = 10  # a slice with fewer residuals than this is far from evidence
