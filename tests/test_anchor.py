@@ -137,6 +137,22 @@ def test_predict_anchor_of_another_model_or_without_an_anchor_is_one_line_exit_2
     assert r.exit_code == 2 and "anchor.chips" in r.output and "Traceback" not in r.output
 
 
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("stack", "vlm"), ("hardware", "a100-90gb"), ("precision", "bf15"), ("kv_precision", "fp9"),
+     ("model", "llama-3.1-9b")],
+)
+def test_an_anchor_field_the_catalog_does_not_know_is_one_line_naming_the_file_and_the_field(
+    tmp_path, field, value
+):
+    path = profile_file(tmp_path, anchor(**{field: value}))
+    r = cli("hardware", "predict", "-H", "h100-sxm", "-m", "llama-3.1-8b", "--anchor", str(path))
+    assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1
+    assert r.output.startswith(f"error: {path}: anchor.{field}: unknown"), r.output
+    with pytest.raises(UnknownBackend, match=f"anchor.{field}: unknown"):  # the backend's anchor: too
+        build_backend({"hardware": "h100-sxm", "model": "llama-3.1-8b", "anchor": str(path)})
+
+
 # -- the agent's hardware backend with anchor: (run / predict / capacity) ---------------------------------
 def test_an_anchored_backend_is_the_same_engine_as_predict_anchor(tmp_path):
     a = anchor()
