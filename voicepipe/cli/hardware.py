@@ -546,7 +546,8 @@ def validate(
     cells = [
         [hyphenated(r.point.id), str(r.point.tier), r.point.metric, f"{r.point.value:,.6g}",
          _num(r.predicted) if r.predicted is not None else "—",
-         f"{r.error * 100:+.0f} %" if r.error is not None else f"n/a: {r.reason}"]
+         (f"{r.error * 100:+.0f} %" + (" fit" if r.point.sram_fit else "")) if r.error is not None
+         else f"n/a: {r.reason}"]
         for r in rows
     ]  # fmt: skip
     con = _console()
@@ -563,12 +564,17 @@ def validate(
             f"{len(chosen) - len(rows)} more rows not shown: --all lists every row, --worst N the N largest",
             style="dim", highlight=False,
         )  # fmt: skip
-    if shown and any(r.error is not None for r in chosen):
-        e = val.evidence(chosen)
+    held = [r for r in chosen if r.error is not None and not r.point.sram_fit]  # a fit point is no evidence
+    if shown and held:
+        e = val.evidence(held)
         con.print(
-            f"these {e.points} rows: median error {e.median_error_pct:g} %, {e.within_30_pct} % within ±30 %, "
+            f"these {e.points} held-out rows: median error {e.median_error_pct:g} %, {e.within_30_pct} % within ±30 %, "
             f"median speed {e.speed_ratio:.2f}× the measured (> 1× reads fast; {e.faster_pct} % of them do)"
         )
+    if any(r.point.sram_fit for r in rows):
+        fitted = sum(r.point.sram_fit for r in rep.rows)
+        con.print(f"fit: one of the {fitted} points an SRAM machine's constants were fitted to (devices.yaml): "
+                  "not held out, and not in the errors below", style="dim", highlight=False)  # fmt: skip
     for line in val.summary_lines(rep):
         con.print(line)
     for line in val.slice_lines(val.residuals(rep.rows)) + val.ratio_lines(rep.rows, all_):
