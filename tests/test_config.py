@@ -271,3 +271,14 @@ def test_within_as_a_percentage_explains_it_is_a_share(req):
         parse([req])
     msg = str(ei.value)
     assert "share from 0 to 1" in msg and ">=0.9" in msg
+
+
+def test_a_bare_metric_says_to_quote_the_requirement_the_shell_split_at_its_redirect():
+    """`--require within>=0.5` unquoted reaches voicepipe as `within` (the shell wrote stdout to `=0.5`)."""
+    from voicepipe.gate import parse
+
+    with pytest.raises(UserError, match="quote it: the shell reads an unquoted > or < as a redirect"):
+        parse(["within"])
+    with pytest.raises(UserError) as ei:
+        parse(["p90=800"])  # a typo, not a redirect: no quoting advice
+    assert "quote" not in str(ei.value) and "is not NAME<=NUMBER" in str(ei.value)
