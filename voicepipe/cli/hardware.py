@@ -127,6 +127,13 @@ def _console() -> Console:
 WideOpt = typer.Option(False, "--wide/--fit", help="Show every column, wider than the terminal if need be.")
 
 
+def ttft_label(timing: str, batch: int) -> str:
+    """The TTFT row's label: a request alone is on an idle device; among ``batch`` clients the mean TTFT
+    includes the prefills it waits behind (and, past what fits or runs at once, the queue)."""
+    where = "idle, no queue" if batch == 1 else f"mean over {batch} clients, queueing included"
+    return f"TTFT ({timing}-side, {where})"
+
+
 def _num(x: float) -> str:
     """A measured or modelled value for a table: thousands separated, four significant digits below."""
     return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.4g}"
@@ -301,7 +308,7 @@ def predict(
     fmt: str = FormatOpt,
     json_out: Path | None = JsonOpt,
 ) -> None:
-    """One configuration on an idle device: TTFT, step time, tok/s, chips, bound."""
+    """One configuration, a request alone or among --batch clients: TTFT, step time, tok/s, chips, bound."""
     dev, mdl = _check_lookup(hardware, model)
     stk = _options(precision, kv_precision, stack)
     spec = _speculative(speculative)
@@ -348,7 +355,7 @@ def predict(
         ("max batch at this context", f"{p.max_batch_fits}"),
         ("weights", f"{p.weights_gb:.1f} GB"),
         ("KV cache", f"{p.kv_gb:.2f} GB"),
-        (f"TTFT ({p.ttft_timing}-side, idle, no queue)", _with_range(f"{p.ttft_ms:.1f} ms", rng, "ttft_ms")),
+        (ttft_label(p.ttft_timing, p.batch), _with_range(f"{p.ttft_ms:.1f} ms", rng, "ttft_ms")),
         ("decode step", _with_range(f"{p.step_ms:.2f} ms", rng, "step_ms")),
         ("tok/s per request", _with_range(f"{p.tokens_per_second:.1f}", rng, "tokens_per_second")),
         ("tok/s aggregate", _with_range(f"{p.aggregate_tokens_per_second:.1f}", rng, "aggregate_tokens_per_second")),
