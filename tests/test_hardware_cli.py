@@ -153,6 +153,21 @@ def test_sweep_shows_the_fast_mode_trade_off():
     assert steps == sorted(steps)
 
 
+def test_a_value_and_its_range_share_thousands_separators_in_sweep_and_predict():
+    """`11040 (7,585–17,558)` read as two kinds of number; both sides of a cell are written alike."""
+    import re
+
+    wide = {"COLUMNS": "200"}
+    r = runner.invoke(app, ["sweep", "-H", "h100-sxm", "-m", "llama-3.1-70b", "--batches", "256"], env=wide)
+    assert r.exit_code == 0, r.output
+    p = runner.invoke(app, ["predict", "-H", "h100-sxm", "-m", "llama-3.1-8b", "--batch", "1000"], env=wide)
+    assert p.exit_code == 0, p.output
+    cells = re.findall(r"(\d[\d,.]*) \((\d[\d,.]*)–(\d[\d,.]*)\)", r.output + p.output)
+    big = [c for c in cells if float(c[0].replace(",", "")) >= 1000]
+    assert len(big) >= 3, cells  # sweep's TTFT and total tok/s, predict's TTFT and aggregate tok/s
+    assert all("," in c[0] for c in big), big
+
+
 def test_sweep_table_and_bad_batches():
     r = run("sweep", "-H", "cerebras-wse3", "-m", "llama-3.1-8b", "--batches", "1,8,64")
     assert r.exit_code == 0, r.output

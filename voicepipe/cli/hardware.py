@@ -355,10 +355,10 @@ def predict(
         ("max batch at this context", f"{p.max_batch_fits}"),
         ("weights", f"{p.weights_gb:.1f} GB"),
         ("KV cache", f"{p.kv_gb:.2f} GB"),
-        (ttft_label(p.ttft_timing, p.batch), _with_range(f"{p.ttft_ms:.1f} ms", rng, "ttft_ms")),
+        (ttft_label(p.ttft_timing, p.batch), _with_range(f"{p.ttft_ms:,.1f} ms", rng, "ttft_ms")),
         ("decode step", _with_range(f"{p.step_ms:.2f} ms", rng, "step_ms")),
-        ("tok/s per request", _with_range(f"{p.tokens_per_second:.1f}", rng, "tokens_per_second")),
-        ("tok/s aggregate", _with_range(f"{p.aggregate_tokens_per_second:.1f}", rng, "aggregate_tokens_per_second")),
+        ("tok/s per request", _with_range(f"{p.tokens_per_second:,.1f}", rng, "tokens_per_second")),
+        ("tok/s aggregate", _with_range(f"{p.aggregate_tokens_per_second:,.1f}", rng, "aggregate_tokens_per_second")),
         ("bound", p.bound),
         ("step: memory / compute", f"{p.memory_ms:.2f} / {p.compute_ms:.2f} ms"),
         ("step: all-reduce / fixed", f"{p.comm_ms:.2f} / {p.overhead_ms:.2f} ms"),
@@ -452,8 +452,8 @@ def sweep(
             str(r["batch"]) if r["fits"] else f"{r['batch']}→{r['effective_batch']}", str(r["chips"]),
             f"{r['step_ms']:.2f}",  # its range is tok/s user's, inverted (JSON has both)
             _with_range(f"{r['per_user_tps']:.1f}", g, "tokens_per_second"),
-            _with_range(f"{r['aggregate_tps']:.0f}", g, "aggregate_tokens_per_second"),
-            f"{r['usd_per_mtok_out']:.3f}", _with_range(f"{r['ttft_ms']:.0f}", g, "ttft_ms"), r["mode"],
+            _with_range(f"{r['aggregate_tps']:,.0f}", g, "aggregate_tokens_per_second"),
+            f"{r['usd_per_mtok_out']:.3f}", _with_range(f"{r['ttft_ms']:,.0f}", g, "ttft_ms"), r["mode"],
         ]
         for r, g in zip(rows, rngs, strict=True)
     ]  # fmt: skip
