@@ -281,4 +281,5 @@ def run(
         lambda: {name: fix}, {name: held.incidents()}, notes={name: [refusals_line(result)]} if result else None,
         writes=writes,
     )  # fmt: skip
+    sink.restate()
     finish(ending, reqs, sink.records, [held.accounting()], [*sink.unwritten(), *writes.failed])
