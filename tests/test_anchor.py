@@ -281,3 +281,17 @@ def test_validate_reports_cross_device_ratios():
     shipped = ratio_accuracy(residual_pairs(points(), shipped_accuracy().residuals))
     assert shipped["pairs"] == got["summary"]["pairs"]
     assert shipped["median_error_pct"] == pytest.approx(got["summary"]["median_error_pct"], abs=0.2)
+
+
+def test_the_hand_written_anchor_profile_in_the_docs_predicts(tmp_path):
+    """docs/hardware-model.md §3 shows an anchor profile to write by hand: it must load and anchor."""
+    from pathlib import Path
+
+    doc = (Path(__file__).parent.parent / "docs" / "hardware-model.md").read_text()
+    block = next(b for b in doc.split("```yaml\n")[1:] if "anchor:" in b).split("```", 1)[0]
+    path = tmp_path / "mine.yaml"
+    path.write_text(block)
+    r = cli("hardware", "predict", "-H", "h100-sxm", "-m", "llama-3.1-8b", "--anchor", str(path), "--format", "json")
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.stdout)["anchored"]
+    assert got["hardware"] == "a100-80gb" and got["measured_ttft_ms"] == 40 and got["measured_tpot_ms"] == 12
