@@ -138,6 +138,22 @@ def test_predict_anchor_of_another_model_or_without_an_anchor_is_one_line_exit_2
     assert r.exit_code == 2 and "anchor.chips" in r.output and "Traceback" not in r.output
 
 
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("stack", "vlm"), ("hardware", "a100-90gb"), ("precision", "bf15"), ("kv_precision", "fp9"),
+     ("model", "llama-3.1-9b")],
+)
+def test_an_anchor_field_the_catalog_does_not_know_is_one_line_naming_the_file_and_the_field(
+    tmp_path, field, value
+):
+    path = profile_file(tmp_path, anchor(**{field: value}))
+    r = cli("hardware", "predict", "-H", "h100-sxm", "-m", "llama-3.1-8b", "--anchor", str(path))
+    assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1
+    assert r.output.startswith(f"error: {path}: anchor.{field}: unknown"), r.output
+    with pytest.raises(UnknownBackend, match=f"anchor.{field}: unknown"):  # the backend's anchor: too
+        build_backend({"hardware": "h100-sxm", "model": "llama-3.1-8b", "anchor": str(path)})
+
+
 # -- the agent's hardware backend with anchor: (run / predict / capacity) ---------------------------------
 def test_an_anchored_backend_is_the_same_engine_as_predict_anchor(tmp_path):
     a = anchor()
@@ -302,3 +318,17 @@ def test_an_anchor_on_an_engine_timed_stack_is_compared_with_a_client_side_model
     assert anchor_prediction(a).ttft_timing == "client"
     run = steady(AnchoredServer(client, Factors(1.0, 1.0), max_batch=1, prompt_cache=False), 1, 256, 64, rounds=1)
     assert factors(a).ttft == pytest.approx(a.ttft_ms / (run.ttft_s * 1e3), rel=1e-9)
+
+
+def test_the_hand_written_anchor_profile_in_the_docs_predicts(tmp_path):
+    """docs/hardware-model.md §3 shows an anchor profile to write by hand: it must load and anchor."""
+    from pathlib import Path
+
+    doc = (Path(__file__).parent.parent / "docs" / "hardware-model.md").read_text()
+    block = next(b for b in doc.split("```yaml\n")[1:] if "anchor:" in b).split("```", 1)[0]
+    path = tmp_path / "mine.yaml"
+    path.write_text(block)
+    r = cli("hardware", "predict", "-H", "h100-sxm", "-m", "llama-3.1-8b", "--anchor", str(path), "--format", "json")
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.stdout)["anchored"]
+    assert got["hardware"] == "a100-80gb" and got["measured_ttft_ms"] == 40 and got["measured_tpot_ms"] == 12

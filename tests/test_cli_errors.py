@@ -88,3 +88,16 @@ def test_binary_config_exits_2(tmp_path):
 def test_routes_that_lead_nowhere_exit_2(sets, needle):
     r = vp("predict", "cafe-order", *[x for s in sets for x in ("--set", s)])
     assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize(
+    "args", [["hardware", "list"], ["hardware", "predict", "-H", "h100-sxm", "-m", "llama-3.1-8b", "--format", "json"]]
+)
+def test_a_stdout_the_disk_refuses_is_one_line_naming_stdout_exit_2_not_an_internal_error(args):
+    """``> /dev/full`` refuses every write as a full disk does: an output not written (2), not a bug (5),
+    and no second complaint from the interpreter's flush at exit (120)."""
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([sys.executable, "-m", "voicepipe.cli", *args], stdout=full, stderr=subprocess.PIPE,
+                           text=True, timeout=60)  # fmt: skip
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip() == "error: stdout: could not be written (No space left on device)"

@@ -226,6 +226,23 @@ def test_misspelt_keys_and_backends_suggest_the_nearest_name(tmp_path, content, 
     assert needle in str(ei.value) and str(f) in str(ei.value)
 
 
+def test_a_scalar_where_a_section_belongs_names_the_fields_it_takes_and_never_echoes_the_value(tmp_path):
+    """Not pydantic's "valid dictionary or instance of BrokerConfig": the writer never sees that class."""
+    from voicepipe.backends.profile import parse_profile
+
+    f = tmp_path / "c.yaml"
+    f.write_text("broker: mqtt://user:s3cret@host\n")
+    with pytest.raises(UserError) as ei:
+        load_config(f)
+    msg = str(ei.value)
+    assert "broker: a mapping with fields url, username" in msg and msg.endswith("(got a string)")
+    assert "s3cret" not in msg and "instance of" not in msg
+    with pytest.raises(UserError, match=r"p\.yaml: ttft_ms: a mapping with fields median, p90 \(got a number\)"):
+        parse_profile({"ttft_ms": 40, "tokens_per_s": 80}, "p.yaml")
+    with pytest.raises(UserError, match=r"points\.0: a mapping with fields concurrency, prompt_tokens"):
+        parse_profile({"ttft_ms": {"median": 1, "p90": 2}, "tokens_per_s": 1, "points": [3]}, "p.yaml")
+
+
 def test_unrelated_key_gets_no_suggestion(tmp_path):
     f = tmp_path / "c.yaml"
     f.write_text("zzzzqqq: 1\n")
@@ -254,3 +271,14 @@ def test_within_as_a_percentage_explains_it_is_a_share(req):
         parse([req])
     msg = str(ei.value)
     assert "share from 0 to 1" in msg and ">=0.9" in msg
+
+
+def test_a_bare_metric_says_to_quote_the_requirement_the_shell_split_at_its_redirect():
+    """`--require within>=0.5` unquoted reaches voicepipe as `within` (the shell wrote stdout to `=0.5`)."""
+    from voicepipe.gate import parse
+
+    with pytest.raises(UserError, match="quote it: the shell reads an unquoted > or < as a redirect"):
+        parse(["within"])
+    with pytest.raises(UserError) as ei:
+        parse(["p90=800"])  # a typo, not a redirect: no quoting advice
+    assert "quote" not in str(ei.value) and "is not NAME<=NUMBER" in str(ei.value)

@@ -162,6 +162,19 @@ def test_the_report_names_the_untrusted_turns_and_the_refusals_by_reason():
     hit = ok.model_copy(update={"turn": 1, "tax_ms": 300.0, "trusted": False,
                                 "distrust": "event-loop stall: timers ran 290 ms late while the turn was in flight"})  # fmt: skip
     page = render_html({"cfg": [ok, hit]}, {"cfg": {}}, notes={"cfg": ["bus: 9 refused (7 unauthenticated)"]})
-    assert "numbers NOT TRUSTED for 1 turns (1 event-loop stall)" in page and "s-0 turn 1" in page
+    assert "numbers NOT TRUSTED for 1 turn (1 event-loop stall)" in page and "s-0 turn 1" in page
     assert "bus: 9 refused (7 unauthenticated)" in page
     assert "NOT TRUSTED" not in render_html({"cfg": [ok]}, {"cfg": {}})
+
+
+def test_the_untrusted_turns_line_joins_a_load_too_high_verdict_without_a_but_and_counts_turns_in_english():
+    from voicepipe.cli.run import trust_line
+
+    bad = "event-loop lag p99 6.1 ms: LOAD TOO HIGH — timers ran late"
+    line = trust_line(bad, overloaded=True, untrusted=1, kinds="1 event-loop stall")
+    assert line.startswith(f"{bad}; and NOT TRUSTED for 1 turn (1 event-loop stall): ") and "but" not in line
+    good = "event-loop lag p99 1.0 ms: within the 5 ms p99 at which the numbers are trusted"
+    line = trust_line(good, overloaded=False, untrusted=3, kinds="3 event-loop stall")
+    assert line.startswith(f"{good} — but NOT TRUSTED for 3 turns (3 event-loop stall): ")
+    assert trust_line(good, overloaded=False, untrusted=0, kinds="") == good
+    assert trust_line("", overloaded=False, untrusted=2, kinds="2 x").startswith("NOT TRUSTED for 2 turns (2 x)")

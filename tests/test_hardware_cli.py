@@ -60,6 +60,21 @@ def test_predict_json_keys_and_values():
     assert out["step_ms"] == pytest.approx(1000 / out["tokens_per_second"], rel=1e-9)
 
 
+def test_predict_labels_a_batched_ttft_as_a_mean_with_queueing_not_as_idle():
+    """At batch 1 the TTFT is a request alone; among 300 clients (past vLLM's 256 running at once) the
+    mean TTFT is seconds of queueing, which an "idle, no queue" label would misstate."""
+    wide = {"COLUMNS": "200"}
+    alone = runner.invoke(app, ["predict", "-H", "h100-sxm", "-m", "llama-3.1-8b"], env=wide)
+    many = runner.invoke(app, ["predict", "-H", "h100-sxm", "-m", "llama-3.1-8b", "--batch", "300"], env=wide)
+    assert alone.exit_code == 0 and many.exit_code == 0, many.output
+    assert "TTFT (client-side, idle, no queue)" in alone.output
+    assert "TTFT (client-side, mean over 300 clients, queueing included)" in many.output
+    assert "idle, no queue" not in many.output
+    q = json.loads(run("predict", "-H", "h100-sxm", "-m", "llama-3.1-8b", "--batch", "300", "--format", "json").output)
+    assert q["ttft_ms"] > 10 * json.loads(run("predict", "-H", "h100-sxm", "-m", "llama-3.1-8b", "--format",
+                                              "json").output)["ttft_ms"]  # fmt: skip
+
+
 def test_predict_batch_tp_precision_change_the_answer():
     base = json.loads(
         run("predict", "-H", "h100-sxm", "-m", "llama-3.1-70b", "--tp", "4", "--format", "json").output
@@ -136,6 +151,21 @@ def test_sweep_shows_the_fast_mode_trade_off():
     fitting = [row for row in out["rows"] if row["fits"]]
     steps = [row["step_ms"] for row in fitting]
     assert steps == sorted(steps)
+
+
+def test_a_value_and_its_range_share_thousands_separators_in_sweep_and_predict():
+    """`11040 (7,585–17,558)` read as two kinds of number; both sides of a cell are written alike."""
+    import re
+
+    wide = {"COLUMNS": "200"}
+    r = runner.invoke(app, ["sweep", "-H", "h100-sxm", "-m", "llama-3.1-70b", "--batches", "256"], env=wide)
+    assert r.exit_code == 0, r.output
+    p = runner.invoke(app, ["predict", "-H", "h100-sxm", "-m", "llama-3.1-8b", "--batch", "1000"], env=wide)
+    assert p.exit_code == 0, p.output
+    cells = re.findall(r"(\d[\d,.]*) \((\d[\d,.]*)–(\d[\d,.]*)\)", r.output + p.output)
+    big = [c for c in cells if float(c[0].replace(",", "")) >= 1000]
+    assert len(big) >= 3, cells  # sweep's TTFT and total tok/s, predict's TTFT and aggregate tok/s
+    assert all("," in c[0] for c in big), big
 
 
 def test_sweep_table_and_bad_batches():

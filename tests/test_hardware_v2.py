@@ -557,10 +557,27 @@ def test_hardware_validate_filters_by_exact_device_model_and_stack():
     # the rows shown get their own figures under the table
     r = runner.invoke(app, ["validate", "--model", "deepseek-r1"], env={"COLUMNS": "200"})
     e = val.evidence([row for row in val.run().rows if row.point.model == "deepseek-r1"])
-    assert f"these {e.points} rows: median error {e.median_error_pct:g} %" in r.output
+    assert f"these {e.points} held-out rows: median error {e.median_error_pct:g} %" in r.output
     # a key no point has is a one-line error, not an empty table
     r = runner.invoke(app, ["validate", "--device", "H100-SXM"])
     assert r.exit_code == 2 and "--device: no published point has 'H100-SXM'" in r.output
+
+
+def test_validate_marks_the_sram_fit_points_and_keeps_them_out_of_the_shown_rows_figures():
+    """The points an SRAM machine's constants were fitted to are not held out: the table says so on their
+    rows, and the figures under a filtered table are over the held-out rows only."""
+    rows = [row for row in val.run().rows if "groq" in row.point.id]
+    fit = [row for row in rows if row.point.sram_fit]
+    assert fit and len(fit) < len(rows)
+    r = runner.invoke(app, ["validate", "--match", "groq", "--all"], env={"COLUMNS": "250"})
+    assert r.exit_code == 0, r.output
+    for row in fit:
+        line = next(x for x in r.output.splitlines() if x.startswith(row.point.id + " "))
+        assert line.rstrip().endswith("% fit"), line
+    assert "fit: one of the " in r.output
+    held = [row for row in rows if row.error is not None and not row.point.sram_fit]
+    e = val.evidence(held)
+    assert f"these {e.points} held-out rows: median error {e.median_error_pct:g} %" in r.output
 
 
 def test_the_validate_title_counts_the_filtered_rows_and_then_the_worst_kept():

@@ -175,3 +175,16 @@ def test_an_output_the_disk_refuses_is_one_line_exit_2_and_the_others_are_writte
     for f, path in files.items():
         if f != flag:
             assert Path(path).stat().st_size > 0, f"{f} was not written"
+
+
+def test_a_live_run_whose_json_the_disk_refuses_ends_stderr_with_that_line(tmp_path):
+    """--json is written turn by turn, so its failure is said as it happens, above the turns and summary;
+    stderr still ends with the line saying why the exit is 2 (as the exit-code table promises)."""
+    sc = tmp_path / "tiny.yaml"
+    sc.write_text(yaml.safe_dump(tiny_scenario(turns=1).model_dump(mode="json")))
+    r = CliRunner().invoke(app, ["run", str(sc), *FAST, "-n", "1", "--json", "/dev/full"], env={"COLUMNS": "200"})
+    assert r.exit_code == 2, (r.exit_code, r.output)
+    lines = [x for x in r.stderr.splitlines() if x.strip()]
+    said = "error: --json /dev/full: could not be written"
+    assert lines[-1].startswith(said), lines[-3:]
+    assert lines[0].startswith(said) and len(lines) > 2  # said when it happened, too

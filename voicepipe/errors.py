@@ -63,7 +63,28 @@ def from_validation(
         msg = "unknown field"
         if model is not None and err["loc"]:
             msg += did_you_mean(str(err["loc"][-1]), fields_at(model, tuple(err["loc"][:-1])))
+    elif err["type"] == "model_type" and model is not None and err["loc"]:
+        msg = _mapping_wanted(model, tuple(err["loc"]), err) or msg
     return UserError(source, f"{field}: {msg}" if field else msg)
+
+
+_KINDS = {bool: "true/false", int: "a number", float: "a number", str: "a string", list: "a list"}
+
+
+def _mapping_wanted(model: type[BaseModel], loc: tuple[int | str, ...], err: Any) -> str:
+    """``a mapping with fields median, p90 (got a number)`` for pydantic's "Input should be a valid
+    dictionary or instance of TTFT", which names a class the file's writer never sees ("" when the model
+    at ``loc`` is not that class). The input is named by its kind only: a wrong value can be a secret."""
+    want = (err.get("ctx") or {}).get("class_name")
+    here = [model]
+    for part in loc:  # as fields_at walks: list indices skipped, a dict key keeps its value's model
+        if not isinstance(part, int):
+            nxt = [m for c in here if part in c.model_fields for m in _models_in(c.model_fields[part].annotation)]
+            here = nxt or here
+    if not want or [m.__name__ for m in here] != [want]:
+        return ""
+    got = "nothing" if err.get("input") is None else _KINDS.get(type(err.get("input")), "not a mapping")
+    return f"a mapping with fields {', '.join(here[0].model_fields)} (got {got})"
 
 
 def redact_url(url: str) -> str:

@@ -67,7 +67,9 @@ def parse(raw: Iterable[str] | None, where: str = "--require") -> list[Requireme
                 continue
             m = _FORM.match(part)
             if m is None:
-                raise UserError(where, f"{part.strip()!r} is not NAME<=NUMBER (or >=, <, >), e.g. p90<=800")
+                # a bare metric: an unquoted `--require within>=0.5` lost `>=0.5` to the shell's redirect
+                quote = " (quote it: the shell reads an unquoted > or < as a redirect)" if part.strip() in METRICS else ""
+                raise UserError(where, f"{part.strip()!r} is not NAME<=NUMBER (or >=, <, >), e.g. p90<=800{quote}")
             name, op, value, pct = m.group(1), m.group(2), float(m.group(3)), m.group(4)
             if name not in METRICS:
                 hint = did_you_mean(name, METRICS)

@@ -66,7 +66,15 @@ def read_anchor(path: str | Path) -> Anchor:
 
 
 def check_anchor(a: Anchor, where: str, model: str) -> None:
-    """The anchor must be of the target's model: the ratio is of one model on two devices."""
+    """The anchor must be of the target's model (the ratio is of one model on two devices), and every
+    configuration field must name what the catalog knows: a bad one is refused naming ``anchor.FIELD``."""
+    checks = (("hardware", catalog.device), ("model", catalog.model), ("stack", catalog.stack),
+              ("precision", catalog.check_precision), ("kv_precision", catalog.check_kv_precision))  # fmt: skip
+    for field, check in checks:
+        try:
+            check(getattr(a, field))
+        except ValueError as exc:
+            raise UserError(where, f"anchor.{field}: {exc}") from None
     if a.model != model:
         raise UserError(
             where,

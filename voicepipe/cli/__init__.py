@@ -17,10 +17,13 @@ every command: ``--json FILE`` writes JSON lines to a file, ``--format json`` wr
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
+import os
 import sys
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 
@@ -140,6 +143,20 @@ def internal_error_line(exc: BaseException) -> str:
     )
 
 
+# a write the device refused for want of room: from no named file, it is stdout's (`> /dev/full`)
+_FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
+
+def _stdout_refused(exc: OSError) -> NoReturn:
+    """stdout would not take the results (a full disk, ``> /dev/full``): one line naming it, exit 2 like
+    any output not written. stdout is pointed at the null device first, so the interpreter's flush at exit
+    does not fail again (exit 120 and an "Exception ignored" report)."""
+    with contextlib.suppress(OSError, ValueError):  # no real descriptor (a test runner's): no flush at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    err.print(f"error: {unwritable_line(exc, path='stdout')}", highlight=False, markup=False, soft_wrap=True)
+    sys.exit(ExitCode.USAGE)
+
+
 def main() -> None:
     """The console entry point. Click's own errors (an unknown command or option, a bad option value)
     print as one line naming the option, with where to look, and exit 2, like every other bad input; any
@@ -168,6 +185,8 @@ def main() -> None:
         err.print(f"error: {exc}", highlight=False, markup=False, soft_wrap=True)
         sys.exit(ExitCode.USAGE)
     except OSError as exc:  # a file the system would not take (disk full, folder gone): not a bug
+        if exc.filename is None and exc.errno in _FULL:  # the named outputs catch their own: stdout's
+            _stdout_refused(exc)
         if exc.filename is None:
             logging.getLogger("voicepipe.cli").debug("uncaught exception", exc_info=True)
             err.print(internal_error_line(exc), highlight=False, markup=False, soft_wrap=True)

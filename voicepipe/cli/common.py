@@ -209,6 +209,12 @@ class RecordSink:
         """The line saying why ``--json`` stopped being written, if it did."""
         return [self.failed] if self.failed else []
 
+    def restate(self) -> None:
+        """Say the ``--json`` failure again at the end of a live run: it was said when it happened, above the
+        turns and the summary, and stderr ends with the line saying why the exit is not 0."""
+        if self.failed:
+            err.print(f"[bold red]error:[/] {escape(self.failed)}", highlight=False, soft_wrap=True)
+
 
 def progress_bar(total: int, label: str) -> Progress:
     """A transient bar on stderr, only when stderr is a terminal and there are more than two turns."""

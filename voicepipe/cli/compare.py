@@ -232,4 +232,5 @@ def compare(
     accounts = [
         results[k].accounting() if k in results else account(runs.get(k, []), per_run) for k, _ in variants
     ]
+    sink.restate()
     finish(ending, [], [r for rs in runs.values() for r in rs], accounts, [*sink.unwritten(), *writes.failed])

@@ -127,6 +127,13 @@ def _console() -> Console:
 WideOpt = typer.Option(False, "--wide/--fit", help="Show every column, wider than the terminal if need be.")
 
 
+def ttft_label(timing: str, batch: int) -> str:
+    """The TTFT row's label: a request alone is on an idle device; among ``batch`` clients the mean TTFT
+    includes the prefills it waits behind (and, past what fits or runs at once, the queue)."""
+    where = "idle, no queue" if batch == 1 else f"mean over {batch} clients, queueing included"
+    return f"TTFT ({timing}-side, {where})"
+
+
 def _num(x: float) -> str:
     """A measured or modelled value for a table: thousands separated, four significant digits below."""
     return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.4g}"
@@ -301,7 +308,7 @@ def predict(
     fmt: str = FormatOpt,
     json_out: Path | None = JsonOpt,
 ) -> None:
-    """One configuration on an idle device: TTFT, step time, tok/s, chips, bound."""
+    """One configuration, a request alone or among --batch clients: TTFT, step time, tok/s, chips, bound."""
     dev, mdl = _check_lookup(hardware, model)
     stk = _options(precision, kv_precision, stack)
     spec = _speculative(speculative)
@@ -348,10 +355,10 @@ def predict(
         ("max batch at this context", f"{p.max_batch_fits}"),
         ("weights", f"{p.weights_gb:.1f} GB"),
         ("KV cache", f"{p.kv_gb:.2f} GB"),
-        (f"TTFT ({p.ttft_timing}-side, idle, no queue)", _with_range(f"{p.ttft_ms:.1f} ms", rng, "ttft_ms")),
+        (ttft_label(p.ttft_timing, p.batch), _with_range(f"{p.ttft_ms:,.1f} ms", rng, "ttft_ms")),
         ("decode step", _with_range(f"{p.step_ms:.2f} ms", rng, "step_ms")),
-        ("tok/s per request", _with_range(f"{p.tokens_per_second:.1f}", rng, "tokens_per_second")),
-        ("tok/s aggregate", _with_range(f"{p.aggregate_tokens_per_second:.1f}", rng, "aggregate_tokens_per_second")),
+        ("tok/s per request", _with_range(f"{p.tokens_per_second:,.1f}", rng, "tokens_per_second")),
+        ("tok/s aggregate", _with_range(f"{p.aggregate_tokens_per_second:,.1f}", rng, "aggregate_tokens_per_second")),
         ("bound", p.bound),
         ("step: memory / compute", f"{p.memory_ms:.2f} / {p.compute_ms:.2f} ms"),
         ("step: all-reduce / fixed", f"{p.comm_ms:.2f} / {p.overhead_ms:.2f} ms"),
@@ -445,8 +452,8 @@ def sweep(
             str(r["batch"]) if r["fits"] else f"{r['batch']}→{r['effective_batch']}", str(r["chips"]),
             f"{r['step_ms']:.2f}",  # its range is tok/s user's, inverted (JSON has both)
             _with_range(f"{r['per_user_tps']:.1f}", g, "tokens_per_second"),
-            _with_range(f"{r['aggregate_tps']:.0f}", g, "aggregate_tokens_per_second"),
-            f"{r['usd_per_mtok_out']:.3f}", _with_range(f"{r['ttft_ms']:.0f}", g, "ttft_ms"), r["mode"],
+            _with_range(f"{r['aggregate_tps']:,.0f}", g, "aggregate_tokens_per_second"),
+            f"{r['usd_per_mtok_out']:.3f}", _with_range(f"{r['ttft_ms']:,.0f}", g, "ttft_ms"), r["mode"],
         ]
         for r, g in zip(rows, rngs, strict=True)
     ]  # fmt: skip
@@ -546,7 +553,8 @@ def validate(
     cells = [
         [hyphenated(r.point.id), str(r.point.tier), r.point.metric, f"{r.point.value:,.6g}",
          _num(r.predicted) if r.predicted is not None else "—",
-         f"{r.error * 100:+.0f} %" if r.error is not None else f"n/a: {r.reason}"]
+         (f"{r.error * 100:+.0f} %" + (" fit" if r.point.sram_fit else "")) if r.error is not None
+         else f"n/a: {r.reason}"]
         for r in rows
     ]  # fmt: skip
     con = _console()
@@ -563,12 +571,17 @@ def validate(
             f"{len(chosen) - len(rows)} more rows not shown: --all lists every row, --worst N the N largest",
             style="dim", highlight=False,
         )  # fmt: skip
-    if shown and any(r.error is not None for r in chosen):
-        e = val.evidence(chosen)
+    held = [r for r in chosen if r.error is not None and not r.point.sram_fit]  # a fit point is no evidence
+    if shown and held:
+        e = val.evidence(held)
         con.print(
-            f"these {e.points} rows: median error {e.median_error_pct:g} %, {e.within_30_pct} % within ±30 %, "
+            f"these {e.points} held-out rows: median error {e.median_error_pct:g} %, {e.within_30_pct} % within ±30 %, "
             f"median speed {e.speed_ratio:.2f}× the measured (> 1× reads fast; {e.faster_pct} % of them do)"
         )
+    if any(r.point.sram_fit for r in rows):
+        fitted = sum(r.point.sram_fit for r in rep.rows)
+        con.print(f"fit: one of the {fitted} points an SRAM machine's constants were fitted to (devices.yaml): "
+                  "not held out, and not in the errors below", style="dim", highlight=False)  # fmt: skip
     for line in val.summary_lines(rep):
         con.print(line)
     for line in val.slice_lines(val.residuals(rep.rows)) + val.ratio_lines(rep.rows, all_):

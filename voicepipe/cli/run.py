@@ -117,13 +117,21 @@ def print_run_counters(result: RunResult) -> None:
     )  # fmt: skip
     untrusted = sum(not r.trusted for r in result.records)
     if result.lag is not None or untrusted:
-        line = result.lag.verdict() if result.lag is not None else ""
-        if untrusted:  # the run's p99 hides a few long stalls: the turns they hit are named on their own
-            kinds = "; ".join(f"{n} {r}" for r, n in distrust_reasons(result.records).items())
-            line += (f"{' — but ' if line else ''}NOT TRUSTED for {untrusted} turns ({kinds}): this process's "
-                     "load may have made their latency and tax (each record's `distrust` says why)")  # fmt: skip
+        kinds = "; ".join(f"{n} {r}" for r, n in distrust_reasons(result.records).items())
         overloaded = result.lag is not None and result.lag.overloaded
+        line = trust_line(result.lag.verdict() if result.lag is not None else "", overloaded, untrusted, kinds)
         err.print(line, style="bold red" if overloaded or untrusted else None, highlight=False)
+
+
+def trust_line(verdict: str, overloaded: bool, untrusted: int, kinds: str) -> str:
+    """The event-loop lag verdict, then the turns a long stall hit (named on their own: the run's p99 can
+    hide a few long stalls). After a trusted verdict they are a "but"; after LOAD TOO HIGH, one more count."""
+    if not untrusted:
+        return verdict
+    joint = ("; and " if overloaded else " — but ") if verdict else ""
+    turns = f"{untrusted} turn{'' if untrusted == 1 else 's'}"
+    return (f"{verdict}{joint}NOT TRUSTED for {turns} ({kinds}): this process's load may have made their "
+            "latency and tax (each record's `distrust` says why)")  # fmt: skip
 
 
 @broker_block
@@ -273,4 +281,5 @@ def run(
         lambda: {name: fix}, {name: held.incidents()}, notes={name: [refusals_line(result)]} if result else None,
         writes=writes,
     )  # fmt: skip
+    sink.restate()
     finish(ending, reqs, sink.records, [held.accounting()], [*sink.unwritten(), *writes.failed])

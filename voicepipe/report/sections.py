@@ -88,7 +88,7 @@ def _findings(
             turns = ", ".join(f"{r.session} turn {r.turn}" for r in untrusted[:8])
             more = f" and {len(untrusted) - 8} more" if len(untrusted) > 8 else ""
             out.append(
-                f'<div class="finding bad"><b>{esc(name)}</b>: numbers NOT TRUSTED for {len(untrusted)} turns '
+                f'<div class="finding bad"><b>{esc(name)}</b>: numbers NOT TRUSTED for {len(untrusted)} turn{"" if len(untrusted) == 1 else "s"} '
                 f"({esc(why)}): the run's own load may have made their latency and tax ({esc(turns + more)}).</div>"
             )
         for line in notes[i] if i < len(notes) else ():  # what the run counted beyond its records
