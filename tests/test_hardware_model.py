@@ -313,3 +313,14 @@ def test_gpu_bench_quick_plan_is_the_device_check(monkeypatch, capsys):
     rows = bench.main(["--quick", "--dry-run", "--batches", "4", "--shape", "8b", "--weights", "bf16"])
     assert [r["batch"] for r in rows if r["what"] == "decode"] == [4]
     assert bench.QUICK_BUDGET_S < 300
+
+
+def test_a_tensor_parallel_width_must_divide_the_heads_but_a_layer_split_takes_any_count():
+    from voicepipe.hardware import catalog
+    from voicepipe.hardware.system import make_system
+
+    dev, mdl = catalog.device("a100-80gb"), catalog.model("llama-3.1-8b")  # 32 heads
+    with pytest.raises(ValueError, match="32 attention heads do not split 3 ways"):
+        make_system(dev, mdl, tp=3)
+    assert make_system(dev, mdl, tp=2).chips == 2
+    assert make_system(dev, mdl, tp=3, stack=catalog.stack("llama.cpp")).chips == 3  # layers split over chips

@@ -375,6 +375,10 @@ def make_system(
     if tp is not None:
         if tp < 1 or tp > device.max_tp:
             raise ValueError(f"tp {tp} out of range for {device.key} (1..{device.max_tp})")
+        tensor = (stack or catalog_stack()).multi_chip == "tensor"  # a pipeline split takes any chip count
+        if tensor and model.heads % tp:
+            raise ValueError(f"tp {tp}: {model.heads} attention heads do not split {tp} ways (tensor "
+                             "parallelism shards whole heads, as vLLM and TensorRT-LLM require)")  # fmt: skip
         widths = [tp]
     else:
         widths = tp_options(device)
