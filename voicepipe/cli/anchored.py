@@ -8,12 +8,9 @@ absolute error.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
-from typing import NoReturn
 
-import typer
 from rich.console import Console
 from rich.table import Table
 
@@ -26,8 +23,9 @@ from voicepipe.backends.anchor import (
     read_anchor,
 )
 from voicepipe.backends.profile import Anchor
+from voicepipe.cli.emit import emit_json
+from voicepipe.cli.emit import fail as _fail
 from voicepipe.errors import UserError
-from voicepipe.exitcodes import ExitCode
 from voicepipe.hardware import catalog
 from voicepipe.hardware.model import DoesNotFit, Speculative
 from voicepipe.hardware.model import predict as model_predict
@@ -35,14 +33,8 @@ from voicepipe.hardware.validate import points, shipped_accuracy
 from voicepipe.hardware.validate.ratios import anchored_intervals, ratio_accuracy, residual_pairs
 from voicepipe.hardware.validate.slices import LEVEL
 from voicepipe.report.term import SafeConsole
-from voicepipe.safeprint import printable
 
 METRICS = ("ttft_ms", "step_ms", "tokens_per_second", "aggregate_tokens_per_second")
-
-
-def _fail(message: str) -> NoReturn:
-    typer.echo(f"error: {printable(message, newlines=False)}", err=True)
-    raise typer.Exit(ExitCode.USAGE)
 
 
 def load(path: Path, model: catalog.ModelSpec) -> Anchor:
@@ -98,17 +90,8 @@ def predict_anchored(
         "sources": {"device": dev.sources, "model": mdl.sources, "method": "docs/hardware-model.md; anchored: "
                     "measured on the anchor x (model on target / model on anchor)"},
     }  # fmt: skip
-    text = json.dumps(out, indent=2, default=str)
-    if json_out is not None:
-        try:
-            json_out.write_text(text + "\n")
-        except OSError as exc:
-            _fail(f"--json {json_out}: cannot write ({exc.strerror or exc})")
-    if fmt == "json":
-        typer.echo(text)
+    if emit_json(out, fmt, json_out):
         return
-    if fmt != "table":
-        _fail(f"--format: use table or json, got {fmt!r}")
 
     def show(metric: str, text: str) -> str:
         got = intervals.get(metric)

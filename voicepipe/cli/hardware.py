@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Sequence
 from contextlib import closing
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, NoReturn, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 import typer
 from rich.console import Console
@@ -23,18 +23,18 @@ from rich.table import Table
 
 from voicepipe.backends.empirical import profiles
 from voicepipe.backends.hardware import FAST_MAX_BATCH, deploy, make_hardware_backend
+from voicepipe.cli.emit import emit_json as _emit_json
+from voicepipe.cli.emit import fail as _fail
 from voicepipe.cli.hardware_list import print_catalog
 from voicepipe.cli.options import writable
 from voicepipe.errors import UserError
 from voicepipe.executors import EXECUTOR_HELP, executor_for
-from voicepipe.exitcodes import ExitCode
 from voicepipe.hardware import catalog
 from voicepipe.hardware.model import DoesNotFit, Prediction, Speculative
 from voicepipe.hardware.model import predict as model_predict
 from voicepipe.hardware.sweep import SweepJob, sweep_rows
 from voicepipe.parallel import ItemFailed
 from voicepipe.report.term import Col, SafeConsole, hyphenated, print_fitted
-from voicepipe.safeprint import printable
 
 if TYPE_CHECKING:
     from voicepipe.hardware.validate import NearReport, Ranges
@@ -107,11 +107,6 @@ def _print_near(con: Console, near: NearReport) -> None:
 T = TypeVar("T")
 
 
-def _fail(message: str) -> NoReturn:
-    typer.echo(f"error: {printable(message, newlines=False)}", err=True)
-    raise typer.Exit(ExitCode.USAGE)
-
-
 def _guard(fn: Callable[[], T]) -> T:
     try:
         return fn()
@@ -137,22 +132,6 @@ def ttft_label(timing: str, batch: int) -> str:
 def _num(x: float) -> str:
     """A measured or modelled value for a table: thousands separated, four significant digits below."""
     return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.4g}"
-
-
-def _emit_json(payload: object, fmt: str, json_out: Path | None) -> bool:
-    """Write ``payload`` to ``json_out`` and/or stdout; True when stdout got JSON (no table wanted)."""
-    text = json.dumps(payload, indent=2, default=str)
-    if json_out is not None:
-        try:
-            json_out.write_text(text + "\n")
-        except OSError as exc:
-            _fail(f"--json {json_out}: cannot write ({exc.strerror or exc})")
-    if fmt == "json":
-        typer.echo(text)
-        return True
-    if fmt != "table":
-        _fail(f"--format: use table or json, got {fmt!r}")
-    return False
 
 
 def _speculative(text: str | None) -> Speculative | None:
