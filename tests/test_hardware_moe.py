@@ -133,6 +133,18 @@ def test_mla_down_projections_are_read_whole_by_every_tp_rank() -> None:
     assert float(adp.dense_s) == pytest.approx(float(p1.dense_s) / 8 + whole)
 
 
+def test_kimi_k2_has_the_mla_shape_of_its_published_config_with_a_low_rank_query() -> None:
+    """moonshotai/Kimi-K2-Instruct config.json: DeepSeek-V3's MLA with 64 heads (q_lora_rank 1536,
+    kv_lora_rank 512 + rope 64), 384 routed experts top-8, one dense layer of 61."""
+    k2 = cat.model("kimi-k2")
+    shape = (k2.layers, k2.hidden, k2.heads, k2.head_dim, k2.kv_dim, k2.q_lora_rank)
+    assert shape == (61, 7168, 64, 128, 576, 1536)
+    assert (k2.experts, k2.experts_active, k2.moe_layers) == (384, 8, 60)
+    assert "q_lora_rank 1536" in k2.sources["config"]
+    # its query's down-projection is read whole by every TP rank, as DeepSeek-V3's is
+    assert hm.tp_replicated_params(k2) == pytest.approx(61 * 7168 * (1536 + 576))
+
+
 def test_attention_dp_moves_exactly_the_prefill_attention_of_prompts_with_context_before_them() -> None:
     # twelve prompts of 500 new tokens, each after 1,000 of context (cached prefixes): under attention DP
     # over 8 ranks the busiest rank holds 2 of them, so the step's attention (no decoders: all of it the

@@ -1,9 +1,10 @@
 """The command line's exit codes, in one place: every command exits with one of :class:`ExitCode`.
 
-When several apply, the first in this order wins: a signal (130, 143), a broker outage (4), an internal
-error (5), an output that could not be written (2), turns not measured (3), a requirement missed (1). Bad
-input (2) stops a command before it runs, so it never meets the others. Whatever the code, the outputs that were asked for are written first with
-the turns measured so far.
+When several apply, the first in this order wins: a signal or a closed pipe (130, 141, 143), a broker
+outage (4), an internal error (5), an output that could not be written (2), turns not measured (3), a
+requirement missed (1). Bad input (2) stops a command before it runs, so it never meets the others.
+Whatever the code, the outputs that were asked for are written first with the turns measured so far; but
+a closed pipe (141) ends the command at the write its reader refused.
 """
 
 from __future__ import annotations
@@ -37,6 +38,11 @@ class ExitCode(IntEnum):
 
     INTERRUPTED = 130
     """Stopped by SIGINT (Ctrl-C): 128 + 2, as shells report it."""
+
+    PIPE_CLOSED = 141
+    """The reader of stdout (or stderr) closed the pipe early (``| head -1``): 128 + 13 (SIGPIPE), as shells
+    report a tool SIGPIPE stopped. The command ends at the write that was refused, quietly (no line, no
+    traceback); outputs it had not written yet are not written (:mod:`voicepipe.cli.closedpipe`)."""
 
     TERMINATED = 143
     """Stopped by SIGTERM (``kill``, a supervisor, a CI timeout): 128 + 15."""

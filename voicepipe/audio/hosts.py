@@ -7,6 +7,9 @@ decoder — lives in an **engine host**, a child process (``python -c``) that se
 and answers on its stdout in order, one at a time. A stage's :class:`EnginePool` starts at most ``size``
 hosts (bounded: ``ENGINE_PROCESSES`` by default, one per core up to four) and places each new listener on
 the host with the fewest; a session's requests go to one host in order, so its frames are decoded in order.
+A listener comes back to the pool when its turn's listening ends, and also when its turn ends while it
+is still loading (the opener cancelled): it joins the idle ones once its host has it, so no decoder is left
+on a host that no one holds.
 The loop side only writes a request and awaits its answer (no thread): the stage's media-time stamps and
 arrival times are taken where they were before, in the receive path.
 
@@ -246,7 +249,8 @@ class InlineListener:
 
 class EnginePool:
     """A stage's engine hosts (at most ``size``) and its idle listeners (loading a decoder costs ~0.5 s of
-    CPU: a listener whose session ended is reset and reused)."""
+    CPU: a listener whose session ended is reset and reused). Every listener opened comes back: one whose
+    opener is cancelled while it loads goes to the idle list once its host has it."""
 
     def __init__(
         self, vad_args: tuple[str, float, int], with_rec: bool, size: int = ENGINE_PROCESSES
@@ -273,9 +277,28 @@ class EnginePool:
         host.listeners += 1  # counted before any wait, so concurrent openers spread over the hosts
         self._next_id += 1
         lis = Listener(host, self._next_id, self.vad_args)
-        await host.ready()
-        await host.call("open", lis.eid, (*self.vad_args, self.with_rec))
+        # the load goes on whatever becomes of its opener: a turn that ends while its decoder loads (a new
+        # turn, the session's end, a cancel) must not leave a listener no one holds on the host
+        loading = asyncio.ensure_future(self._load(host, lis))
+        try:
+            return await asyncio.shield(loading)
+        except asyncio.CancelledError:
+            loading.add_done_callback(self._loaded_late)
+            raise
+
+    async def _load(self, host: EngineHost, lis: Listener) -> Listener:
+        try:
+            await host.ready()
+            await host.call("open", lis.eid, (*self.vad_args, self.with_rec))
+        except BaseException:
+            host.listeners -= 1  # never opened: the host holds nothing of it
+            raise
         return lis
+
+    def _loaded_late(self, loading: asyncio.Future[Listener]) -> None:
+        """A listener whose opener was cancelled while it loaded: idle, for the next opener, once open."""
+        if not loading.cancelled() and loading.exception() is None:
+            self.idle.append(loading.result())
 
     def release(self, lis: Listener | InlineListener) -> None:
         lis.reset()

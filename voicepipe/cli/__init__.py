@@ -9,6 +9,9 @@ run it too). Shared options are in :mod:`voicepipe.cli.options`, shared helpers 
 Bad input prints one line naming the file and field and exits 2 — never a traceback. Turn records are
 written as they are measured, so an interrupted run keeps what it had.
 
+A reader that closes the pipe early (``voicepipe hardware list | head -1``) ends the command at that
+write, quietly, with exit 141 (128 + SIGPIPE), not 1 (a missed ``--require``) nor 2 (a full disk).
+
 Streams: results (tables, ``--format json`` lines) go to stdout only; progress, per-turn lines when stderr
 is not a terminal, warnings and logs (:mod:`voicepipe.logs`) go to stderr. Option names are the same in
 every command: ``--json FILE`` writes JSON lines to a file, ``--format json`` writes them to stdout,
@@ -29,6 +32,7 @@ import typer
 
 from voicepipe import __version__
 from voicepipe.cli import calibrate, capacity, compare, hardware, predict, run, scenarios, schema, stage
+from voicepipe.cli.closedpipe import closed, guard_streams
 from voicepipe.cli.common import err, out, unwritable_line
 from voicepipe.clock.gc import tune_for_runs
 from voicepipe.errors import UserError
@@ -162,10 +166,13 @@ def main() -> None:
     print as one line naming the option, with where to look, and exit 2, like every other bad input; any
     other uncaught exception is one line and exit 5, ``ExitCode.INTERNAL_ERROR`` (:func:`internal_error_line`).
     The command line is a program of its own, so it opts in to the runs' GC tuning (a library caller keeps
-    its process's settings: :mod:`voicepipe.clock.gc`)."""
+    its process's settings: :mod:`voicepipe.clock.gc`). A reader that closes stdout or stderr early
+    (``| head``) ends the command quietly with exit 141 (:mod:`voicepipe.cli.closedpipe`)."""
     tune_for_runs()
+    guard_streams()
     try:
         rc = app(standalone_mode=False)
+        sys.stdout.flush()  # what is still buffered meets a closed pipe or a full disk here, not at exit
     except _ClickError as exc:
         if type(exc).__name__ == "NoArgsIsHelpError":  # a group run bare: its help, as click prints it
             exc.show()  # type: ignore[attr-defined]
@@ -198,4 +205,6 @@ def main() -> None:
         logging.getLogger("voicepipe.cli").debug("uncaught exception", exc_info=True)
         err.print(internal_error_line(exc), highlight=False, markup=False, soft_wrap=True)
         sys.exit(ExitCode.INTERNAL_ERROR)
+    if closed():  # a thread's write met the closed pipe (its SystemExit ended only that thread)
+        sys.exit(ExitCode.PIPE_CLOSED)
     sys.exit(rc if isinstance(rc, int) else 0)

@@ -6,13 +6,16 @@ is over, then waits for the next start of the same run id; stops on Ctrl-C or SI
 be reached is one error line, exit 2.
 
 Real engines: ``--audio real`` (the same engines as ``run --audio real``), ``--engine`` for the one
-speech stage named (``asr``: pocketsphinx or a speech endpoint; ``tts``: espeak-ng or an endpoint) and
-``--vad`` for the ASR's VAD (the VAD runs inside the ASR stage: the endpoint decision needs its output and
-the decoder's hypothesis frame by frame). Replicas: ``--replicas N`` plans N processes, each serving one
-replica of every stage named (:func:`~voicepipe.bus.partition.plan_workers`: sessions partitioned by
-rendezvous hashing); ``--serve I,J`` runs only those of the N here (the others on other hosts, same run
-id, config and token). Serving several, this command starts one child process per replica set (itself,
-with ``--serve I``) and stops them on Ctrl-C or SIGTERM. The run says how many it expects:
+speech stage named (``asr``: pocketsphinx or a speech endpoint; ``tts``: espeak-ng or an endpoint; either
+implies ``--audio real``) and ``--vad`` for the ASR's VAD (the VAD runs inside the ASR stage: the endpoint
+decision needs its output and the decoder's hypothesis frame by frame). ``--vad`` alone never brings in the
+real recogniser: it is the VAD-only ASR, a real VAD endpointing the caller's audio for the script
+recogniser (:mod:`voicepipe.audio.vad_asr`), the mix ``run`` has with ``--set client.voice=espeak-ng
+--set vad.engine=silero``. Replicas: ``--replicas N`` plans N processes, each serving one replica of every
+stage named (:func:`~voicepipe.bus.partition.plan_workers`: sessions partitioned by rendezvous hashing);
+``--serve I,J`` runs only those of the N here (the others on other hosts, same run id, config and token).
+Serving several, this command starts one child process per replica set (itself, with ``--serve I``) and
+stops them on Ctrl-C or SIGTERM. The run says how many it expects:
 ``run --external asr:N``.
 """
 
@@ -38,15 +41,21 @@ from voicepipe.stages.guard import require_shared_token
 from voicepipe.workers import run_live_loop, serve_stages, until_signalled
 
 ENGINE_FIELDS = {"asr": "asr.engine", "tts": "tts.engine"}
+AUDIO_CALLER = "espeak-ng"  # the run's caller speaks audio (a real VAD hears it), as --audio real has it
 
 
 def engine_sets(names: list[str], audio: str, engine: str | None, vad: str | None) -> list[str]:
-    """The ``--set``s that ``--audio``, ``--engine`` and ``--vad`` stand for (before the user's own)."""
+    """The ``--set``s that ``--audio``, ``--engine`` and ``--vad`` stand for (before the user's own).
+    ``--audio real`` and ``--engine`` are every engine of ``run --audio real`` (the one named replacing
+    its own); ``--vad`` alone is that VAD and an audio caller, the ASR's recogniser left as the config has
+    it (``model``: the VAD-only ASR and its script recogniser, :mod:`voicepipe.audio.vad_asr`)."""
     if audio not in ("model", "real"):
         raise UserError("--audio", f"{audio!r}: expected model or real")
     sets: list[str] = []
-    if audio == "real" or (engine not in (None, "model")) or (vad not in (None, "model")):
+    if audio == "real" or (engine not in (None, "model")):
         sets += REAL_AUDIO_SETS  # a real engine listens to (or speaks) real audio: the run's must be real too
+    elif vad not in (None, "model"):  # a real VAD alone hears the caller's audio, for the script recogniser
+        sets.append(f"client.voice={AUDIO_CALLER}")
     if engine is not None:
         speech = [n for n in names if n in ENGINE_FIELDS]
         if len(speech) != 1:
@@ -93,7 +102,12 @@ def stage(
     ] = None,
     vad: Annotated[
         str | None,
-        typer.Option("--vad", help="The ASR stage's VAD: silero or webrtc (implies --audio real)."),
+        typer.Option(
+            "--vad",
+            help="The ASR stage's VAD: silero or webrtc. Alone, it endpoints the caller's audio for the "
+            "script recogniser (a modelled ASR), as `run --set client.voice=espeak-ng --set "
+            "vad.engine=silero`; the real recogniser is --engine pocketsphinx (or --audio real).",
+        ),
     ] = None,
     replicas: Annotated[
         int,
