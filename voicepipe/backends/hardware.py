@@ -5,7 +5,9 @@ Dict keys: ``hardware``, ``model`` (required: catalog names, or a device YAML fi
 model's), ``stack`` (serving-stack profile, default vllm), ``tp``, ``max_batch``, ``context`` (tokens
 per sequence the system is sized for, default 4096), ``speculative: {alpha, gamma, draft_cost}``,
 ``fast`` (same model at a small max batch, priced accordingly), ``prompt_cache`` (honour the request's
-``cached_prompt_tokens``; default true), ``anchor`` (a profile written by ``calibrate --anchor``: the
+``cached_prompt_tokens``; default true), ``eager`` (no CUDA/HIP graphs: vLLM ``--enforce-eager``,
+SGLang ``--disable-cuda-graph``; default false), ``scheduler_steps`` (vLLM V0 multi-step scheduling,
+``--num-scheduler-steps``; default 1), ``anchor`` (a profile written by ``calibrate --anchor``: the
 device's step times re-anchored on that measurement, :mod:`voicepipe.backends.anchor`; precision, KV
 precision and stack default to the anchor's).
 
@@ -78,6 +80,8 @@ SPEC_KEYS = {
     "speculative",
     "fast",
     "prompt_cache",
+    "eager",
+    "scheduler_steps",
     "anchor",
 }
 
@@ -176,6 +180,11 @@ def deploy(cfg: dict[str, Any]) -> Deployment:
             notes.append(f"max_batch {max_batch}: KV memory left at tp {system.chips}")
     if fast:
         max_batch = min(max_batch, FAST_MAX_BATCH)
+    eager = cfg.get("eager", False)
+    if not isinstance(eager, bool):
+        raise ValueError(f"eager must be true or false, got {eager!r}")
+    # run settings of the served system (System.eager, System.scheduler_steps); they do not change sizing
+    system = replace(system, eager=eager, scheduler_steps=_int(cfg, "scheduler_steps") or 1)
     return Deployment(
         system=system,
         max_batch=max_batch,
@@ -297,6 +306,8 @@ class HardwareBackend:
             "context": dep.context,
             "fast": dep.fast,
             "prompt_cache": dep.prompt_cache,
+            "eager": sys_.eager,
+            "scheduler_steps": sys_.scheduler_steps,
             "speculative": None if dep.spec is None else dep.spec.__dict__,
             "modelled": True,
             "anchored": None if self.anchor is None else describe_anchor(*self.anchor),
@@ -337,6 +348,10 @@ def backend_name(cfg: dict[str, Any], dep: Deployment) -> str:
         name += "+fast"
     if not dep.prompt_cache:
         name += "+nocache"
+    if sys_.eager:
+        name += "+eager"
+    if sys_.scheduler_steps > 1:
+        name += f"+steps{sys_.scheduler_steps}"
     return name
 
 

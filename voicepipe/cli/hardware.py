@@ -245,6 +245,12 @@ PrecisionOpt = typer.Option(None, "--precision", help="weights: bf16|fp16|fp8|in
 KvOpt = typer.Option(None, "--kv-precision", help="KV cache: bf16|fp16|fp8|int8|fp4 (default: the model's)")
 StackOpt = typer.Option(None, "--stack", help="serving stack profile (`hardware list`; default vllm)")
 FormatOpt = typer.Option("table", "--format", help="table or json (stdout)")
+EagerOpt = typer.Option(
+    False, "--eager", help="no CUDA/HIP graphs (vLLM --enforce-eager, SGLang --disable-cuda-graph)"
+)
+StepsOpt = typer.Option(
+    1, "--scheduler-steps", min=1, help="vLLM V0 multi-step scheduling: host work once per N decode steps"
+)
 LEVEL = 0.8  # the ranges' level (voicepipe.hardware.validate.slices.LEVEL; a test keeps them equal)
 RANGED = ("ttft_ms", "step_ms", "tokens_per_second", "aggregate_tokens_per_second")  # metrics with a range
 SWEEP_KEYS = {"ttft_ms": "ttft_ms", "step_ms": "step_ms", "tokens_per_second": "per_user_tps",
@@ -258,13 +264,15 @@ JsonOpt = typer.Option(None, "--json", help="also write the result as JSON to th
 def _predict(
     dev: catalog.Device, mdl: catalog.ModelSpec, batch: int, prompt_tokens: int, output_tokens: int,
     tp: int | None, precision: str | None, kv_precision: str | None, stk: catalog.Stack | None,
-    spec: Speculative | None, timing: Literal["client", "engine"] | None = None,
+    spec: Speculative | None, timing: Literal["client", "engine"] | None = None, eager: bool = False,
+    scheduler_steps: int = 1,
 ) -> Prediction:  # fmt: skip
     """``hardware predict``'s call; a sweep row (:class:`voicepipe.hardware.sweep.SweepJob`) makes the same
     one without ``spec`` (same chips for the same batch)."""
     return model_predict(
         dev, mdl, precision=precision, batch=batch, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
-        tp=tp, spec=spec, kv_precision=kv_precision, stack=stk, timing=timing,
+        tp=tp, spec=spec, kv_precision=kv_precision, stack=stk, timing=timing, eager=eager,
+        scheduler_steps=scheduler_steps,
     )  # fmt: skip
 
 
@@ -284,6 +292,8 @@ def predict(
     ttft_timing: str | None = typer.Option(
         None, "--ttft-timing", help="client (over the server's HTTP path) or engine; default: the stack's"
     ),
+    eager: bool = EagerOpt,
+    scheduler_steps: int = StepsOpt,
     fmt: str = FormatOpt,
     json_out: Path | None = JsonOpt,
 ) -> None:
@@ -297,12 +307,16 @@ def predict(
     if anchor is not None:  # ANCHORED numbers: voicepipe.cli.anchored
         if timing is not None:
             _fail("--ttft-timing: an anchored TTFT keeps the timing of the anchor's own measurement (client-side)")
+        if eager or scheduler_steps != 1:
+            _fail(f"{'--eager' if eager else '--scheduler-steps'}: an anchored prediction keeps the run settings "
+                  "of the anchor's own measurement")  # fmt: skip
         from voicepipe.cli.anchored import predict_anchored
 
         return predict_anchored(anchor, dev, mdl, batch, prompt_tokens, output_tokens, tp, precision, kv_precision,
                                 stack, spec, fmt, json_out)  # fmt: skip
     try:
-        p = _predict(dev, mdl, batch, prompt_tokens, output_tokens, tp, precision, kv_precision, stk, spec, timing)
+        p = _predict(dev, mdl, batch, prompt_tokens, output_tokens, tp, precision, kv_precision, stk, spec, timing,
+                     eager, scheduler_steps)  # fmt: skip
     except DoesNotFit as exc:
         if fmt == "json":
             typer.echo(json.dumps({"fits": False, "error": str(exc), "hardware": hardware, "model": model}))
@@ -320,6 +334,7 @@ def predict(
     near = _near(dev, mdl, stk)
     out["validation_near"] = near.model_dump()
     out["speculative"] = None if spec is None else spec.__dict__
+    out["eager"], out["scheduler_steps"] = eager, scheduler_steps
     out["sources"] = {"device": dev.sources, "model": mdl.sources, "method": "docs/hardware-model.md"}
     if _emit_json(out, fmt, json_out):
         return
@@ -390,6 +405,8 @@ def sweep(
     precision: str | None = PrecisionOpt,
     kv_precision: str | None = KvOpt,
     stack: str | None = StackOpt,
+    eager: bool = EagerOpt,
+    scheduler_steps: int = StepsOpt,
     fmt: str = FormatOpt,
     json_out: Path | None = JsonOpt,
     wide: bool = WideOpt,
@@ -402,11 +419,12 @@ def sweep(
     stk = _options(precision, kv_precision, stack)
     bs = _batches(batches)
     cfg: dict[str, Any] = {"hardware": hardware, "model": model, "precision": precision, "tp": tp,
-                           "kv_precision": kv_precision, "stack": stack}  # fmt: skip
+                           "kv_precision": kv_precision, "stack": stack, "eager": eager,
+                           "scheduler_steps": scheduler_steps}  # fmt: skip
     dep = _guard(lambda: deploy({k: v for k, v in cfg.items() if v is not None}))
     bs = sorted(set(bs) | {FAST_MAX_BATCH, dep.max_batch})
     job = SweepJob(dev, mdl, prompt_tokens, output_tokens, tp, precision, kv_precision, stk, FAST_MAX_BATCH,
-                   dep.max_batch)  # fmt: skip
+                   dep.max_batch, eager, scheduler_steps)  # fmt: skip
     rows = _sweep_rows(job, bs, executor)
     rngs = []
     for r in rows:
@@ -418,6 +436,7 @@ def sweep(
     payload = {
         "hardware": dev.key, "model": mdl.key, "precision": dep.system.precision, "kv_precision": dep.system.kv,
         "stack": dep.system.serving.key, "ttft_timing": dep.system.ttft_timing,
+        "eager": dep.system.eager, "scheduler_steps": dep.system.scheduler_steps,
         "default_max_batch": dep.max_batch, "fast_max_batch": FAST_MAX_BATCH,
         "modelled": True, "validation": _validation(), "interval_level": LEVEL,
         "validation_near": near.model_dump(), "rows": rows,

@@ -19,9 +19,11 @@ HBM devices (GPUs, TPUs), per chip of a tensor-parallel group of ``tp``::
              (a = 2·hd; MLA decodes in the absorbed form over its latent: a = 2·kv_dim − rope)
     t_comm = [tp > 1] · 2·L · (α(tp) + 2·(tp−1)/tp · T·hidden·2 B / (link_BW · η_link))
     α(tp)  = α_2 · (1 + g·log2(tp/2))                       (α_2: the device's measured-class latency)
-    t_step = max(t_W, t_GEMM) + max(t_KV, t_attn) + t_comm + L·(t_layer + τ) + L_moe·t_route
-             + t_step_fixed + (sequences in the step)·t_seq
-             (stack: t_layer, t_step_fixed, t_seq; fitted: τ, the per-layer cost beyond the stack's)
+    t_step = max(t_W, t_GEMM) + max(t_KV, t_attn) + t_comm + L·(t_layer + τ + [eager]·t_eager) + L_moe·t_route
+             + (t_step_fixed + (sequences in the step)·t_seq) / N
+             (stack: t_layer, t_eager, t_step_fixed, t_seq; fitted: τ, the per-layer cost beyond the stack's)
+             [eager]: the step prefills (graphs are captured for decode only), or System.eager (no graphs)
+             N: System.scheduler_steps for a decode-only step (multi-step scheduling), else 1
 
 One roofline per kernel class: the weight GEMMs and attention are separate kernels run one after the
 other, so each is bound by its own bytes or FLOPs and their times add.
@@ -220,6 +222,8 @@ def predict(
     kv_precision: str | None = None,
     stack: Stack | None = None,
     timing: Literal["client", "engine"] | None = None,
+    eager: bool = False,
+    scheduler_steps: int = 1,
 ) -> Prediction:
     """One request among ``batch`` clients each holding one in flight, as the serving engine runs them
     (:func:`voicepipe.hardware.workload.steady`: the burst that fills the device, then a measured round;
@@ -234,14 +238,16 @@ def predict(
     as fit and queues the rest: ``fits`` is False, ``effective_batch`` is what runs, and the timings are
     for it. Raises DoesNotFit only when the weights (plus one sequence) fit at no width. ``timing`` picks
     the TTFT: "client" (the stack's HTTP path included), "engine", or None for the stack's default
-    (``ttft_timing`` says which).
+    (``ttft_timing`` says which). ``eager`` and ``scheduler_steps`` are run settings of the served system
+    (:class:`System`: no CUDA/HIP graphs; multi-step scheduling).
     """
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch}")
     ctx_max = prompt_tokens + output_tokens
     system = make_system(
         device, model, precision, tp=tp, seqs=batch if device.kind == "sram" else 1, context=ctx_max,
-        eff=eff, kv_precision=kv_precision, stack=stack, timing=timing,
+        eff=eff, kv_precision=kv_precision, stack=stack, timing=timing, eager=eager,
+        scheduler_steps=scheduler_steps,
     )  # fmt: skip
     room = running_sequences(system, prompt_tokens, output_tokens)
     run = batch if device.kind == "sram" else min(batch, room)

@@ -248,7 +248,8 @@ class Stack(BaseModel):
     name: str
     step_overhead_us: float = Field(ge=0)  # per engine step: scheduling, sampling, detokenisation
     layer_overhead_us: float = Field(ge=0)  # per layer per step: kernel gaps, norms, rotary
-    prefill_layer_overhead_us: float = Field(ge=0)  # extra per layer when a step prefills (eager launches)
+    # extra per layer launched eagerly (no CUDA/HIP graph): a step that prefills, or any step of an eager run
+    prefill_layer_overhead_us: float = Field(ge=0)
     request_overhead_ms: float = Field(ge=0)  # per request, on TTFT, inside the engine: admit, first sample
     # per request, on TTFT, only where a client times it over HTTP: the OpenAI-compatible server's path
     # (HTTP, chat template and tokenisation, hand-off to the engine, detokenise and stream back)

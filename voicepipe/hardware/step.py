@@ -170,6 +170,12 @@ def step_parts(
     ) / dev.matmul_flops(system.precision) + zero
     attn_s = ((attention - pre_attn) / par + pre_attn * np.asarray(local)) / dev.matmul_flops("bf16") + zero
     if dev.kind == "hbm":
+        # kernels launched from the host without a CUDA/HIP graph: a step that prefills (stacks capture
+        # graphs for decode batches only), or every step under eager execution (System.eager)
+        eager = (n > 0) | system.eager
+        # multi-step scheduling (System.scheduler_steps): a decode-only step's host work is done once per
+        # N steps; a step that prefills is scheduled alone (vLLM V0 runs prefills as single steps)
+        host_steps = np.where(n > 0, 1.0, float(system.scheduler_steps))
         bw = dev.stream_bytes_s  # sustained (microbenchmarked) bandwidth; η_mem is the kernels' share of it
         tp = system.chips
         link = float(dev.link_gbs or 0) * 1e9 * eff.link_eff
@@ -194,11 +200,13 @@ def step_parts(
             attn_s=attn_s,
             comm_s=comm,
             fixed_s=zero
-            + m.layers * (stk.layer_overhead_us + np.where(n > 0, stk.prefill_layer_overhead_us, 0.0)) * 1e-6
+            + m.layers * (stk.layer_overhead_us + np.where(eager, stk.prefill_layer_overhead_us, 0.0)) * 1e-6
             + m.routed_layers * eff.moe_route_s
-            + stk.step_overhead_us * 1e-6
-            # host work per running sequence (schedule, prepare inputs, sample, detokenise)
-            + (d + np.where(n > 0, ps, 0.0)) * stk.seq_overhead_us * 1e-6,
+            # host work per step, and per running sequence (schedule, prepare inputs, sample, detokenise),
+            # done once per `scheduler_steps` decode steps under multi-step scheduling
+            + (stk.step_overhead_us + (d + np.where(n > 0, ps, 0.0)) * stk.seq_overhead_us)
+            * 1e-6
+            / host_steps,
             layers=zero + m.layers,
             weight_only=dev.weight_only(system.precision),
             sram=False,

@@ -115,6 +115,16 @@ class System:
     # which TTFT the system answers: "client" (the stack's HTTP path on top of the engine's) or "engine";
     # None: the stack's default (Stack.timing)
     timing: Literal["client", "engine"] | None = None
+    # eager execution (vLLM --enforce-eager, SGLang --disable-cuda-graph): no CUDA/HIP graphs, so every
+    # step launches its kernels from the host, decode steps too (HBM devices; docs §1 "Eager execution")
+    eager: bool = False
+    # multi-step scheduling (vLLM V0 --num-scheduler-steps N, v0.5.5-v0.6.x): the host schedules, prepares
+    # inputs and processes outputs once per N decode steps (HBM devices; docs §1 "Multi-step scheduling")
+    scheduler_steps: int = 1
+
+    def __post_init__(self) -> None:
+        if self.scheduler_steps < 1:
+            raise ValueError(f"scheduler_steps must be >= 1, got {self.scheduler_steps}")
 
     @property
     def ttft_timing(self) -> Literal["client", "engine"]:
@@ -353,19 +363,25 @@ def make_system(
     stack: Stack | None = None,
     strict: bool = True,
     timing: Literal["client", "engine"] | None = None,
+    eager: bool = False,
+    scheduler_steps: int = 1,
 ) -> System:
     """Size a system that holds the weights and ``seqs`` sequences of ``context`` tokens.
 
     HBM: the smallest power-of-two TP width (≤ ``max_tp``) that holds them, or the given ``tp``. When no
     width holds ``seqs`` sequences, ``strict`` raises :class:`DoesNotFit`; otherwise the widest width
     whose weights fit is returned (the server will run as many sequences as fit). Weights that fit at no
-    width always raise. SRAM: the chips/wafers follow from capacity (``tp`` is not accepted).
+    width always raise. SRAM: the chips/wafers follow from capacity (``tp`` is not accepted). ``eager``
+    and ``scheduler_steps`` are run settings (:class:`System`); they do not change the sizing.
     """
     prec = check_precision(precision or model.default_precision)
     kv = check_kv_precision(kv_precision) if kv_precision else None
 
     def build(width: int) -> System:
-        return System(device, model, prec, width, eff, kv, stack, timing=timing)
+        return System(
+            device, model, prec, width, eff, kv, stack, timing=timing, eager=eager,
+            scheduler_steps=scheduler_steps,
+        )  # fmt: skip
 
     if device.kind == "sram":
         if tp is not None:

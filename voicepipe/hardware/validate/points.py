@@ -63,6 +63,9 @@ class Point(BaseModel):
     output_tokens: int | None = Field(default=None, ge=1)
     stack: str
     attention_dp: bool = False  # the source runs attention data-parallel (each chip its own sequences)
+    # True: the source ran without CUDA/HIP graphs (vLLM --enforce-eager, SGLang --disable-cuda-graph)
+    eager: bool = False
+    scheduler_steps: int = Field(default=1, ge=1)  # vLLM V0 --num-scheduler-steps as the source ran it
     # True: the benchmark CLIENT holds `batch` requests in flight over many more requests in all (a
     # max-concurrency client: vLLM/SGLang bench --max-concurrency, genai-perf or trtllm-bench
     # --concurrency): its throughput is the loaded server's mean step, newcomers' prefills included, not a
@@ -200,7 +203,8 @@ def prepare(p: Point) -> Prepared:
         try:
             system = make_system(
                 dev, mdl, p.precision, seqs=1 if dev.kind == "hbm" else asked, context=ctx_max,
-                kv_precision=p.kv_precision, stack=stk, timing=p.timing,
+                kv_precision=p.kv_precision, stack=stk, timing=p.timing, eager=p.eager,
+                scheduler_steps=p.scheduler_steps,
             )  # fmt: skip
         except DoesNotFit as exc:
             return Prepared(p, reason=str(exc))
@@ -211,8 +215,9 @@ def prepare(p: Point) -> Prepared:
                 p, reason=f"{p.chips} chips exceed {dev.key}'s tensor-parallel group ({dev.max_tp})"
             )
         system = System(
-            dev, mdl, p.precision, p.chips, DEFAULT_EFFICIENCY, p.kv_precision, stk, p.attention_dp, p.timing
-        )
+            dev, mdl, p.precision, p.chips, DEFAULT_EFFICIENCY, p.kv_precision, stk, p.attention_dp, p.timing,
+            p.eager, p.scheduler_steps,
+        )  # fmt: skip
         batch = min(asked, running_sequences(system, prompt, out))
         if batch < 1:
             return Prepared(p, reason=f"weights do not fit {p.chips} x {dev.key} at {p.precision}")
