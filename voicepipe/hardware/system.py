@@ -1,7 +1,9 @@
 """The system a step runs on: efficiencies, speculative decoding, bytes, KV capacity and sizing.
 
 Pure functions over the catalog (:mod:`voicepipe.hardware.catalog`): how many bytes the weights and the
-KV cache take, how many sequences fit beside the weights (paged or reserved KV, :func:`running_sequences`),
+KV cache take, what the serving engine keeps per chip besides them (:func:`engine_reserve_bytes`: its
+start-up profile's activation peak and non-torch memory, against the stack's memory share), how many
+sequences fit beside the weights (paged or reserved KV, :func:`running_sequences`),
 and the smallest tensor-parallel width that holds a configuration (:func:`make_system`). The step
 formulas that use them are in :mod:`voicepipe.hardware.step`; :mod:`voicepipe.hardware.model` states them
 all and re-exports both modules.
