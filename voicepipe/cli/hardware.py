@@ -349,6 +349,7 @@ def predict(
         ("max batch at this context", f"{p.max_batch_fits}"),
         ("weights", f"{p.weights_gb:.1f} GB"),
         ("KV cache", f"{p.kv_gb:.2f} GB"),
+        *([("engine reserve (activations, buffers)", f"{p.engine_reserve_gb:.1f} GB")] if p.engine_reserve_gb else []),
         (ttft_label(p.ttft_timing, p.batch), _with_range(f"{p.ttft_ms:,.1f} ms", rng, "ttft_ms")),
         ("decode step", _with_range(f"{p.step_ms:.2f} ms", rng, "step_ms")),
         ("tok/s per request", _with_range(f"{p.tokens_per_second:,.1f}", rng, "tokens_per_second")),

@@ -92,11 +92,14 @@ from voicepipe.hardware.system import (
     FArray,
     Speculative,
     System,
+    activation_peak_bytes,
     attention_params,
     bytes_per_param,
     decode_attention_width,
     default_kv_precision,
+    engine_reserve_bytes,
     expected_tokens_per_step,
+    ffn_width,
     kept_tokens,
     kv_bytes_per_token,
     kv_capacity_tokens,
@@ -105,7 +108,9 @@ from voicepipe.hardware.system import (
     matmul_params,
     max_sequences,
     mean_context,
+    memory_share,
     prefill_attention_width,
+    profile_shape,
     running_sequences,
     speculative_speedup,
     sram_units,
@@ -113,6 +118,7 @@ from voicepipe.hardware.system import (
     tp_replicated_params,
     weight_bytes,
     weight_read_params,
+    weight_room,
     weight_split,
     weights_fit,
 )
@@ -131,6 +137,7 @@ __all__ = [
     "StepParts",
     "StepTime",
     "System",
+    "activation_peak_bytes",
     "allreduce_latency_s",
     "allreduces_per_step",
     "attention_params",
@@ -139,7 +146,9 @@ __all__ = [
     "decode_attention_width",
     "decode_step_s",
     "default_kv_precision",
+    "engine_reserve_bytes",
     "expected_tokens_per_step",
+    "ffn_width",
     "held_total",
     "kept_tokens",
     "kv_bytes_per_token",
@@ -149,10 +158,12 @@ __all__ = [
     "matmul_params",
     "max_sequences",
     "mean_context",
+    "memory_share",
     "mixed_step_s",
     "predict",
     "prefill_attention_width",
     "prefill_s",
+    "profile_shape",
     "request_overhead_s",
     "ridge_point",
     "running_sequences",
@@ -167,6 +178,7 @@ __all__ = [
     "tpot_s",
     "weight_bytes",
     "weight_read_params",
+    "weight_room",
     "weight_split",
     "weights_fit",
 ]
@@ -197,6 +209,9 @@ class Prediction:
     weights_gb: float
     kv_gb: float
     capacity_gb: float
+    # what the engine keeps besides weights and KV on all chips (activation peak, non-torch memory), counted
+    # against its memory budget before the KV pool is sized (engine_reserve_bytes); 0 for a stack without one
+    engine_reserve_gb: float
     max_batch_fits: int
     memory_ms: float
     compute_ms: float
@@ -287,6 +302,7 @@ def predict(
         weights_gb=weight_bytes(model, system.precision) / 1e9,
         kv_gb=batch * kept_tokens(system, ctx_max) * kv_bytes_per_token(model, system.kv) / 1e9,
         capacity_gb=cap / 1e9,
+        engine_reserve_gb=system.chips * engine_reserve_bytes(system) / 1e9,
         max_batch_fits=room,
         memory_ms=float(st.memory_s) * 1e3,
         compute_ms=float(st.compute_s) * 1e3,

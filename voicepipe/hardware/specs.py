@@ -239,6 +239,50 @@ class ModelSpec(BaseModel):
         return self.layers * per_layer
 
 
+class EngineMemory(BaseModel):
+    """What a serving engine keeps on each GPU besides the weights and the KV cache (docs §1, *Engine memory*).
+
+    A stack sizes its KV pool from a memory budget (``share`` of the device memory: vLLM's
+    gpu_memory_utilization, SGLang's mem_fraction_static by TP width; unset: ``Efficiency.usable_memory``)
+    less the weights and this reserve, per GPU:
+
+        reserve = context (non-torch memory the engine counts: CUDA context, NCCL / all-reduce buffers)
+                + max(tokens · 2 B · (2·hidden + 3·ffn/tp),  seqs · vocab · logit_bytes)
+
+    the activation peak of the start-up profile: one forward pass of ``tokens`` tokens (the residual and
+    normed input, the gated MLP's up-projection and activation) or the sampler over ``seqs`` sequences'
+    logits, whichever is larger (they do not overlap). Devices with at least ``large_gpu_gib`` of memory
+    whose catalog key does not start with one of ``large_gpu_except`` profile ``large_tokens`` /
+    ``large_seqs`` instead (vLLM V1's hardware-dependent defaults). Every number carries a source."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    share: float | None = Field(default=None, gt=0, le=1)
+    share_by_tp: dict[int, float] = Field(default_factory=dict)  # TP width -> share (the largest key <= tp)
+    context_gib: float = Field(default=0.0, ge=0)  # per GPU at TP 1
+    context_tp_gib: float | None = Field(default=None, ge=0)  # per GPU at TP > 1 (None: context_gib)
+    tokens: int = Field(default=0, ge=0)  # tokens the start-up profile runs through the model
+    seqs: int = Field(default=0, ge=0)  # sequence slots whose logits the profile samples
+    # bytes per sequence slot and vocabulary entry the sampler holds at its peak
+    logit_bytes: float = Field(default=0.0, ge=0)
+    large_gpu_gib: float | None = Field(default=None, gt=0)
+    large_gpu_except: tuple[str, ...] = ()
+    large_tokens: int | None = Field(default=None, ge=0)
+    large_seqs: int | None = Field(default=None, ge=0)
+    sources: dict[str, str]
+
+    @model_validator(mode="after")
+    def _sourced(self) -> EngineMemory:
+        given = [f for f, info in type(self).model_fields.items()
+                 if f != "sources" and getattr(self, f) != info.get_default(call_default_factory=True)]  # fmt: skip
+        missing = [f for f in given if not self.sources.get(f)]
+        if missing:
+            raise ValueError(f"memory: no source for {', '.join(sorted(missing))}")
+        if (self.large_gpu_gib is None) != (self.large_tokens is None and self.large_seqs is None):
+            raise ValueError("memory: large_gpu_gib and large_tokens/large_seqs go together")
+        return self
+
+
 class Stack(BaseModel):
     """A serving stack's fixed costs (vLLM, SGLang, TensorRT-LLM, llama.cpp, ...); see data/stacks.yaml."""
 
@@ -294,6 +338,9 @@ class Stack(BaseModel):
     # False: a step that prefills carries no decoders, who wait for it (SGLang's prefill batches without
     # --enable-mixed-chunk); True: prefill shares the step with the decoders (vLLM V1, TensorRT-LLM)
     prefill_mixed: bool = True
+    # what the engine keeps per GPU besides weights and KV (activation peak, non-torch memory) and the share
+    # of memory it budgets; None: nothing (the pool is Efficiency.usable_memory of the memory less the weights)
+    memory: EngineMemory | None = None
     sources: dict[str, str]
 
     @model_validator(mode="after")

@@ -1,7 +1,9 @@
 """The system a step runs on: efficiencies, speculative decoding, bytes, KV capacity and sizing.
 
 Pure functions over the catalog (:mod:`voicepipe.hardware.catalog`): how many bytes the weights and the
-KV cache take, how many sequences fit beside the weights (paged or reserved KV, :func:`running_sequences`),
+KV cache take, what the serving engine keeps per chip besides them (:func:`engine_reserve_bytes`: its
+start-up profile's activation peak and non-torch memory, against the stack's memory share), how many
+sequences fit beside the weights (paged or reserved KV, :func:`running_sequences`),
 and the smallest tensor-parallel width that holds a configuration (:func:`make_system`). The step
 formulas that use them are in :mod:`voicepipe.hardware.step`; :mod:`voicepipe.hardware.model` states them
 all and re-exports both modules.
@@ -38,11 +40,11 @@ class Efficiency:
     """Efficiency factors, one set for every HBM device (η_mem, MFU, η_wq, η_moe fitted; see docs §2)."""
 
     # fitted on every answerable point of data/validation*.yaml (`voicepipe hardware validate`; docs §2, §3)
-    eta_mem: float = 0.774  # share of the sustained (STREAM-like) bandwidth a native decode step streams
+    eta_mem: float = 0.769  # share of the sustained (STREAM-like) bandwidth a native decode step streams
     mfu: float = 0.796  # share of the sustained (measured maximum) matmul FLOP/s a serving step reaches
     eta_wq: float = 1.0  # weight-only kernels' efficiency relative to native ones (dequant in the loop)
-    eta_moe: float = 0.67  # expert (grouped-GEMM) streaming efficiency relative to dense GEMV + routing
-    layer_s: float = 1.14e-05  # per layer per step on HBM devices beyond the stack's own gaps (launch, sync)
+    eta_moe: float = 0.656  # expert (grouped-GEMM) streaming efficiency relative to dense GEMV + routing
+    layer_s: float = 1.01e-05  # per layer per step on HBM devices beyond the stack's own gaps (launch, sync)
     ar_growth: float = 0.5  # all-reduce latency growth per doubling of the TP group beyond 2
     # per MoE layer per step: router, top-k, alignment, grouped-GEMM launches; the intercept of published
     # fused-MoE kernel times against the expert bytes they touch, 24.5-26.6 µs (docs §2, tenth pass)
@@ -255,6 +257,85 @@ def tp_replicated_params(model: ModelSpec) -> float:
     return float(model.layers * model.hidden * (model.kv_dim + (model.q_lora_rank or 0)))
 
 
+# ---------------------------------------------------------------- engine memory (docs §1, Engine memory)
+
+GIB = float(2**30)
+ACTIVATION_BYTES = 2.0  # bf16/fp16 activations of the start-up profile's forward pass
+
+
+def ffn_width(model: ModelSpec) -> float:
+    """Width of the gated MLP one token passes through in a layer (all its active experts and shared
+    experts together), from the parameter count: (active − attention − embedding and head) / (3 · layers ·
+    hidden). Llama-3.1-8B: 14,343 (config: 14,336)."""
+    head = model.embed_params * (1.0 if model.tied_embeddings else 2.0)
+    rest = model.active_params - attention_params(model) - head
+    return max(0.0, rest / (3.0 * model.layers * model.hidden))
+
+
+def memory_share(system: System) -> float:
+    """The share of each chip's memory the stack budgets for weights, KV and its reserve: the stack's
+    ``memory.share_by_tp`` at the largest width ≤ the system's (SGLang's mem_fraction_static), its
+    ``memory.share``, else ``Efficiency.usable_memory`` (vLLM's gpu_memory_utilization default)."""
+    mem = system.serving.memory if system.device.kind == "hbm" else None
+    if mem is not None and mem.share_by_tp:
+        widths = [w for w in mem.share_by_tp if w <= system.chips] or [min(mem.share_by_tp)]
+        return mem.share_by_tp[max(widths)]
+    if mem is not None and mem.share is not None:
+        return mem.share
+    return system.eff.usable_memory
+
+
+def profile_shape(system: System) -> tuple[int, int]:
+    """(tokens, sequence slots) of the stack's start-up profile on this device: the large-device defaults
+    where the device's memory reaches ``memory.large_gpu_gib`` and its key starts with none of
+    ``memory.large_gpu_except`` (vLLM V1: H100/H200/MI300X, not A100), else the ordinary ones."""
+    mem = system.serving.memory
+    if mem is None:
+        return 0, 0
+    dev = system.device
+    large = (
+        mem.large_gpu_gib is not None
+        and dev.capacity_bytes >= mem.large_gpu_gib * GIB
+        and not any(dev.key.startswith(prefix) for prefix in mem.large_gpu_except)
+    )
+    if large:
+        return (mem.large_tokens if mem.large_tokens is not None else mem.tokens,
+                mem.large_seqs if mem.large_seqs is not None else mem.seqs)  # fmt: skip
+    return mem.tokens, mem.seqs
+
+
+def activation_peak_bytes(system: System) -> float:
+    """The start-up profile's activation peak per chip: the larger of one forward pass over the profile's
+    tokens, ``tokens · 2 B · (2·hidden + 3·ffn/tp)`` (residual and normed input, the gated MLP's
+    up-projection output and activation), and the sampler over its sequence slots' logits, ``seqs · vocab
+    · logit_bytes``. 0 for a stack without a memory block."""
+    mem = system.serving.memory
+    if mem is None or system.device.kind != "hbm":
+        return 0.0
+    tokens, seqs = profile_shape(system)
+    m = system.model
+    forward = tokens * ACTIVATION_BYTES * (2.0 * m.hidden + 3.0 * ffn_width(m) / system.chips)
+    sampler = seqs * m.vocab * mem.logit_bytes
+    return float(max(forward, sampler))
+
+
+def engine_reserve_bytes(system: System) -> float:
+    """What the engine keeps on each chip besides the weights and the KV cache, counted against its
+    memory budget before the KV pool is sized: its non-torch memory (``memory.context_gib``, or
+    ``context_tp_gib`` at TP > 1: NCCL and all-reduce buffers) plus the activation peak of its start-up
+    profile (:func:`activation_peak_bytes`). 0 on SRAM machines and for a stack without a memory block."""
+    mem = system.serving.memory
+    if mem is None or system.device.kind != "hbm":
+        return 0.0
+    context = mem.context_tp_gib if system.chips > 1 and mem.context_tp_gib is not None else mem.context_gib
+    return context * GIB + activation_peak_bytes(system)
+
+
+def weight_room(system: System) -> float:
+    """Bytes per chip the weights may take: the stack's memory budget less the engine's reserve."""
+    return system.device.capacity_bytes * memory_share(system) - engine_reserve_bytes(system)
+
+
 def weight_split(system: System) -> tuple[float, float]:
     """(weight bytes per chip in HBM, per chip spilled to the offload tier).
 
@@ -271,7 +352,7 @@ def weight_split(system: System) -> tuple[float, float]:
         per_chip += (
             tp_replicated_params(system.model) * bytes_per_param(system.precision) * (1 - 1 / system.chips)
         )
-    usable = dev.capacity_bytes * system.eff.usable_memory
+    usable = weight_room(system)
     if per_chip <= usable or dev.offload_gb is None:
         return per_chip, 0.0
     keep = usable / 2.0
@@ -285,23 +366,26 @@ def weights_fit(system: System) -> bool:
         return True
     in_hbm, spilled = weight_split(system)
     offload = float(dev.offload_gb or 0.0) * 1e9
-    return in_hbm < dev.capacity_bytes * system.eff.usable_memory and spilled <= offload
+    return in_hbm < weight_room(system) and spilled <= offload
 
 
 def kv_capacity_tokens(system: System) -> float:
-    """KV-cache tokens (summed over sequences) that fit beside the weights (≥ 0).
+    """KV-cache tokens (summed over sequences) that fit beside the weights and the engine's reserve (≥ 0).
 
-    The pool is ``usable_memory`` of the whole memory less the weights, or, for a stack that sizes it from
-    what the loaded weights leave free (``kv_pool: free``, TensorRT-LLM), ``usable_memory`` of that."""
+    Per chip, the pool is the stack's memory share (:func:`memory_share`) of the whole memory less the
+    weights and what the engine keeps besides them (:func:`engine_reserve_bytes`), or, for a stack that
+    sizes it from what the loaded weights and its buffers leave free (``kv_pool: free``, TensorRT-LLM), the
+    share of that."""
     dev, m = system.device, system.model
     if dev.kind == "hbm":
         if not weights_fit(system):
             return 0.0
         weights = weight_split(system)[0]
-        if system.serving.kv_pool == "free":  # a share of what the weights leave free
-            free = (dev.capacity_bytes - weights) * system.eff.usable_memory
-        else:  # a share of the whole memory, less the weights
-            free = dev.capacity_bytes * system.eff.usable_memory - weights
+        reserve = engine_reserve_bytes(system)
+        if system.serving.kv_pool == "free":  # a share of what the weights and buffers leave free
+            free = (dev.capacity_bytes - weights - reserve) * memory_share(system)
+        else:  # a share of the whole memory, less the weights and the reserve
+            free = dev.capacity_bytes * memory_share(system) - weights - reserve
         per_token = kv_bytes_per_token(m, system.kv) / kv_shards(m, system.chips, system.attention_dp)
     else:
         free = system.chips * dev.capacity_bytes * system.eff.usable_sram - weight_bytes(m, system.precision)
@@ -414,7 +498,7 @@ def _no_fit(system: System, seqs: int, context: int) -> str:
     need = weight_bytes(m, system.precision) + seqs * kept_tokens(system, context) * kv_bytes_per_token(
         m, system.kv
     )
-    have = system.chips * dev.capacity_bytes * system.eff.usable_memory
+    have = system.chips * weight_room(system)
     hint = "" if system.precision in ("int4", "fp4") else "; try a smaller --precision"
     return (
         f"does not fit: {m.key} at {system.precision} needs {need / 1e9:.0f} GB (weights + {seqs} x {context}-token KV) "
