@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 PRECISIONS: dict[str, float] = {
     # bytes per weight; int4 carries one 8-bit scale per 32 weights (MXFP4 / group-wise int4) = 4.25 bits
@@ -120,6 +120,12 @@ class Device(BaseModel):
         if self.stream_bw_tbs is not None:
             return self.stream_bw_tbs * 1e12
         return float(self.mem_bw_tbs or 0.0) * 1e12 * STREAM_SHARE_DEFAULT
+
+    @property
+    def maker(self) -> str:
+        """Who makes the device, as its catalog name starts ("NVIDIA", "AMD", "Intel", "Google", ...): the key
+        a stack profile's per-maker build (``Stack.platforms``) and the interval cells are looked up by."""
+        return self.name.split()[0] if self.name else self.key
 
     @property
     def capacity_bytes(self) -> float:
@@ -293,7 +299,11 @@ class Stack(BaseModel):
     # False: a step that prefills carries no decoders, who wait for it (SGLang's prefill batches without
     # --enable-mixed-chunk); True: prefill shares the step with the decoders (vLLM V1, TensorRT-LLM)
     prefill_mixed: bool = True
+    # the build of this profile on one maker's devices, where it differs ("AMD": the ROCm build): the fields
+    # that differ, a ``name`` saying which build it is, and ``sources`` for each field (see Stack.on)
+    platforms: dict[str, dict[str, Any]] = Field(default_factory=dict)
     sources: dict[str, str]
+    _builds: dict[str, Stack] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="after")
     def _sourced(self) -> Stack:
@@ -325,7 +335,36 @@ class Stack(BaseModel):
                 missing.append(key)
         if missing:
             raise ValueError(f"no source for {', '.join(missing)}")
+        for maker in self.platforms:
+            self._build(maker)  # each maker's build must be a valid, sourced profile itself
         return self
+
+    def on(self, maker: str) -> Stack:
+        """This profile as it runs on ``maker``'s devices (:attr:`Device.maker`): the profile itself, or with
+        the fields of its ``platforms[maker]`` build in place (e.g. vLLM V0's ROCm build on AMD devices),
+        whose ``name`` says which build it is and whose ``sources`` replace the profile's for those fields.
+        The result is a profile without ``platforms`` of its own, validated like any other."""
+        if maker not in self.platforms:
+            return self
+        if maker not in self._builds:
+            self._builds[maker] = self._build(maker)
+        return self._builds[maker]
+
+    def _build(self, maker: str) -> Stack:
+        """The ``platforms[maker]`` build (see :meth:`on`); ValueError for a field a profile does not have,
+        a build without a ``name``, or a changed field without its source."""
+        over = self.platforms[maker]
+        unknown = set(over) - (set(Stack.model_fields) - {"key", "platforms"})
+        if unknown or "name" not in over:
+            why = f"unknown field(s) {', '.join(sorted(unknown))}" if unknown else "no name for the build"
+            raise ValueError(f"platforms.{maker}: {why}")
+        changed = {k: v for k, v in over.items() if k != "sources"}
+        given = over.get("sources") or {}
+        missing = [f for f in changed if f != "name" and not given.get(f)]
+        if missing:
+            raise ValueError(f"platforms.{maker}: no source for {', '.join(missing)}")
+        base = self.model_dump(exclude={"platforms", "sources"})
+        return Stack(**{**base, **changed, "sources": {**self.sources, **given}})
 
 
 def kv_rereads(stack: Stack, group: float) -> float:

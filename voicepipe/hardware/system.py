@@ -131,7 +131,9 @@ class System:
 
     @property
     def serving(self) -> Stack:
-        return self.stack or catalog_stack()
+        """The stack profile as built for this device's maker (:meth:`Stack.on`: e.g. vLLM V0's ROCm build on
+        an AMD device); its ``key`` is the profile's, its ``name`` says which build."""
+        return (self.stack or catalog_stack()).on(self.device.maker)
 
 
 # ---------------------------------------------------------------- bytes
@@ -375,7 +377,8 @@ def make_system(
     if tp is not None:
         if tp < 1 or tp > device.max_tp:
             raise ValueError(f"tp {tp} out of range for {device.key} (1..{device.max_tp})")
-        tensor = (stack or catalog_stack()).multi_chip == "tensor"  # a pipeline split takes any chip count
+        # a pipeline split takes any chip count
+        tensor = (stack or catalog_stack()).on(device.maker).multi_chip == "tensor"
         if tensor and model.heads % tp:
             raise ValueError(f"tp {tp}: {model.heads} attention heads do not split {tp} ways (tensor "
                              "parallelism shards whole heads, as vLLM and TensorRT-LLM require)")  # fmt: skip
