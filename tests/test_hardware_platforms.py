@@ -92,3 +92,14 @@ def test_validation_points_follow_the_build_their_notes_name():
     assert all("rocm pass" in (p.notes or "") for p in amd_img)
     argonne = [p for p in pts if p.id.startswith(("anl-mi", "anl2-mi")) and p.stack.startswith("vllm")]
     assert argonne and all(p.stack == "vllm-v0" and "v0.6.1" in (p.notes or "") for p in argonne)
+
+
+def test_vllm_v0_decodes_a_sliding_window_model_with_the_per_head_kernel_on_nvidia():
+    # Mistral-7B v0.1 (window 4096, 32 query heads over 8 KV heads): V0's selector falls back to XFormers
+    mistral_v0, mistral_v1 = _system("h100-sxm", "mistral-7b", "vllm-v0"), _system("h100-sxm", "mistral-7b", "vllm")
+    assert 3.8 * _kv_s(mistral_v1) < _kv_s(mistral_v0) < 4.0 * _kv_s(mistral_v1)
+    # the same shapes without a window keep FlashAttention, which shares the KV head
+    llama_v0, llama_v1 = _system("h100-sxm", "llama-3.1-8b", "vllm-v0"), _system("h100-sxm", "llama-3.1-8b", "vllm")
+    assert _kv_s(llama_v0) == _kv_s(llama_v1)
+    assert cat.kv_rereads(cat.stack("vllm-v0"), 4.0, local=True) == 4.0
+    assert cat.kv_rereads(cat.stack("vllm-v0"), 4.0) == cat.kv_rereads(cat.stack("vllm"), 4.0, local=True) == 1.0

@@ -266,6 +266,9 @@ class Stack(BaseModel):
     multi_chip: Literal["tensor", "pipeline"] = "tensor"  # how it spreads a model over several chips
     # False: the decode attention kernel reads a GQA group's shared KV head once per query head
     gqa_kv_shared: bool = True
+    # False: as gqa_kv_shared False, but only for a model with local (sliding-window) attention, which the stack
+    # decodes with another kernel (vLLM V0 up to v0.6.3 on CUDA: XFormers with its paged attention, not FlashAttention)
+    local_gqa_kv_shared: bool = True
     # query heads one read of a KV head serves (a decode kernel with that many heads per thread block,
     # taken at the largest power of two ≤ it that divides the GQA group); None: the whole group
     gqa_heads_per_read: int | None = Field(default=None, ge=1)
@@ -317,8 +320,9 @@ class Stack(BaseModel):
                 missing.append(f)
         if self.timing != "engine" and not self.sources.get("timing"):
             missing.append("timing")
-        if not self.gqa_kv_shared and not self.sources.get("gqa_kv_shared"):
-            missing.append("gqa_kv_shared")
+        for flag in ("gqa_kv_shared", "local_gqa_kv_shared"):
+            if not getattr(self, flag) and not self.sources.get(flag):
+                missing.append(flag)
         if self.gqa_heads_per_read is not None and not self.sources.get("gqa_heads_per_read"):
             missing.append("gqa_heads_per_read")
         if self.prefill_token_budget is not None and not self.sources.get("prefill_token_budget"):
@@ -367,11 +371,12 @@ class Stack(BaseModel):
         return Stack(**{**base, **changed, "sources": {**self.sources, **given}})
 
 
-def kv_rereads(stack: Stack, group: float) -> float:
+def kv_rereads(stack: Stack, group: float, local: bool = False) -> float:
     """How many times a decode step reads each KV head: 1 for a kernel that serves the whole GQA group
-    from one read, the group size for one that reads it once per query head (``gqa_kv_shared: false``),
-    else the group over the heads one read serves (``gqa_heads_per_read``)."""
-    if not stack.gqa_kv_shared:
+    from one read, the group size for one that reads it once per query head (``gqa_kv_shared: false``, or
+    ``local_gqa_kv_shared: false`` for a model with local attention, ``local``), else the group over the
+    heads one read serves (``gqa_heads_per_read``)."""
+    if not stack.gqa_kv_shared or (local and not stack.local_gqa_kv_shared):
         return group
     if stack.gqa_heads_per_read is None or group <= 1:
         return 1.0
