@@ -178,7 +178,10 @@ def show(name: str = typer.Argument(..., help="device, model, empirical profile,
         return
     if name in catalog.stacks():
         st = catalog.stacks()[name]
-        _print_entry(con, f"Serving stack {name}: {st.name}", st.model_dump(), st.sources)
+        _print_entry(con, f"Serving stack {name}: {st.name}", st.model_dump(exclude={"platforms"}), st.sources)
+        for maker, over in st.platforms.items():  # the profile's build on one maker's devices (Stack.on)
+            changed = {k: v for k, v in over.items() if k not in ("name", "sources")}
+            _print_entry(con, f"On {maker} devices: {over['name']}", changed, over.get("sources") or {})
         return
     if name in catalog.models():
         m = catalog.models()[name]
@@ -344,6 +347,7 @@ def predict(
         ("precision (weights / KV)", f"{p.precision} / {p.kv_precision}"),
         *([("weight-only", f"no {p.precision} math here: bf16 matmuls")] if out["weight_only"] else []),
         ("stack", p.stack),
+        ("stack build", p.stack_build),
         ("batch", f"{p.batch}"),
         ("fits", fits),
         ("max batch at this context", f"{p.max_batch_fits}"),
@@ -436,7 +440,7 @@ def sweep(
     near = _near(dev, mdl, stk)
     payload = {
         "hardware": dev.key, "model": mdl.key, "precision": dep.system.precision, "kv_precision": dep.system.kv,
-        "stack": dep.system.serving.key, "ttft_timing": dep.system.ttft_timing,
+        "stack": dep.system.serving.key, "stack_build": dep.system.serving.name, "ttft_timing": dep.system.ttft_timing,
         "eager": dep.system.eager, "scheduler_steps": dep.system.scheduler_steps,
         "default_max_batch": dep.max_batch, "fast_max_batch": FAST_MAX_BATCH,
         "modelled": True, "validation": _validation(), "interval_level": LEVEL,

@@ -194,6 +194,7 @@ class Prediction:
     precision: str
     kv_precision: str
     stack: str
+    stack_build: str  # which build of the profile ran: its name on this device's maker (Stack.on)
     chips: int
     batch: int
     effective_batch: int
@@ -287,6 +288,7 @@ def predict(
         precision=system.precision,
         kv_precision=system.kv,
         stack=system.serving.key if device.kind == "hbm" else "vendor (SRAM, fitted)",
+        stack_build=system.serving.name if device.kind == "hbm" else "the vendor's own (in the fitted layer time)",
         chips=system.chips,
         batch=batch,
         effective_batch=run,

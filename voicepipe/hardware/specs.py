@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 PRECISIONS: dict[str, float] = {
     # bytes per weight; int4 carries one 8-bit scale per 32 weights (MXFP4 / group-wise int4) = 4.25 bits
@@ -120,6 +120,12 @@ class Device(BaseModel):
         if self.stream_bw_tbs is not None:
             return self.stream_bw_tbs * 1e12
         return float(self.mem_bw_tbs or 0.0) * 1e12 * STREAM_SHARE_DEFAULT
+
+    @property
+    def maker(self) -> str:
+        """Who makes the device, as its catalog name starts ("NVIDIA", "AMD", "Intel", "Google", ...): the key
+        a stack profile's per-maker build (``Stack.platforms``) and the interval cells are looked up by."""
+        return self.name.split()[0] if self.name else self.key
 
     @property
     def capacity_bytes(self) -> float:
@@ -305,6 +311,9 @@ class Stack(BaseModel):
     multi_chip: Literal["tensor", "pipeline"] = "tensor"  # how it spreads a model over several chips
     # False: the decode attention kernel reads a GQA group's shared KV head once per query head
     gqa_kv_shared: bool = True
+    # False: as gqa_kv_shared False, but only for a model with local (sliding-window) attention, which the stack
+    # decodes with another kernel (vLLM V0 up to v0.6.3 on CUDA: XFormers with its paged attention, not FlashAttention)
+    local_gqa_kv_shared: bool = True
     # query heads one read of a KV head serves (a decode kernel with that many heads per thread block,
     # taken at the largest power of two ≤ it that divides the GQA group); None: the whole group
     gqa_heads_per_read: int | None = Field(default=None, ge=1)
@@ -341,7 +350,11 @@ class Stack(BaseModel):
     # what the engine keeps per GPU besides weights and KV (activation peak, non-torch memory) and the share
     # of memory it budgets; None: nothing (the pool is Efficiency.usable_memory of the memory less the weights)
     memory: EngineMemory | None = None
+    # the build of this profile on one maker's devices, where it differs ("AMD": the ROCm build): the fields
+    # that differ, a ``name`` saying which build it is, and ``sources`` for each field (see Stack.on)
+    platforms: dict[str, dict[str, Any]] = Field(default_factory=dict)
     sources: dict[str, str]
+    _builds: dict[str, Stack] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="after")
     def _sourced(self) -> Stack:
@@ -355,8 +368,9 @@ class Stack(BaseModel):
                 missing.append(f)
         if self.timing != "engine" and not self.sources.get("timing"):
             missing.append("timing")
-        if not self.gqa_kv_shared and not self.sources.get("gqa_kv_shared"):
-            missing.append("gqa_kv_shared")
+        for flag in ("gqa_kv_shared", "local_gqa_kv_shared"):
+            if not getattr(self, flag) and not self.sources.get(flag):
+                missing.append(flag)
         if self.gqa_heads_per_read is not None and not self.sources.get("gqa_heads_per_read"):
             missing.append("gqa_heads_per_read")
         if self.prefill_token_budget is not None and not self.sources.get("prefill_token_budget"):
@@ -373,14 +387,44 @@ class Stack(BaseModel):
                 missing.append(key)
         if missing:
             raise ValueError(f"no source for {', '.join(missing)}")
+        for maker in self.platforms:
+            self._build(maker)  # each maker's build must be a valid, sourced profile itself
         return self
 
+    def on(self, maker: str) -> Stack:
+        """This profile as it runs on ``maker``'s devices (:attr:`Device.maker`): the profile itself, or with
+        the fields of its ``platforms[maker]`` build in place (e.g. vLLM V0's ROCm build on AMD devices),
+        whose ``name`` says which build it is and whose ``sources`` replace the profile's for those fields.
+        The result is a profile without ``platforms`` of its own, validated like any other."""
+        if maker not in self.platforms:
+            return self
+        if maker not in self._builds:
+            self._builds[maker] = self._build(maker)
+        return self._builds[maker]
 
-def kv_rereads(stack: Stack, group: float) -> float:
+    def _build(self, maker: str) -> Stack:
+        """The ``platforms[maker]`` build (see :meth:`on`); ValueError for a field a profile does not have,
+        a build without a ``name``, or a changed field without its source."""
+        over = self.platforms[maker]
+        unknown = set(over) - (set(Stack.model_fields) - {"key", "platforms"})
+        if unknown or "name" not in over:
+            why = f"unknown field(s) {', '.join(sorted(unknown))}" if unknown else "no name for the build"
+            raise ValueError(f"platforms.{maker}: {why}")
+        changed = {k: v for k, v in over.items() if k != "sources"}
+        given = over.get("sources") or {}
+        missing = [f for f in changed if f != "name" and not given.get(f)]
+        if missing:
+            raise ValueError(f"platforms.{maker}: no source for {', '.join(missing)}")
+        base = self.model_dump(exclude={"platforms", "sources"})
+        return Stack(**{**base, **changed, "sources": {**self.sources, **given}})
+
+
+def kv_rereads(stack: Stack, group: float, local: bool = False) -> float:
     """How many times a decode step reads each KV head: 1 for a kernel that serves the whole GQA group
-    from one read, the group size for one that reads it once per query head (``gqa_kv_shared: false``),
-    else the group over the heads one read serves (``gqa_heads_per_read``)."""
-    if not stack.gqa_kv_shared:
+    from one read, the group size for one that reads it once per query head (``gqa_kv_shared: false``, or
+    ``local_gqa_kv_shared: false`` for a model with local attention, ``local``), else the group over the
+    heads one read serves (``gqa_heads_per_read``)."""
+    if not stack.gqa_kv_shared or (local and not stack.local_gqa_kv_shared):
         return group
     if stack.gqa_heads_per_read is None or group <= 1:
         return 1.0

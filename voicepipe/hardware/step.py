@@ -144,7 +144,7 @@ def step_parts(
     )
     stk = system.serving
     # a decode kernel that does not share a GQA group's KV head reads it once per query head
-    reread = kv_rereads(stk, m.gqa_group)
+    reread = kv_rereads(stk, m.gqa_group, local=m.window is not None)
     kv_bytes = (reread * kv + np.where(n > 0, cached, 0.0) + tokens) * kvb
     # tensor parallelism splits every step's work over the chips; a pipeline (llama.cpp's layer split)
     # runs the chips in turn, so a step costs one chip's time for all the work plus the hops between

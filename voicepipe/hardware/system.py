@@ -43,8 +43,8 @@ class Efficiency:
     eta_mem: float = 0.769  # share of the sustained (STREAM-like) bandwidth a native decode step streams
     mfu: float = 0.796  # share of the sustained (measured maximum) matmul FLOP/s a serving step reaches
     eta_wq: float = 1.0  # weight-only kernels' efficiency relative to native ones (dequant in the loop)
-    eta_moe: float = 0.656  # expert (grouped-GEMM) streaming efficiency relative to dense GEMV + routing
-    layer_s: float = 1.01e-05  # per layer per step on HBM devices beyond the stack's own gaps (launch, sync)
+    eta_moe: float = 0.662  # expert (grouped-GEMM) streaming efficiency relative to dense GEMV + routing
+    layer_s: float = 1.02e-05  # per layer per step on HBM devices beyond the stack's own gaps (launch, sync)
     ar_growth: float = 0.5  # all-reduce latency growth per doubling of the TP group beyond 2
     # per MoE layer per step: router, top-k, alignment, grouped-GEMM launches; the intercept of published
     # fused-MoE kernel times against the expert bytes they touch, 24.5-26.6 µs (docs §2, tenth pass)
@@ -143,7 +143,9 @@ class System:
 
     @property
     def serving(self) -> Stack:
-        return self.stack or catalog_stack()
+        """The stack profile as built for this device's maker (:meth:`Stack.on`: e.g. vLLM V0's ROCm build on
+        an AMD device); its ``key`` is the profile's, its ``name`` says which build."""
+        return (self.stack or catalog_stack()).on(self.device.maker)
 
 
 # ---------------------------------------------------------------- bytes
@@ -475,7 +477,8 @@ def make_system(
     if tp is not None:
         if tp < 1 or tp > device.max_tp:
             raise ValueError(f"tp {tp} out of range for {device.key} (1..{device.max_tp})")
-        tensor = (stack or catalog_stack()).multi_chip == "tensor"  # a pipeline split takes any chip count
+        # a pipeline split takes any chip count
+        tensor = (stack or catalog_stack()).on(device.maker).multi_chip == "tensor"
         if tensor and model.heads % tp:
             raise ValueError(f"tp {tp}: {model.heads} attention heads do not split {tp} ways (tensor "
                              "parallelism shards whole heads, as vLLM and TensorRT-LLM require)")  # fmt: skip

@@ -59,7 +59,7 @@ def precision_class(precision: str) -> str:
 
 def device_maker(dev: catalog.Device) -> str:
     """Who makes the device, as its catalog name starts ("NVIDIA", "AMD", "Intel", "Google", ...)."""
-    return dev.name.split()[0] if dev.name else dev.key
+    return dev.maker
 
 
 class Residual(BaseModel):
