@@ -4,14 +4,18 @@ vLLM V1's piecewise CUDA graphs runs at the host's speed, not the memory's."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from pydantic import ValidationError
 
 from voicepipe.hardware import catalog as cat
 from voicepipe.hardware import model as hm
+from voicepipe.hardware import validate as val
 from voicepipe.hardware.catalog import Stack
 from voicepipe.hardware.step import host_bound, launch_host_s
+from voicepipe.hardware.validate.fit import engine_run, metric_of
 
 
 def _system(dev: str, mdl: str, prec: str, stack: str | Stack) -> hm.System:
@@ -94,3 +98,35 @@ def test_a_stack_with_host_launch_costs_cites_its_graph_mode_and_its_scheduling(
         Stack(**base, async_scheduling=True)  # type: ignore[arg-type]
     with pytest.raises(ValidationError, match="async_gap_us"):
         Stack(**base, async_gap_us=100)  # type: ignore[arg-type]
+
+
+def _release(p: val.Point) -> tuple[int, int] | None:
+    m = re.match(r"(\d+)\.(\d+)", p.engine_version or "")
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def test_vllm_v1_points_run_the_profile_of_their_release():
+    # vLLM V1 captured piecewise graphs on every step until v0.11.0 made FULL_AND_PIECEWISE the default:
+    # a V1 point runs vllm-0.10 by its stated release, or, unstated, by the release of its date
+    for p in val.points():
+        if p.stack not in ("vllm", "vllm-0.10"):
+            continue
+        rel, date = _release(p), str(p.date)
+        if rel is not None and rel >= (0, 8):
+            want = "vllm-0.10" if rel <= (0, 10) else "vllm"
+        elif rel is None and "2025-04" <= date[:7] <= "2025-09":
+            want = "vllm-0.10"
+        elif rel is None and date[:7] > "2025-09":
+            want = "vllm"
+        else:  # V0 releases (2024): not this rule's
+            continue
+        assert p.stack == want, (p.id, p.engine_version, date)
+
+
+def test_the_fit_retimes_a_host_bound_point_as_the_engine_runs_it():
+    pts = [p for p in val.points() if p.id == "gpuconc-h200-gptoss20b-c1-1000-1000-thr"]
+    assert pts and pts[0].stack == "vllm-0.10"
+    x = val.prepare(pts[0])
+    theta = np.array([[getattr(hm.DEFAULT_EFFICIENCY, k) for k in hm.FITTED]])
+    retimed = float(val.predicted(val.batch_of([x]), theta)[0, 0])
+    assert retimed == pytest.approx(metric_of(x, engine_run(x)), rel=1e-6)
