@@ -19,9 +19,12 @@ HBM devices (GPUs, TPUs), per chip of a tensor-parallel group of ``tp``::
              (a = 2·hd; MLA decodes in the absorbed form over its latent: a = 2·kv_dim − rope)
     t_comm = [tp > 1] · 2·L · (α(tp) + 2·(tp−1)/tp · T·hidden·2 B / (link_BW · η_link))
     α(tp)  = α_2 · (1 + g·log2(tp/2))                       (α_2: the device's measured-class latency)
-    t_step = max(t_W, t_GEMM) + max(t_KV, t_attn) + t_comm + L·(t_layer + τ + [eager]·t_eager) + L_moe·t_route
-             + (t_step_fixed + (sequences in the step)·t_seq) / N
-             (stack: t_layer, t_eager, t_step_fixed, t_seq; fitted: τ, the per-layer cost beyond the stack's)
+    t_gpu  = max(t_W, t_GEMM) + max(t_KV, t_attn) + t_comm + L·(t_layer + τ + [eager]·t_eager) + L_moe·t_route
+    t_host = (t_step_fixed + (sequences in the step)·t_seq) / N       (between forwards)
+    t_lch  = L·h_layer where the step runs piecewise CUDA graphs (and not eager), else 0   (launching)
+    t_step = t_host + max(t_gpu, t_lch), or with async scheduling max(t_gpu, t_lch + t_host)
+             (stack: t_layer, t_eager, t_step_fixed, t_seq, h_layer, cudagraph_mode, async_scheduling;
+              fitted: τ, the per-layer cost beyond the stack's)
              [eager]: the step prefills (graphs are captured for decode only), or System.eager (no graphs)
              N: System.scheduler_steps for a decode-only step (multi-step scheduling), else 1
 
@@ -67,6 +70,7 @@ from typing import Literal
 from voicepipe.hardware.catalog import Device, ModelSpec, Stack
 from voicepipe.hardware.serving import DeviceServer
 from voicepipe.hardware.step import (
+    BOOL_PARTS,
     Bound,
     StepParts,
     StepTime,
@@ -125,6 +129,7 @@ from voicepipe.hardware.system import (
 from voicepipe.hardware.workload import steady, throughput
 
 __all__ = [
+    "BOOL_PARTS",
     "DEFAULT_EFFICIENCY",
     "FITTED",
     "MLA_ROPE_DIM",

@@ -308,6 +308,20 @@ class Stack(BaseModel):
     # is used) or "engine" (the engine's own benchmark, no HTTP); System.timing overrides it
     timing: Literal["client", "engine"] = "engine"
     seq_overhead_us: float = Field(default=0.0, ge=0)  # per running sequence per step, host side
+    # host time per layer to launch a forward whose attention runs eagerly between CUDA-graph pieces
+    # (vLLM V1's piecewise graphs): it overlaps the GPU's work, so such a forward takes the longer of the
+    # two (0: the forward replays whole graphs, or the per-layer host work is inside layer_overhead_us)
+    host_layer_us: float = Field(default=0.0, ge=0)
+    # which steps launch piecewise: "piecewise" (every step: vLLM V1 before v0.11) or
+    # "full_and_piecewise" (decode-only steps replay one full graph, steps that prefill run piecewise)
+    cudagraph_mode: Literal["piecewise", "full_and_piecewise"] = "full_and_piecewise"
+    # True: the host schedules step n+1 while the GPU runs step n (vLLM's async scheduling, SGLang's
+    # overlap scheduler), so the per-step and per-sequence host work overlaps the forward instead of
+    # adding to it
+    async_scheduling: bool = False
+    # with async scheduling, the host time per step that still does not overlap the GPU (the hand-over
+    # of the sampled tokens to the next step's inputs)
+    async_gap_us: float = Field(default=0.0, ge=0)
     multi_chip: Literal["tensor", "pipeline"] = "tensor"  # how it spreads a model over several chips
     # False: the decode attention kernel reads a GQA group's shared KV head once per query head
     gqa_kv_shared: bool = True
@@ -363,7 +377,7 @@ class Stack(BaseModel):
             for f in ("step_overhead_us", "layer_overhead_us", "request_overhead_ms")
             if not self.sources.get(f)
         ]
-        for f in ("seq_overhead_us", "client_overhead_ms"):
+        for f in ("seq_overhead_us", "client_overhead_ms", "host_layer_us", "async_gap_us"):
             if getattr(self, f) > 0 and not self.sources.get(f):
                 missing.append(f)
         if self.timing != "engine" and not self.sources.get("timing"):
@@ -379,7 +393,9 @@ class Stack(BaseModel):
             missing.append("prefill_mixed")
         if self.prefill_chunked and self.prefill_token_budget is None:
             raise ValueError("prefill_chunked needs a prefill_token_budget")
-        for flag in ("first_token_from_decode", "window_kv", "prefill_chunked"):
+        if self.host_layer_us > 0 and not self.sources.get("cudagraph_mode"):
+            missing.append("cudagraph_mode")
+        for flag in ("first_token_from_decode", "window_kv", "prefill_chunked", "async_scheduling"):
             if getattr(self, flag) and not self.sources.get(flag):
                 missing.append(flag)
         for key, default in (("kv_admission", "grow"), ("kv_pool", "total"), ("kv_default", "weights")):

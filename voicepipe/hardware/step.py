@@ -7,7 +7,7 @@ The formulas are stated in :mod:`voicepipe.hardware.model`'s docstring; the size
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
@@ -16,6 +16,7 @@ from numpy.typing import ArrayLike, NDArray
 from voicepipe.hardware.catalog import (
     Device,
     ModelSpec,
+    Stack,
     kv_rereads,
 )
 from voicepipe.hardware.system import (
@@ -54,10 +55,17 @@ class StepParts:
     flops_s: FArray  # weight-matmul FLOPs per chip / sustained rate at the precision
     attn_s: FArray  # attention (scores, values) FLOPs per chip / sustained 16-bit rate
     comm_s: FArray  # all-reduces (latency + bandwidth), set constants
-    fixed_s: FArray  # stack per-step and per-layer costs (SRAM: per-layer time, sweep)
+    fixed_s: FArray  # GPU-side fixed costs: per-layer gaps, MoE routing (SRAM: per-layer time, sweep)
     layers: FArray  # layers whose fitted per-layer cost τ applies (HBM: all; SRAM: none)
     weight_only: bool | NDArray[np.bool_]
     sram: bool | NDArray[np.bool_]
+    serial_s: FArray | float = 0.0  # host work between forwards: per step, per running sequence
+    launch_s: FArray | float = 0.0  # host time launching a piecewise-graphed forward (overlaps the GPU)
+    overlap: bool | NDArray[np.bool_] = False  # async scheduling: serial_s overlaps the GPU too
+    gap_s: FArray | float = 0.0  # async scheduling: the host time per step that overlaps nothing
+
+
+BOOL_PARTS = ("weight_only", "sram", "overlap")  # the StepParts fields that are flags, not seconds
 
 
 @dataclass(frozen=True)
@@ -201,15 +209,18 @@ def step_parts(
             comm_s=comm,
             fixed_s=zero
             + m.layers * (stk.layer_overhead_us + np.where(eager, stk.prefill_layer_overhead_us, 0.0)) * 1e-6
-            + m.routed_layers * eff.moe_route_s
-            # host work per step, and per running sequence (schedule, prepare inputs, sample, detokenise),
-            # done once per `scheduler_steps` decode steps under multi-step scheduling
-            + (stk.step_overhead_us + (d + np.where(n > 0, ps, 0.0)) * stk.seq_overhead_us)
-            * 1e-6
-            / host_steps,
+            + m.routed_layers * eff.moe_route_s,
             layers=zero + m.layers,
             weight_only=dev.weight_only(system.precision),
             sram=False,
+            # per step, and per running sequence (schedule, prepare inputs, sample, detokenise), done once per
+            # `scheduler_steps` decode steps under multi-step scheduling
+            serial_s=zero
+            + (stk.step_overhead_us + (d + np.where(n > 0, ps, 0.0)) * stk.seq_overhead_us) * 1e-6 / host_steps,
+            # eager execution launches every kernel from the host, charged above per layer (no graph pieces)
+            launch_s=zero + (0.0 if system.eager else launch_host_s(stk, m.layers, n)),
+            overlap=stk.async_scheduling,
+            gap_s=zero + stk.async_gap_us * 1e-6,
         )
     layer_bw = float(dev.layer_bw_tbs or 0) * 1e12
     sweep = (dense_p + expert_p) * bpp / layer_bw if layer_bw > 0 else zero
@@ -226,6 +237,16 @@ def step_parts(
         weight_only=False,
         sram=True,
     )
+
+
+def launch_host_s(stack: Stack, layers: int, prefill_tokens: ArrayLike) -> FArray:
+    """Host seconds to launch one step's forward: ``layers × host_layer_us`` where the step runs
+    piecewise CUDA graphs (every step under ``cudagraph_mode`` "piecewise"; under "full_and_piecewise" only
+    a step that prefills, a decode-only step replaying one full graph), else 0."""
+    piecewise = np.asarray(prefill_tokens, dtype=float) > 0
+    if stack.cudagraph_mode == "piecewise":
+        piecewise = np.ones_like(piecewise)
+    return np.where(piecewise, layers * stack.host_layer_us * 1e-6, 0.0)
 
 
 def combine(
@@ -250,11 +271,21 @@ def combine(
     # (weight bytes vs matmul FLOPs) and attention (KV bytes vs attention FLOPs) do not overlap.
     # SRAM: the token walks layers, so its parts add up.
     busy = np.where(parts.sram, memory + compute, np.maximum(weights, matmul) + np.maximum(cache, attention))
-    return (
-        memory,
-        compute,
-        busy + parts.comm_s + parts.fixed_s + parts.layers * np.asarray(layer_s, dtype=float),
-    )
+    gpu = busy + parts.comm_s + parts.fixed_s + parts.layers * np.asarray(layer_s, dtype=float)
+    return memory, compute, host_bound(gpu, parts.launch_s, parts.serial_s, parts.overlap, parts.gap_s)
+
+
+def host_bound(
+    gpu: ArrayLike, launch: ArrayLike, serial: ArrayLike, overlap: ArrayLike, gap: ArrayLike = 0.0
+) -> FArray:
+    """A step's time from its GPU time and its host work. The host launches the forward while the GPU
+    runs it (CUDA launches are asynchronous), so the forward takes the longer of the GPU time and the
+    launch time; the host's work between forwards (scheduling, input preparation, sampling, output
+    processing) adds to it, unless the stack schedules the next step while the GPU runs this one
+    (``overlap``), when the step is the longer of the GPU time and all the host work, plus the ``gap``
+    that overlaps nothing."""
+    g, lh, sh = (np.asarray(v, dtype=float) for v in (gpu, launch, serial))
+    return np.where(overlap, np.maximum(g, lh + sh) + np.asarray(gap, dtype=float), sh + np.maximum(g, lh))
 
 
 def step_time(
@@ -281,7 +312,11 @@ def step_time(
     )
     e = system.eff
     memory, compute, total = combine(parts, e.eta_mem, e.mfu, e.eta_wq, e.eta_moe, e.layer_s)
-    return StepTime(memory, compute, parts.comm_s, parts.fixed_s + parts.layers * e.layer_s, total)
+    # everything that is neither a kernel's bytes/FLOPs nor a collective: the GPU-side fixed costs and
+    # what the host adds beyond the GPU's work
+    busy = combine(replace(parts, comm_s=0.0 * parts.comm_s, fixed_s=0.0 * parts.fixed_s, serial_s=0.0,
+                           launch_s=0.0, gap_s=0.0, layers=0.0 * parts.layers), e.eta_mem, e.mfu, e.eta_wq, e.eta_moe)[2]  # fmt: skip
+    return StepTime(memory, compute, parts.comm_s, total - busy - parts.comm_s, total)
 
 
 def mixed_step_s(

@@ -43,7 +43,7 @@ class Efficiency:
     eta_mem: float = 0.769  # share of the sustained (STREAM-like) bandwidth a native decode step streams
     mfu: float = 0.796  # share of the sustained (measured maximum) matmul FLOP/s a serving step reaches
     eta_wq: float = 1.0  # weight-only kernels' efficiency relative to native ones (dequant in the loop)
-    eta_moe: float = 0.662  # expert (grouped-GEMM) streaming efficiency relative to dense GEMV + routing
+    eta_moe: float = 0.665  # expert (grouped-GEMM) streaming efficiency relative to dense GEMV + routing
     layer_s: float = 1.02e-05  # per layer per step on HBM devices beyond the stack's own gaps (launch, sync)
     ar_growth: float = 0.5  # all-reduce latency growth per doubling of the TP group beyond 2
     # per MoE layer per step: router, top-k, alignment, grouped-GEMM launches; the intercept of published

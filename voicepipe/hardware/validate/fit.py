@@ -27,6 +27,7 @@ from functools import cache
 import numpy as np
 
 from voicepipe.hardware.model import (
+    BOOL_PARTS,
     DEFAULT_EFFICIENCY,
     FITTED,
     Efficiency,
@@ -101,7 +102,7 @@ def metric_of(x: Prepared, r: Run) -> float:
 def _stack_parts(parts: list[StepParts]) -> StepParts:
     arrays = {f.name: np.concatenate([np.broadcast_to(np.asarray(getattr(x, f.name), dtype=float),
                                                       np.shape(x.kv_s)).ravel() for x in parts]) for f in fields(StepParts)}  # fmt: skip
-    return StepParts(**{**arrays, "weight_only": arrays["weight_only"].astype(bool), "sram": arrays["sram"].astype(bool)})
+    return StepParts(**{**arrays, **{k: arrays[k].astype(bool) for k in BOOL_PARTS}})
 
 
 def _merged(r: Run, w: FArray) -> tuple[FArray, ...]:
