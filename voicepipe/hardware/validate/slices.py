@@ -58,7 +58,7 @@ def precision_class(precision: str) -> str:
 
 
 def device_maker(dev: catalog.Device) -> str:
-    """Who makes the device, as its catalog name starts ("NVIDIA", "AMD", "Intel", "Google", ...)."""
+    """Who makes the device (:attr:`~voicepipe.hardware.specs.Device.maker`: "NVIDIA", "AMD", ...)."""
     return dev.maker
 
 
