@@ -32,6 +32,7 @@ def test_list_shows_devices_models_and_empirical_profiles():
         ("sonnet-gpu", "Artificial Analysis"),
         ("claude-3.5-sonnet", "88.7"),
         ("cerebras-wse3/llama-3.1-8b", "MODELLED"),
+        ("vllm-v0", "vLLM PR #8310"),  # a stack with engine memory and an AMD build with its sources
     ],
 )
 def test_show_prints_sources(name, needle):

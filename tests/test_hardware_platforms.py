@@ -43,11 +43,15 @@ def test_a_profiles_amd_build_applies_on_amd_devices_and_not_on_nvidia_ones():
 
 
 def test_the_rocm_build_rereads_kv_per_query_head_of_a_gqa_group_only():
-    # Llama-3.1-8B: 32 query heads over 8 KV heads -> each KV head read 4 times by the upstream V0 ROCm build
+    # Llama-3.1-8B: 32 query heads over 8 KV heads -> each KV head read 4 times by the upstream V0 ROCm build,
+    # which also streams what it reads at decode_kv_eff of the modelled rate
     up, amd_img = _system("mi300x", "llama-3.1-8b", "vllm-v0"), _system("mi300x", "llama-3.1-8b", "vllm-rocm-amd")
-    assert 3.8 * _kv_s(amd_img) < _kv_s(up) < 4.0 * _kv_s(amd_img)  # the newly written tokens are read once
-    # an MHA model (Llama-2-7B: 32 KV heads) has nothing to share, so both builds read the same bytes
-    assert _kv_s(_system("mi300x", "llama-2-7b", "vllm-v0")) == _kv_s(_system("mi300x", "llama-2-7b", "vllm-rocm-amd"))
+    e = up.serving.decode_kv_eff
+    assert 0.0 < e < 1.0 and amd_img.serving.decode_kv_eff == 1.0
+    assert 3.8 / e * _kv_s(amd_img) < _kv_s(up) < 4.0 / e * _kv_s(amd_img)  # new tokens are written once
+    # an MHA model (Llama-2-7B: 32 KV heads) has nothing to share: only the kernel's rate differs
+    mha_up, mha_img = _kv_s(_system("mi300x", "llama-2-7b", "vllm-v0")), _kv_s(_system("mi300x", "llama-2-7b", "vllm-rocm-amd"))
+    assert 0.95 / e * mha_img < mha_up < 1.0 / e * mha_img
     # on an NVIDIA device vllm-v0 and AMD's image profile run the same kernels: identical steps
     h_v0, h_amd = _system("h100-sxm", "llama-3.1-8b", "vllm-v0"), _system("h100-sxm", "llama-3.1-8b", "vllm-rocm-amd")
     assert float(hm.step_time(h_v0, 64, 64 * 3072).total_s) == float(hm.step_time(h_amd, 64, 64 * 3072).total_s)
@@ -103,3 +107,37 @@ def test_vllm_v0_decodes_a_sliding_window_model_with_the_per_head_kernel_on_nvid
     assert _kv_s(llama_v0) == _kv_s(llama_v1)
     assert cat.kv_rereads(cat.stack("vllm-v0"), 4.0, local=True) == 4.0
     assert cat.kv_rereads(cat.stack("vllm-v0"), 4.0) == cat.kv_rereads(cat.stack("vllm"), 4.0, local=True) == 1.0
+
+
+def test_the_upstream_rocm_build_pays_for_its_small_m_gemms_at_one_and_two_tokens_only():
+    # vLLM V0 upstream before skinny GEMMs: 16-bit dense GEMMs at M = 1, 2 run hipBLASLt's general kernels
+    up, img = _system("mi300x", "llama-3.1-8b", "vllm-v0"), _system("mi300x", "llama-3.1-8b", "vllm-rocm-amd")
+    extra = up.serving.small_m_gemm_extra
+    assert len(extra) == 2 and extra[0] > extra[1] > 0 and img.serving.small_m_gemm_extra == ()
+
+    def fixed(s: System, seqs: int) -> float:
+        return float(hm.step_parts(s, seqs, seqs * 2048).fixed_s)
+
+    dense = float(hm.step_parts(up, 1, 2048).dense_s)  # dense weights over the sustained bandwidth
+    for seqs, x in ((1, extra[0]), (2, extra[1]), (3, 0.0), (64, 0.0)):
+        assert fixed(up, seqs) - fixed(img, seqs) == pytest.approx(x * dense)
+    # not for fp8 weights (the figure is for fp16/bf16 GEMMs), nor on an NVIDIA device (no AMD build there)
+    fp8 = hm.make_system(cat.device("mi300x"), cat.model("llama-3.1-8b"), "fp8", tp=1, stack=cat.stack("vllm-v0"))
+    fp8_img = hm.make_system(cat.device("mi300x"), cat.model("llama-3.1-8b"), "fp8", tp=1, stack=cat.stack("vllm-rocm-amd"))
+    assert fixed(fp8, 1) == fixed(fp8_img, 1)
+    assert fixed(_system("h100-sxm", "llama-3.1-8b", "vllm-v0"), 1) == fixed(_system("h100-sxm", "llama-3.1-8b", "vllm-rocm-amd"), 1)
+    # a prompt step (M = prompt length) pays nothing
+    assert float(hm.step_parts(up, 0, 0, prefill_tokens=2048).fixed_s) == float(hm.step_parts(img, 0, 0, prefill_tokens=2048).fixed_s)
+
+
+def test_kernel_efficiencies_of_a_build_need_a_source_and_sane_values():
+    with pytest.raises(ValidationError, match="no source for decode_kv_eff"):
+        _stack(AMD={"name": "x", "decode_kv_eff": 0.5})
+    with pytest.raises(ValidationError, match="no source for small_m_gemm_extra"):
+        _stack(AMD={"name": "x", "small_m_gemm_extra": [0.2]})
+    with pytest.raises(ValidationError):
+        _stack(AMD={"name": "x", "decode_kv_eff": 1.5, "sources": {"decode_kv_eff": "s"}})
+    with pytest.raises(ValidationError, match="negative"):
+        _stack(AMD={"name": "x", "small_m_gemm_extra": [-0.1], "sources": {"small_m_gemm_extra": "s"}})
+    ok = _stack(AMD={"name": "x", "decode_kv_eff": 0.5, "sources": {"decode_kv_eff": "s"}})
+    assert ok.on("AMD").decode_kv_eff == 0.5 and ok.decode_kv_eff == 1.0

@@ -160,7 +160,11 @@ def _print_entry(con: Console, title: str, rows: dict[str, Any], sources: dict[s
     for k, v in rows.items():
         if k in ("sources", "key", "prices", "quality", "name") or v is None:
             continue
-        value = ", ".join(f"{a} {b:g}" for a, b in v.items()) if isinstance(v, dict) else str(v)
+        if isinstance(v, dict):  # a number table (peak FLOP/s by precision) or a nested record (engine memory)
+            value = ", ".join(f"{a} {b:g}" if isinstance(b, int | float) else f"{a} {b}"
+                              for a, b in v.items() if a != "sources" and b is not None)  # fmt: skip
+        else:
+            value = str(v)
         t.add_row(k, value)
     con.print(t)
     con.print("Sources:")

@@ -331,6 +331,14 @@ class Stack(BaseModel):
     # query heads one read of a KV head serves (a decode kernel with that many heads per thread block,
     # taken at the largest power of two ≤ it that divides the GQA group); None: the whole group
     gqa_heads_per_read: int | None = Field(default=None, ge=1)
+    # share of the modelled KV streaming rate (η_mem × sustained bandwidth) the decode attention kernel
+    # reaches on the cache it reads, re-reads included (1: the rate of the stack's native kernel; a build
+    # that decodes with a general kernel another maker's devices were tuned for reaches less)
+    decode_kv_eff: float = Field(default=1.0, gt=0, le=1)
+    # extra time of the 16-bit dense weight GEMMs in a step of M tokens (entry M − 1: M = 1, 2, ...) as a
+    # multiple of the dense weight bytes over the device's sustained bandwidth: a build whose small-M GEMMs
+    # run a BLAS library's general kernels where the stack's own build runs skinny-GEMM kernels (empty: none)
+    small_m_gemm_extra: tuple[float, ...] = ()
     # True: the prefill pass covers the prompt but its last token, and the first output token comes from
     # the first decode step (TurboMind before v0.1.0's unified pass; TTFT = prefill(P − 1) + one decode step)
     first_token_from_decode: bool = False
@@ -387,6 +395,12 @@ class Stack(BaseModel):
                 missing.append(flag)
         if self.gqa_heads_per_read is not None and not self.sources.get("gqa_heads_per_read"):
             missing.append("gqa_heads_per_read")
+        if self.decode_kv_eff != 1.0 and not self.sources.get("decode_kv_eff"):
+            missing.append("decode_kv_eff")
+        if any(x < 0 for x in self.small_m_gemm_extra):
+            raise ValueError("small_m_gemm_extra: an extra time cannot be negative")
+        if self.small_m_gemm_extra and not self.sources.get("small_m_gemm_extra"):
+            missing.append("small_m_gemm_extra")
         if self.prefill_token_budget is not None and not self.sources.get("prefill_token_budget"):
             missing.append("prefill_token_budget")
         if not self.prefill_mixed and not self.sources.get("prefill_mixed"):

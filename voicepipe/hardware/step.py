@@ -153,7 +153,8 @@ def step_parts(
     stk = system.serving
     # a decode kernel that does not share a GQA group's KV head reads it once per query head
     reread = kv_rereads(stk, m.gqa_group, local=m.window is not None)
-    kv_bytes = (reread * kv + np.where(n > 0, cached, 0.0) + tokens) * kvb
+    # the decode kernel may also stream what it reads below the modelled rate (Stack.decode_kv_eff)
+    kv_bytes = (reread * kv / stk.decode_kv_eff + np.where(n > 0, cached, 0.0) + tokens) * kvb
     # tensor parallelism splits every step's work over the chips; a pipeline (llama.cpp's layer split)
     # runs the chips in turn, so a step costs one chip's time for all the work plus the hops between
     pipeline = dev.kind == "hbm" and stk.multi_chip == "pipeline" and system.chips > 1
@@ -199,9 +200,12 @@ def step_parts(
         # attention DP: every chip streams the whole attention weights, not a 1/tp slice of them
         replicated = attention_params(m) * (1.0 - 1.0 / par) if system.attention_dp else rep
         weights_s = ((dense_p + expert_p) / par + replicated) * bpp
+        dense_s = (dense_p / par + replicated) * bpp * hbm_share / bw + zero
+        # a build without skinny GEMMs pays extra on its 16-bit dense GEMMs at small M (Stack.small_m_gemm_extra)
+        sixteen_bit = system.precision in ("bf16", "fp16")
         return StepParts(
             kv_s=kv_bytes / (1 if pipeline else kv_shards(m, tp, system.attention_dp)) / bw + zero,
-            dense_s=(dense_p / par + replicated) * bpp * hbm_share / bw + zero,
+            dense_s=dense_s,
             expert_s=expert_p * bpp / par * hbm_share / bw + zero,
             spill_s=weights_s * (1.0 - hbm_share) / offload_bw + zero,
             flops_s=flops_s,
@@ -209,7 +213,8 @@ def step_parts(
             comm_s=comm,
             fixed_s=zero
             + m.layers * (stk.layer_overhead_us + np.where(eager, stk.prefill_layer_overhead_us, 0.0)) * 1e-6
-            + m.routed_layers * eff.moe_route_s,
+            + m.routed_layers * eff.moe_route_s
+            + (small_m_gemm_extra(stk, tokens) * dense_s if sixteen_bit else zero),
             layers=zero + m.layers,
             weight_only=dev.weight_only(system.precision),
             sram=False,
@@ -237,6 +242,17 @@ def step_parts(
         weight_only=False,
         sram=True,
     )
+
+
+def small_m_gemm_extra(stack: Stack, tokens: ArrayLike) -> FArray:
+    """The stack's extra 16-bit dense GEMM time for a step of ``tokens`` tokens (M), as a multiple of the
+    dense weights' streaming time at the sustained bandwidth: ``small_m_gemm_extra[M − 1]`` for M up to its
+    length, else 0 (vectorised over ``tokens``)."""
+    m = np.rint(np.asarray(tokens, dtype=float))
+    out = 0.0 * m
+    for i, extra in enumerate(stack.small_m_gemm_extra):
+        out = np.where(m == i + 1, extra, out)
+    return out
 
 
 def launch_host_s(stack: Stack, layers: int, prefill_tokens: ArrayLike) -> FArray:
