@@ -2,7 +2,9 @@
 
 Dict keys: ``hardware``, ``model`` (required: catalog names, or a device YAML file and a Hugging Face
 ``config.json`` path, see :mod:`voicepipe.hardware.byo`); ``precision``, ``kv_precision`` (default: the
-model's), ``stack`` (serving-stack profile, default vllm), ``tp``, ``max_batch``, ``context`` (tokens
+model's), ``stack`` (serving-stack profile, default vllm), ``tp``, ``max_batch`` (the engine's cap on
+sequences running at once: vLLM ``--max-num-seqs``, TensorRT-LLM ``--max_batch_size``; ``System.max_seqs``,
+the same setting as ``hardware predict --max-seqs``; default 64, fewer where their KV does not fit), ``context`` (tokens
 per sequence the system is sized for, default 4096), ``speculative: {alpha, gamma, draft_cost}``,
 ``fast`` (same model at a small max batch, priced accordingly), ``prompt_cache`` (honour the request's
 ``cached_prompt_tokens``; default true), ``eager`` (no CUDA/HIP graphs: vLLM ``--enforce-eager``,
@@ -63,7 +65,7 @@ from voicepipe.hardware.quality import quality_of
 from voicepipe.hardware.serving import DeviceServer, DeviceStream
 from voicepipe.hardware.workload import alone
 
-DEFAULT_MAX_BATCH = 64  # vLLM's default max_num_seqs is 256; 64 is a latency-oriented deployment
+DEFAULT_MAX_BATCH = 64  # the deployment's --max-num-seqs: 64, latency-oriented (vLLM's default is 256/1024)
 FAST_MAX_BATCH = 4  # "fast mode": the same model on the same chips, at most 4 sequences per step
 DEFAULT_CONTEXT = 4096
 SRAM_MIN_BATCH = 8  # SRAM systems get chips for at least 8 sequences of KV
@@ -157,7 +159,8 @@ def deploy(cfg: dict[str, Any]) -> Deployment:
     notes: list[str] = []
     if asked_batch is not None:
         system = make_system(
-            dev, mdl, prec, tp=tp, seqs=asked_batch, context=context, kv_precision=kv, stack=stk
+            dev, mdl, prec, tp=tp, seqs=asked_batch, context=context, kv_precision=kv, stack=stk,
+            max_seqs=asked_batch,
         )
         max_batch = asked_batch
     elif dev.kind == "sram":
@@ -169,7 +172,8 @@ def deploy(cfg: dict[str, Any]) -> Deployment:
     else:
         try:
             system = make_system(
-                dev, mdl, prec, tp=tp, seqs=DEFAULT_MAX_BATCH, context=context, kv_precision=kv, stack=stk
+                dev, mdl, prec, tp=tp, seqs=DEFAULT_MAX_BATCH, context=context, kv_precision=kv, stack=stk,
+                max_seqs=DEFAULT_MAX_BATCH,
             )
             max_batch = DEFAULT_MAX_BATCH
         except DoesNotFit:
@@ -183,8 +187,9 @@ def deploy(cfg: dict[str, Any]) -> Deployment:
     eager = cfg.get("eager", False)
     if not isinstance(eager, bool):
         raise ValueError(f"eager must be true or false, got {eager!r}")
-    # run settings of the served system (System.eager, System.scheduler_steps); they do not change sizing
-    system = replace(system, eager=eager, scheduler_steps=_int(cfg, "scheduler_steps") or 1)
+    # run settings of the served system (System.eager, System.scheduler_steps; System.max_seqs: max_batch is
+    # the engine's cap on running sequences, so the shared DeviceServer and every predict honour the same one)
+    system = replace(system, eager=eager, scheduler_steps=_int(cfg, "scheduler_steps") or 1, max_seqs=max_batch)
     return Deployment(
         system=system,
         max_batch=max_batch,

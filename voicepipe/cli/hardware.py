@@ -258,6 +258,8 @@ EagerOpt = typer.Option(
 StepsOpt = typer.Option(
     1, "--scheduler-steps", min=1, help="vLLM V0 multi-step scheduling: host work once per N decode steps"
 )
+MaxSeqsOpt = typer.Option(None, "--max-seqs", min=1, help="the engine's cap on running sequences (vLLM "
+                          "--max-num-seqs, TensorRT-LLM --max_batch_size); default: the stack's")  # fmt: skip
 LEVEL = 0.8  # the ranges' level (voicepipe.hardware.validate.slices.LEVEL; a test keeps them equal)
 RANGED = ("ttft_ms", "step_ms", "tokens_per_second", "aggregate_tokens_per_second")  # metrics with a range
 SWEEP_KEYS = {"ttft_ms": "ttft_ms", "step_ms": "step_ms", "tokens_per_second": "per_user_tps",
@@ -272,14 +274,14 @@ def _predict(
     dev: catalog.Device, mdl: catalog.ModelSpec, batch: int, prompt_tokens: int, output_tokens: int,
     tp: int | None, precision: str | None, kv_precision: str | None, stk: catalog.Stack | None,
     spec: Speculative | None, timing: Literal["client", "engine"] | None = None, eager: bool = False,
-    scheduler_steps: int = 1,
+    scheduler_steps: int = 1, max_seqs: int | None = None,
 ) -> Prediction:  # fmt: skip
     """``hardware predict``'s call; a sweep row (:class:`voicepipe.hardware.sweep.SweepJob`) makes the same
     one without ``spec`` (same chips for the same batch)."""
     return model_predict(
         dev, mdl, precision=precision, batch=batch, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
         tp=tp, spec=spec, kv_precision=kv_precision, stack=stk, timing=timing, eager=eager,
-        scheduler_steps=scheduler_steps,
+        scheduler_steps=scheduler_steps, max_seqs=max_seqs,
     )  # fmt: skip
 
 
@@ -301,6 +303,7 @@ def predict(
     ),
     eager: bool = EagerOpt,
     scheduler_steps: int = StepsOpt,
+    max_seqs: int | None = MaxSeqsOpt,
     fmt: str = FormatOpt,
     json_out: Path | None = JsonOpt,
 ) -> None:
@@ -314,16 +317,16 @@ def predict(
     if anchor is not None:  # ANCHORED numbers: voicepipe.cli.anchored
         if timing is not None:
             _fail("--ttft-timing: an anchored TTFT keeps the timing of the anchor's own measurement (client-side)")
-        if eager or scheduler_steps != 1:
-            _fail(f"{'--eager' if eager else '--scheduler-steps'}: an anchored prediction keeps the run settings "
-                  "of the anchor's own measurement")  # fmt: skip
+        if eager or scheduler_steps != 1 or max_seqs is not None:
+            flag = "--eager" if eager else "--scheduler-steps" if scheduler_steps != 1 else "--max-seqs"
+            _fail(f"{flag}: an anchored prediction keeps the run settings of the anchor's own measurement")
         from voicepipe.cli.anchored import predict_anchored
 
         return predict_anchored(anchor, dev, mdl, batch, prompt_tokens, output_tokens, tp, precision, kv_precision,
                                 stack, spec, fmt, json_out)  # fmt: skip
     try:
         p = _predict(dev, mdl, batch, prompt_tokens, output_tokens, tp, precision, kv_precision, stk, spec, timing,
-                     eager, scheduler_steps)  # fmt: skip
+                     eager, scheduler_steps, max_seqs)  # fmt: skip
     except DoesNotFit as exc:
         if fmt == "json":
             typer.echo(json.dumps({"fits": False, "error": str(exc), "hardware": hardware, "model": model}))
@@ -354,7 +357,7 @@ def predict(
         ("stack build", p.stack_build),
         ("batch", f"{p.batch}"),
         ("fits", fits),
-        ("max batch at this context", f"{p.max_batch_fits}"),
+        ("max batch at this context", f"{p.max_batch_fits}" + (f" (engine cap {p.max_seqs})" if p.max_seqs else "")),
         ("weights", f"{p.weights_gb:.1f} GB"),
         ("KV cache", f"{p.kv_gb:.2f} GB"),
         *([("engine reserve (activations, buffers)", f"{p.engine_reserve_gb:.1f} GB")] if p.engine_reserve_gb else []),
@@ -416,6 +419,7 @@ def sweep(
     stack: str | None = StackOpt,
     eager: bool = EagerOpt,
     scheduler_steps: int = StepsOpt,
+    max_seqs: int | None = MaxSeqsOpt,
     fmt: str = FormatOpt,
     json_out: Path | None = JsonOpt,
     wide: bool = WideOpt,
@@ -429,11 +433,11 @@ def sweep(
     bs = _batches(batches)
     cfg: dict[str, Any] = {"hardware": hardware, "model": model, "precision": precision, "tp": tp,
                            "kv_precision": kv_precision, "stack": stack, "eager": eager,
-                           "scheduler_steps": scheduler_steps}  # fmt: skip
+                           "scheduler_steps": scheduler_steps, "max_batch": max_seqs}  # fmt: skip
     dep = _guard(lambda: deploy({k: v for k, v in cfg.items() if v is not None}))
     bs = sorted(set(bs) | {FAST_MAX_BATCH, dep.max_batch})
     job = SweepJob(dev, mdl, prompt_tokens, output_tokens, tp, precision, kv_precision, stk, FAST_MAX_BATCH,
-                   dep.max_batch, eager, scheduler_steps)  # fmt: skip
+                   dep.max_batch, eager, scheduler_steps, max_seqs)  # fmt: skip
     rows = _sweep_rows(job, bs, executor)
     rngs = []
     for r in rows:

@@ -55,7 +55,10 @@ engine's (:mod:`voicepipe.hardware.engine`): up to the stack's ``prefill_token_b
 stack chunks, or one whole prompt a step. A batch whose KV does not fit runs as many
 sequences as fit (:func:`predict` says ``fits: false`` and the effective batch); most serving stacks allocate
 KV blocks as sequences grow (paged KV), so that is what fits at the sequences' mean context, while
-TensorRT-LLM reserves each request's full length at admission (:func:`running_sequences`).
+TensorRT-LLM reserves each request's full length at admission (:func:`kv_sequences`). No engine runs more
+than its cap on running sequences (vLLM ``max_num_seqs``, SGLang ``max_running_requests``, TensorRT-LLM
+``max_batch_size``): the run's own setting, else the stack's documented default (:func:`seq_cap`); the
+server's slots are the smaller of the two (:func:`running_sequences`).
 
 The constants η_mem, MFU, η_wq, η_moe and τ are fitted (:mod:`voicepipe.hardware.validate`); every
 step is first split into raw parts (:class:`StepParts`, seconds at efficiency 1) that :func:`combine`
@@ -107,6 +110,7 @@ from voicepipe.hardware.system import (
     kept_tokens,
     kv_bytes_per_token,
     kv_capacity_tokens,
+    kv_sequences,
     kv_shards,
     make_system,
     matmul_params,
@@ -116,6 +120,7 @@ from voicepipe.hardware.system import (
     prefill_attention_width,
     profile_shape,
     running_sequences,
+    seq_cap,
     speculative_speedup,
     sram_units,
     tp_options,
@@ -158,6 +163,7 @@ __all__ = [
     "kept_tokens",
     "kv_bytes_per_token",
     "kv_capacity_tokens",
+    "kv_sequences",
     "kv_shards",
     "make_system",
     "matmul_params",
@@ -172,6 +178,7 @@ __all__ = [
     "request_overhead_s",
     "ridge_point",
     "running_sequences",
+    "seq_cap",
     "speculative_speedup",
     "sram_units",
     "step_parts",
@@ -218,7 +225,8 @@ class Prediction:
     # what the engine keeps besides weights and KV on all chips (activation peak, non-torch memory), counted
     # against its memory budget before the KV pool is sized (engine_reserve_bytes); 0 for a stack without one
     engine_reserve_gb: float
-    max_batch_fits: int
+    max_batch_fits: int  # sequences whose KV fits at this context (kv_sequences)
+    max_seqs: int | None  # the engine's cap on running sequences (seq_cap); None: none beyond memory
     memory_ms: float
     compute_ms: float
     comm_ms: float
@@ -245,6 +253,7 @@ def predict(
     timing: Literal["client", "engine"] | None = None,
     eager: bool = False,
     scheduler_steps: int = 1,
+    max_seqs: int | None = None,
 ) -> Prediction:
     """One request among ``batch`` clients each holding one in flight, as the serving engine runs them
     (:func:`voicepipe.hardware.workload.steady`: the burst that fills the device, then a measured round;
@@ -255,12 +264,13 @@ def predict(
     running batch at its mean context.
 
     The chip count is the smallest TP width holding the weights and one sequence (or ``tp``), whatever
-    the batch, so ``predict`` and ``sweep`` agree. A batch whose KV does not fit runs as many sequences
-    as fit and queues the rest: ``fits`` is False, ``effective_batch`` is what runs, and the timings are
-    for it. Raises DoesNotFit only when the weights (plus one sequence) fit at no width. ``timing`` picks
-    the TTFT: "client" (the stack's HTTP path included), "engine", or None for the stack's default
-    (``ttft_timing`` says which). ``eager`` and ``scheduler_steps`` are run settings of the served system
-    (:class:`System`: no CUDA/HIP graphs; multi-step scheduling).
+    the batch, so ``predict`` and ``sweep`` agree. A batch whose KV does not fit, or that exceeds the
+    engine's cap on running sequences, runs as many sequences as fit under the cap and queues the rest:
+    ``fits`` is False, ``effective_batch`` is what runs, and the timings are for it. Raises DoesNotFit only
+    when the weights (plus one sequence) fit at no width. ``timing`` picks the TTFT: "client" (the stack's
+    HTTP path included), "engine", or None for the stack's default (``ttft_timing`` says which).
+    ``eager``, ``scheduler_steps`` and ``max_seqs`` are run settings of the served system (:class:`System`:
+    no CUDA/HIP graphs; multi-step scheduling; the cap on running sequences, None: the stack's default).
     """
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch}")
@@ -268,13 +278,16 @@ def predict(
     system = make_system(
         device, model, precision, tp=tp, seqs=batch if device.kind == "sram" else 1, context=ctx_max,
         eff=eff, kv_precision=kv_precision, stack=stack, timing=timing, eager=eager,
-        scheduler_steps=scheduler_steps,
+        scheduler_steps=scheduler_steps, max_seqs=max_seqs,
     )  # fmt: skip
-    room = running_sequences(system, prompt_tokens, output_tokens)
-    run = batch if device.kind == "sram" else min(batch, room)
+    room = kv_sequences(system, prompt_tokens, output_tokens)
+    limit = seq_cap(system)
+    run = batch if device.kind == "sram" else min(batch, running_sequences(system, prompt_tokens, output_tokens))
     ctx = mean_context(prompt_tokens, output_tokens)
     note = ""
-    if run < batch:
+    if run < batch and run < room:
+        note = f"the engine runs at most {limit} sequences at once (its max_seqs): {run} at a time, the rest queue"
+    elif run < batch:
         held = (
             f"reserved at their full {ctx_max} tokens"
             if system.serving.kv_admission == "reserve"
@@ -311,6 +324,7 @@ def predict(
         capacity_gb=cap / 1e9,
         engine_reserve_gb=system.chips * engine_reserve_bytes(system) / 1e9,
         max_batch_fits=room,
+        max_seqs=limit,
         memory_ms=float(st.memory_s) * 1e3,
         compute_ms=float(st.compute_s) * 1e3,
         comm_ms=float(st.comm_s) * 1e3,

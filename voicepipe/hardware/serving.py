@@ -29,7 +29,8 @@ the queue first sleeps until a lower bound of its first token that needs no proj
 (:meth:`DeviceServer.earliest_first_ns`), so a cancel on a device with a long queue re-projects only the
 near future that decoding streams wait for, not the whole queue.
 
-Admission: FCFS, whenever no prefill step runs, while fewer than ``max_batch`` sequences hold slots: one
+Admission: FCFS, whenever no prefill step runs, while fewer than ``max_batch`` sequences hold slots (at
+most the engine's cap on running sequences, :func:`~voicepipe.hardware.system.seq_cap`): one
 whole prompt per step, or, on a stack with a step token budget (``prefill_token_budget``: vLLM's
 ``max_num_batched_tokens``, SGLang's ``chunked_prefill_size``, TensorRT-LLM's ``max_num_tokens``), as many
 waiting prompts as fit beside the decoders' tokens, a prompt that does not fit split over steps where the
@@ -59,7 +60,7 @@ from voicepipe.hardware.engine import (
     token_v,
 )
 from voicepipe.hardware.step import mixed_step_s, request_overhead_s, tokens_per_step
-from voicepipe.hardware.system import Speculative, System, mean_context
+from voicepipe.hardware.system import Speculative, System, mean_context, seq_cap
 from voicepipe.llm import LLMRequest
 from voicepipe.spans import Span, modelled_span
 
@@ -74,7 +75,8 @@ def _always_earlier() -> int:
 
 
 class DeviceServer:
-    """One simulated serving instance shared by every stream started on it."""
+    """One simulated serving instance shared by every stream started on it: ``max_batch`` sequence slots,
+    at most the engine's cap on running sequences (:func:`~voicepipe.hardware.system.seq_cap`)."""
 
     def __init__(
         self,
@@ -88,7 +90,8 @@ class DeviceServer:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.system = system
-        self.max_batch = max_batch
+        cap = seq_cap(system)  # no engine runs more sequences at once than its cap
+        self.max_batch = max_batch if cap is None else min(max_batch, cap)
         self.spec = spec
         self.prompt_cache = prompt_cache
         self.stage = stage

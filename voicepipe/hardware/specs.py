@@ -372,6 +372,12 @@ class Stack(BaseModel):
     # what the engine keeps per GPU besides weights and KV (activation peak, non-torch memory) and the share
     # of memory it budgets; None: nothing (the pool is Efficiency.usable_memory of the memory less the weights)
     memory: EngineMemory | None = None
+    # the engine's default cap on sequences running at once (vLLM max_num_seqs, SGLang max_running_requests,
+    # TensorRT-LLM max_batch_size), and the cap on a device the memory block's large-device rule picks
+    # (memory.large_gpu_gib / large_gpu_except: vLLM V1's 1,024 on H100-class GPUs); None: no cap beyond
+    # what fits in memory. System.max_seqs (the run's own setting) overrides both (system.seq_cap)
+    max_seqs: int | None = Field(default=None, ge=1)
+    max_seqs_large: int | None = Field(default=None, ge=1)
     # the build of this profile on one maker's devices, where it differs ("AMD": the ROCm build): the fields
     # that differ, a ``name`` saying which build it is, and ``sources`` for each field (see Stack.on)
     platforms: dict[str, dict[str, Any]] = Field(default_factory=dict)
@@ -407,6 +413,11 @@ class Stack(BaseModel):
             missing.append("prefill_mixed")
         if self.prefill_chunked and self.prefill_token_budget is None:
             raise ValueError("prefill_chunked needs a prefill_token_budget")
+        for f in ("max_seqs", "max_seqs_large"):
+            if getattr(self, f) is not None and not self.sources.get(f):
+                missing.append(f)
+        if self.max_seqs_large is not None and (self.memory is None or self.memory.large_gpu_gib is None):
+            raise ValueError("max_seqs_large needs memory.large_gpu_gib (the large-device rule)")
         if self.host_layer_us > 0 and not self.sources.get("cudagraph_mode"):
             missing.append("cudagraph_mode")
         for flag in ("first_token_from_decode", "window_kv", "prefill_chunked", "async_scheduling"):

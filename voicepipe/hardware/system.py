@@ -3,7 +3,8 @@
 Pure functions over the catalog (:mod:`voicepipe.hardware.catalog`): how many bytes the weights and the
 KV cache take, what the serving engine keeps per chip besides them (:func:`engine_reserve_bytes`: its
 start-up profile's activation peak and non-torch memory, against the stack's memory share), how many
-sequences fit beside the weights (paged or reserved KV, :func:`running_sequences`),
+sequences fit beside the weights (paged or reserved KV, :func:`kv_sequences`) and how many the engine
+runs at once (at most its cap, :func:`seq_cap`; :func:`running_sequences`),
 and the smallest tensor-parallel width that holds a configuration (:func:`make_system`). The step
 formulas that use them are in :mod:`voicepipe.hardware.step`; :mod:`voicepipe.hardware.model` states them
 all and re-exports both modules.
@@ -40,11 +41,11 @@ class Efficiency:
     """Efficiency factors, one set for every HBM device (η_mem, MFU, η_wq, η_moe fitted; see docs §2)."""
 
     # fitted on every answerable point of data/validation*.yaml (`voicepipe hardware validate`; docs §2, §3)
-    eta_mem: float = 0.786  # share of the sustained (STREAM-like) bandwidth a native decode step streams
+    eta_mem: float = 0.781  # share of the sustained (STREAM-like) bandwidth a native decode step streams
     mfu: float = 0.792  # share of the sustained (measured maximum) matmul FLOP/s a serving step reaches
     eta_wq: float = 1.0  # weight-only kernels' efficiency relative to native ones (dequant in the loop)
-    eta_moe: float = 0.65  # expert (grouped-GEMM) streaming efficiency relative to dense GEMV + routing
-    layer_s: float = 1.19e-05  # per layer per step on HBM devices beyond the stack's own gaps (launch, sync)
+    eta_moe: float = 0.613  # expert (grouped-GEMM) streaming efficiency relative to dense GEMV + routing
+    layer_s: float = 1.3e-05  # per layer per step on HBM devices beyond the stack's own gaps (launch, sync)
     ar_growth: float = 0.5  # all-reduce latency growth per doubling of the TP group beyond 2
     # per MoE layer per step: router, top-k, alignment, grouped-GEMM launches; the intercept of published
     # fused-MoE kernel times against the expert bytes they touch, 24.5-26.6 µs (docs §2, tenth pass)
@@ -123,10 +124,15 @@ class System:
     # multi-step scheduling (vLLM V0 --num-scheduler-steps N, v0.5.5-v0.6.x): the host schedules, prepares
     # inputs and processes outputs once per N decode steps (HBM devices; docs §1 "Multi-step scheduling")
     scheduler_steps: int = 1
+    # the engine's cap on sequences running at once as the run set it (vLLM --max-num-seqs, SGLang
+    # --max-running-requests, TensorRT-LLM --max_batch_size); None: the stack's default (seq_cap)
+    max_seqs: int | None = None
 
     def __post_init__(self) -> None:
         if self.scheduler_steps < 1:
             raise ValueError(f"scheduler_steps must be >= 1, got {self.scheduler_steps}")
+        if self.max_seqs is not None and self.max_seqs < 1:
+            raise ValueError(f"max_seqs must be >= 1, got {self.max_seqs}")
 
     @property
     def ttft_timing(self) -> Literal["client", "engine"]:
@@ -287,23 +293,46 @@ def memory_share(system: System) -> float:
     return system.eff.usable_memory
 
 
-def profile_shape(system: System) -> tuple[int, int]:
-    """(tokens, sequence slots) of the stack's start-up profile on this device: the large-device defaults
-    where the device's memory reaches ``memory.large_gpu_gib`` and its key starts with none of
-    ``memory.large_gpu_except`` (vLLM V1: H100/H200/MI300X, not A100), else the ordinary ones."""
-    mem = system.serving.memory
-    if mem is None:
-        return 0, 0
-    dev = system.device
-    large = (
-        mem.large_gpu_gib is not None
+def large_device(system: System) -> bool:
+    """Whether the stack's large-device defaults apply: the device's memory reaches ``memory.large_gpu_gib``
+    and its key starts with none of ``memory.large_gpu_except`` (vLLM V1: H100/H200/MI300X, not A100)."""
+    mem, dev = system.serving.memory, system.device
+    return (
+        mem is not None
+        and mem.large_gpu_gib is not None
         and dev.capacity_bytes >= mem.large_gpu_gib * GIB
         and not any(dev.key.startswith(prefix) for prefix in mem.large_gpu_except)
     )
-    if large:
-        return (mem.large_tokens if mem.large_tokens is not None else mem.tokens,
-                mem.large_seqs if mem.large_seqs is not None else mem.seqs)  # fmt: skip
-    return mem.tokens, mem.seqs
+
+
+def seq_cap(system: System) -> int | None:
+    """The engine's cap on sequences running at once: the run's own ``System.max_seqs``, else on an HBM
+    device the stack's documented default (``Stack.max_seqs_large`` on a large device, :func:`large_device`,
+    else ``Stack.max_seqs``); None: no cap beyond what fits (SRAM machines, stacks without one)."""
+    if system.max_seqs is not None:
+        return system.max_seqs
+    if system.device.kind != "hbm":
+        return None
+    stk = system.serving
+    if stk.max_seqs_large is not None and large_device(system):
+        return stk.max_seqs_large
+    return stk.max_seqs
+
+
+def profile_shape(system: System) -> tuple[int, int]:
+    """(tokens, sequence slots) of the stack's start-up profile on this device: the large-device defaults
+    where :func:`large_device`, else the ordinary ones; the slots are the run's own cap where it sets one
+    (``System.max_seqs``: vLLM profiles its sampler over ``max_num_seqs`` sequences)."""
+    mem = system.serving.memory
+    if mem is None:
+        return 0, 0
+    tokens, seqs = mem.tokens, mem.seqs
+    if large_device(system):
+        tokens = mem.large_tokens if mem.large_tokens is not None else mem.tokens
+        seqs = mem.large_seqs if mem.large_seqs is not None else mem.seqs
+    if seqs and system.max_seqs is not None:
+        seqs = system.max_seqs
+    return tokens, seqs
 
 
 def activation_peak_bytes(system: System) -> float:
@@ -410,7 +439,17 @@ def max_sequences(system: System, context: int) -> int:
 
 
 def running_sequences(system: System, prompt_tokens: int, output_tokens: int) -> int:
-    """How many sequences of ``prompt + output`` tokens a paged-KV server keeps running at once.
+    """How many sequences of ``prompt + output`` tokens a server keeps running at once: what fits
+    (:func:`kv_sequences`), at most the engine's cap (:func:`seq_cap`). The serving engine's slots
+    everywhere (``predict``, ``sweep``, ``validate``; :class:`~voicepipe.hardware.serving.DeviceServer`
+    holds any server to the cap as well)."""
+    fit = kv_sequences(system, prompt_tokens, output_tokens)
+    cap = seq_cap(system)
+    return fit if cap is None else min(fit, cap)
+
+
+def kv_sequences(system: System, prompt_tokens: int, output_tokens: int) -> int:
+    """How many sequences of ``prompt + output`` tokens fit in a paged-KV server's cache at once.
 
     Serving stacks allocate KV-cache blocks as a sequence grows (PagedAttention, Kwon et al. 2023,
     arXiv 2309.06180; LMDeploy's blocked cache alike), so what bounds the running batch is the cache at
@@ -451,14 +490,16 @@ def make_system(
     timing: Literal["client", "engine"] | None = None,
     eager: bool = False,
     scheduler_steps: int = 1,
+    max_seqs: int | None = None,
 ) -> System:
     """Size a system that holds the weights and ``seqs`` sequences of ``context`` tokens.
 
     HBM: the smallest power-of-two TP width (≤ ``max_tp``) that holds them, or the given ``tp``. When no
     width holds ``seqs`` sequences, ``strict`` raises :class:`DoesNotFit`; otherwise the widest width
     whose weights fit is returned (the server will run as many sequences as fit). Weights that fit at no
-    width always raise. SRAM: the chips/wafers follow from capacity (``tp`` is not accepted). ``eager``
-    and ``scheduler_steps`` are run settings (:class:`System`); they do not change the sizing.
+    width always raise. SRAM: the chips/wafers follow from capacity (``tp`` is not accepted). ``eager``,
+    ``scheduler_steps`` and ``max_seqs`` are run settings (:class:`System`); the last changes what vLLM's
+    start-up profile reserves (:func:`profile_shape`), the others do not change the sizing.
     """
     prec = check_precision(precision or model.default_precision)
     kv = check_kv_precision(kv_precision) if kv_precision else None
@@ -466,7 +507,7 @@ def make_system(
     def build(width: int) -> System:
         return System(
             device, model, prec, width, eff, kv, stack, timing=timing, eager=eager,
-            scheduler_steps=scheduler_steps,
+            scheduler_steps=scheduler_steps, max_seqs=max_seqs,
         )  # fmt: skip
 
     if device.kind == "sram":

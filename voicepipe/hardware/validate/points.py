@@ -7,8 +7,12 @@ point into the engine run its metric is a figure of (:class:`Prepared`), or give
 answered; :mod:`~voicepipe.hardware.validate.fit` runs it
 (:mod:`voicepipe.hardware.workload`, on :class:`voicepipe.hardware.serving.DeviceServer`).
 
-B, the server's slots, is the published batch, or fewer when their KV does not fit at the mean context
-(:func:`voicepipe.hardware.model.running_sequences`); the rest queue. A per-token metric at concurrency B,
+B, the server's slots, is the published batch, or fewer when their KV does not fit at the mean context or
+the engine's cap on running sequences is lower (:func:`voicepipe.hardware.model.running_sequences`); the
+rest queue. The cap is the run's own (``max_seqs``: the ``--max-num-seqs`` / ``--max-batch-size`` its
+source states, or ``trtllm-bench`` for a run that left it to that harness's tuning heuristic,
+:mod:`~voicepipe.hardware.validate.harness`), else the stack's documented default. A saturated server (no
+published batch) runs as many as fit under that cap. A per-token metric at concurrency B,
 and a closed-loop client's throughput, are figures of a steady run (B clients, each holding one request in
 flight); a median inter-token gap (``itl_median_ms``) is that run's mean decode-only step. TTFT, end-to-end
 latency and a burst's throughput are figures of a static batch: B requests arriving together.
@@ -17,10 +21,10 @@ latency and a burst's throughput are figures of a static batch: B requests arriv
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from importlib import resources
-from typing import Literal
+from typing import Annotated, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -35,6 +39,7 @@ from voicepipe.hardware.model import (
     matmul_params,
     running_sequences,
 )
+from voicepipe.hardware.validate.harness import trtllm_bench_max_batch
 
 Metric = Literal[
     "tpot_ms", "ttft_ms", "itl_ms", "itl_median_ms", "tok_s_user", "tok_s_total", "e2e_latency_s", "e2el_ms"
@@ -44,7 +49,7 @@ Metric = Literal[
 # median inter-token gap (itl_median_ms) is a decode-only step: newcomers' prefills land in a minority of steps
 STEADY_STATE = ("tpot_ms", "itl_ms", "tok_s_user")
 DEFAULT_PROMPT, DEFAULT_OUTPUT = 1024, 256  # where a source publishes no lengths (as `hardware predict`)
-SATURATED = 512  # cap on "as many as fit" for a saturated server (trtllm-bench/vLLM throughput runs)
+TRTLLM_BENCH = "trtllm-bench"  # a point's max_seqs: the run left max_batch_size to trtllm-bench's heuristic
 
 
 class Point(BaseModel):
@@ -56,7 +61,11 @@ class Point(BaseModel):
     model: str
     precision: str
     kv_precision: str | None = None
-    batch: int | None = Field(default=None, ge=1)  # None: a saturated server (as many as fit, ≤ SATURATED)
+    batch: int | None = Field(default=None, ge=1)  # None: a saturated server (as many as fit, ≤ the cap)
+    # the engine's cap on running sequences as the source ran it (vLLM --max-num-seqs, TensorRT-LLM
+    # max_batch_size; per rank × ranks under attention DP), "trtllm-bench" (left to that harness's tuning
+    # heuristic), or None: the stack's documented default
+    max_seqs: Annotated[int, Field(ge=1)] | Literal["trtllm-bench"] | None = None
     prompt_tokens: int | None = Field(
         default=None, ge=0
     )  # 0: pure decode (llama-bench tg); None: unpublished
@@ -198,17 +207,16 @@ def prepare(p: Point) -> Prepared:
     if p.kv_precision is not None and p.kv_precision not in catalog.KV_PRECISIONS:
         return Prepared(p, reason=f"kv precision {p.kv_precision!r} is not modelled")
     ctx_max = prompt + out
-    asked = SATURATED if p.batch is None else p.batch
+    stated = p.max_seqs if isinstance(p.max_seqs, int) else None
     if dev.kind == "sram" or p.chips is None:
         try:
             system = make_system(
-                dev, mdl, p.precision, seqs=1 if dev.kind == "hbm" else asked, context=ctx_max,
+                dev, mdl, p.precision, seqs=1 if dev.kind == "hbm" else (p.batch or 1), context=ctx_max,
                 kv_precision=p.kv_precision, stack=stk, timing=p.timing, eager=p.eager,
-                scheduler_steps=p.scheduler_steps,
+                scheduler_steps=p.scheduler_steps, max_seqs=stated,
             )  # fmt: skip
         except DoesNotFit as exc:
             return Prepared(p, reason=str(exc))
-        batch = asked if dev.kind == "sram" else min(asked, running_sequences(system, prompt, out))
     else:
         if p.chips > dev.max_tp:
             return Prepared(
@@ -216,11 +224,16 @@ def prepare(p: Point) -> Prepared:
             )
         system = System(
             dev, mdl, p.precision, p.chips, DEFAULT_EFFICIENCY, p.kv_precision, stk, p.attention_dp, p.timing,
-            p.eager, p.scheduler_steps,
+            p.eager, p.scheduler_steps, stated,
         )  # fmt: skip
-        batch = min(asked, running_sequences(system, prompt, out))
-        if batch < 1:
-            return Prepared(p, reason=f"weights do not fit {p.chips} x {dev.key} at {p.precision}")
+    if p.max_seqs == TRTLLM_BENCH:
+        system = replace(system, max_seqs=trtllm_bench_max_batch(system, prompt, out))
+    # the server's slots: what fits under the engine's cap, at most the published batch
+    room = running_sequences(system, prompt, out)
+    asked = room if p.batch is None else p.batch
+    batch = asked if dev.kind == "sram" else min(asked, room)
+    if batch < 1:
+        return Prepared(p, reason=f"weights do not fit {p.chips} x {dev.key} at {p.precision}")
     if p.metric == "ttft_ms" and p.prompt_tokens is not None and dev.kind == "hbm":
         # no cold prefill beats the datasheet peak: a TTFT under it was served from a prefix cache (or its
         # lengths are not what was run), so it says nothing about the physics of a prefill
