@@ -299,7 +299,7 @@ def predict(
     speculative: str | None = typer.Option(None, "--speculative", help="ALPHA,GAMMA,DRAFT_COST"),
     anchor: Path | None = typer.Option(None, "--anchor", help="a `calibrate --anchor` profile: its measurement x the model's ratio"),
     ttft_timing: str | None = typer.Option(
-        None, "--ttft-timing", help="client (over the server's HTTP path) or engine; default: the stack's"
+        None, "--ttft-timing", help="client (over the server's HTTP path, tokens streamed through its API process) or engine; default: the stack's"
     ),
     eager: bool = EagerOpt,
     scheduler_steps: int = StepsOpt,

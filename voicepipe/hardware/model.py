@@ -23,8 +23,10 @@ HBM devices (GPUs, TPUs), per chip of a tensor-parallel group of ``tp``::
     t_host = (t_step_fixed + (sequences in the step)·t_seq) / N       (between forwards)
     t_lch  = L·h_layer where the step runs piecewise CUDA graphs (and not eager), else 0   (launching)
     t_step = t_host + max(t_gpu, t_lch), or with async scheduling max(t_gpu, t_lch + t_host)
-             (stack: t_layer, t_eager, t_step_fixed, t_seq, h_layer, cudagraph_mode, async_scheduling;
-              fitted: τ, the per-layer cost beyond the stack's)
+    t_step ← max(t_step, d·c_chunk) where a client streams the tokens over HTTP (System.ttft_timing
+             "client"): the API process sends one chunk per decoder per step beside the engine
+             (stack: t_layer, t_eager, t_step_fixed, t_seq, h_layer, cudagraph_mode, async_scheduling,
+              c_chunk = stream_chunk_us; fitted: τ, the per-layer cost beyond the stack's)
              [eager]: the step prefills (graphs are captured for decode only), or System.eager (no graphs)
              N: System.scheduler_steps for a decode-only step (multi-step scheduling), else 1
 

@@ -308,6 +308,12 @@ class Stack(BaseModel):
     # is used) or "engine" (the engine's own benchmark, no HTTP); System.timing overrides it
     timing: Literal["client", "engine"] = "engine"
     seq_overhead_us: float = Field(default=0.0, ge=0)  # per running sequence per step, host side
+    # serial CPU time of the server's API process per streamed chunk (one per running request per step:
+    # detokenise, build the response object, serialise and send it), only where a client streams the
+    # tokens over HTTP (System.ttft_timing "client"). The API process runs beside the engine, so it bounds
+    # a step from below (decoders x this) instead of adding to it: the server streams at most 1/this
+    # chunks per second whatever the GPU does (0: no published ceiling)
+    stream_chunk_us: float = Field(default=0.0, ge=0)
     # host time per layer to launch a forward whose attention runs eagerly between CUDA-graph pieces
     # (vLLM V1's piecewise graphs): it overlaps the GPU's work, so such a forward takes the longer of the
     # two (0: the forward replays whole graphs, or the per-layer host work is inside layer_overhead_us)
@@ -391,7 +397,7 @@ class Stack(BaseModel):
             for f in ("step_overhead_us", "layer_overhead_us", "request_overhead_ms")
             if not self.sources.get(f)
         ]
-        for f in ("seq_overhead_us", "client_overhead_ms", "host_layer_us", "async_gap_us"):
+        for f in ("seq_overhead_us", "client_overhead_ms", "host_layer_us", "async_gap_us", "stream_chunk_us"):
             if getattr(self, f) > 0 and not self.sources.get(f):
                 missing.append(f)
         if self.timing != "engine" and not self.sources.get("timing"):

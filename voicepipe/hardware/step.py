@@ -63,6 +63,7 @@ class StepParts:
     launch_s: FArray | float = 0.0  # host time launching a piecewise-graphed forward (overlaps the GPU)
     overlap: bool | NDArray[np.bool_] = False  # async scheduling: serial_s overlaps the GPU too
     gap_s: FArray | float = 0.0  # async scheduling: the host time per step that overlaps nothing
+    stream_s: FArray | float = 0.0  # the API process streaming the step's chunks (a floor: it runs beside)
 
 
 BOOL_PARTS = ("weight_only", "sram", "overlap")  # the StepParts fields that are flags, not seconds
@@ -121,13 +122,15 @@ def step_parts(
     prefill_cached: ArrayLike = 0,
     prefill_seqs: ArrayLike = 1,
     prefill_span: ArrayLike | None = None,
+    streamed: bool = True,
 ) -> StepParts:
     """Raw costs of one engine step (see the module docstring for the formulas).
 
     ``prefill_tokens`` may come from ``prefill_seqs`` prompts (or chunks of them) sharing the step, with
     ``prefill_cached`` tokens of context before them in all (cached prefixes, earlier chunks), whose KV the
     step reads. ``prefill_span`` is the mean context a new prompt token attends to (``Σ nᵢ·(cᵢ + nᵢ/2) / n``
-    over the prompts); None: prompts of equal length, ``(c + n/2) / s``."""
+    over the prompts); None: prompts of equal length, ``(c + n/2) / s``. ``streamed`` False leaves out
+    the API process's floor (:func:`stream_s`; a speculative step applies it once to draft and verify)."""
     dev, m, eff = system.device, system.model, system.eff
     d = np.asarray(decode_seqs, dtype=float)
     kv = np.asarray(kv_tokens, dtype=float)
@@ -226,6 +229,7 @@ def step_parts(
             launch_s=zero + (0.0 if system.eager else launch_host_s(stk, m.layers, n)),
             overlap=stk.async_scheduling,
             gap_s=zero + stk.async_gap_us * 1e-6,
+            stream_s=zero + (stream_s(system, d) if streamed else 0.0),
         )
     layer_bw = float(dev.layer_bw_tbs or 0) * 1e12
     sweep = (dense_p + expert_p) * bpp / layer_bw if layer_bw > 0 else zero
@@ -288,7 +292,20 @@ def combine(
     # SRAM: the token walks layers, so its parts add up.
     busy = np.where(parts.sram, memory + compute, np.maximum(weights, matmul) + np.maximum(cache, attention))
     gpu = busy + parts.comm_s + parts.fixed_s + parts.layers * np.asarray(layer_s, dtype=float)
-    return memory, compute, host_bound(gpu, parts.launch_s, parts.serial_s, parts.overlap, parts.gap_s)
+    engine = host_bound(gpu, parts.launch_s, parts.serial_s, parts.overlap, parts.gap_s)
+    return memory, compute, np.maximum(engine, np.asarray(parts.stream_s, dtype=float))
+
+
+def stream_s(system: System, decoders: ArrayLike) -> FArray:
+    """The server's API process's time to stream one step's chunks to clients, ``decoders ×
+    stream_chunk_us``, where the system's tokens reach a client over HTTP (:attr:`System.ttft_timing`
+    "client"); else 0. The process runs beside the engine, so a step takes at least this long (the engine
+    cannot hand out tokens faster than they are streamed) and below it costs nothing: a serial
+    per-chunk cost caps the server at ``1 / stream_chunk_us`` chunks a second across all clients."""
+    d = np.asarray(decoders, dtype=float)
+    if system.device.kind != "hbm" or system.ttft_timing != "client":
+        return 0.0 * d
+    return d * system.serving.stream_chunk_us * 1e-6
 
 
 def host_bound(
@@ -314,8 +331,10 @@ def step_time(
     prefill_cached: ArrayLike = 0,
     prefill_seqs: ArrayLike = 1,
     prefill_span: ArrayLike | None = None,
+    streamed: bool = True,
 ) -> StepTime:
-    """Time of one engine step (see the module docstring for the formulas)."""
+    """Time of one engine step (see the module docstring for the formulas); ``streamed`` as
+    :func:`step_parts`."""
     parts = step_parts(
         system,
         decode_seqs,
@@ -325,13 +344,14 @@ def step_time(
         prefill_cached=prefill_cached,
         prefill_seqs=prefill_seqs,
         prefill_span=prefill_span,
+        streamed=streamed,
     )
     e = system.eff
     memory, compute, total = combine(parts, e.eta_mem, e.mfu, e.eta_wq, e.eta_moe, e.layer_s)
     # everything that is neither a kernel's bytes/FLOPs nor a collective: the GPU-side fixed costs and
     # what the host adds beyond the GPU's work
     busy = combine(replace(parts, comm_s=0.0 * parts.comm_s, fixed_s=0.0 * parts.fixed_s, serial_s=0.0,
-                           launch_s=0.0, gap_s=0.0, layers=0.0 * parts.layers), e.eta_mem, e.mfu, e.eta_wq, e.eta_moe)[2]  # fmt: skip
+                           launch_s=0.0, gap_s=0.0, stream_s=0.0, layers=0.0 * parts.layers), e.eta_mem, e.mfu, e.eta_wq, e.eta_moe)[2]  # fmt: skip
     return StepTime(memory, compute, parts.comm_s, total - busy - parts.comm_s, total)
 
 
@@ -349,7 +369,8 @@ def mixed_step_s(
     """Seconds for one continuous-batching step: ``decode_seqs`` decode while ``prefill_tokens`` prefill.
 
     With speculative decoding the decoders first run γ draft steps costing ``c`` target steps each, then
-    the target verifies γ + 1 tokens per sequence: ``γ·c·t(d, q=1) + t(d, q=γ+1, n)``.
+    the target verifies γ + 1 tokens per sequence: ``γ·c·t(d, q=1) + t(d, q=γ+1, n)``. Either way the step
+    lasts at least the API process's time to stream its chunks (:func:`stream_s`; one a decoder).
     """
     d = np.asarray(decode_seqs, dtype=float)
     verify = step_time(
@@ -361,11 +382,12 @@ def mixed_step_s(
         prefill_cached=prefill_cached,
         prefill_seqs=prefill_seqs,
         prefill_span=prefill_span,
+        streamed=spec is None,
     ).total_s
     if spec is None:
         return verify
-    draft = spec.gamma * spec.draft_cost * step_time(system, d, kv_tokens).total_s
-    return verify + np.where(d > 0, draft, 0.0)
+    draft = spec.gamma * spec.draft_cost * step_time(system, d, kv_tokens, streamed=False).total_s
+    return np.maximum(verify + np.where(d > 0, draft, 0.0), stream_s(system, d))
 
 
 def tokens_per_step(spec: Speculative | None) -> float:

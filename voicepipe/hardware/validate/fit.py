@@ -147,8 +147,7 @@ def batch_of(items: list[Prepared], theta: FArray | None = None) -> Batch:
         r = engine_run(x, theta)
         fig, sc, iv = form(x)
         w, d, kv, n, c, ps, span = _merged(r, r.weights(fig))
-        pf = {"prefill_tokens": n, "prefill_cached": c, "prefill_seqs": ps, "prefill_span": span}
-        parts.append(step_parts(x.system, d, kv, **pf))
+        parts.append(step_parts(x.system, d, kv, prefill_tokens=n, prefill_cached=c, prefill_seqs=ps, prefill_span=span))
         weights.append(w)
         starts.append(col)
         col += len(w)
