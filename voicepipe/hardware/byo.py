@@ -239,6 +239,14 @@ def load_hf_config(path: str) -> ModelSpec:
     qmethod = str(quant.get("quant_method", ""))
     # MXFP4 (gpt-oss) as int4: 4.25 bits per weight, dequantised in the kernel (the catalog's gpt-oss default)
     precision = "fp8" if qmethod == "fp8" else "int4" if qmethod in ("awq", "gptq", "mxfp4") else None
+    # an MXFP4 checkpoint that leaves the attention unconverted (gpt-oss: modules_to_not_convert names
+    # self_attn, the router, the embedding and lm_head) stores only the experts in 4 bits, the rest in its dtype
+    skipped = quant.get("modules_to_not_convert") or []
+    dense = (
+        _DTYPES.get(dtype, "bf16")
+        if qmethod == "mxfp4" and experts > 1 and any("self_attn" in str(x) for x in skipped)
+        else None
+    )
     fields: dict[str, Any] = {
         "key": source,
         "layers": layers,
@@ -258,10 +266,12 @@ def load_hf_config(path: str) -> ModelSpec:
         "local_layers": local_layers,
         "tied_embeddings": tied,
         "default_precision": precision or _DTYPES.get(dtype, "bf16"),
+        "dense_precision": dense,
         "sources": {
             "config": f"{source} (read offline)",
             "params": f"computed from the shapes in {source}",
             "quality": "none: a user-supplied config.json carries no benchmark score",
+            **({"dense_precision": f"{source}: quantization_config.modules_to_not_convert"} if dense else {}),
         },
     }
     try:

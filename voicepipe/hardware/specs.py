@@ -179,6 +179,11 @@ class ModelSpec(BaseModel):
     local_layers: int = Field(default=0, ge=0)
     tied_embeddings: bool = False
     default_precision: str = "bf16"
+    # the precision the published checkpoint keeps outside the routed experts where only the experts are
+    # stored at ``default_precision`` (gpt-oss: MXFP4 experts; attention, router, embedding and head in
+    # bf16); None: every weight at the run's precision. Applies to a run at ``default_precision`` (the
+    # published checkpoint), not to one quantised otherwise (:func:`voicepipe.hardware.system.dense_precision`)
+    dense_precision: str | None = None
     quality: Quality | None = None
     prices: dict[str, PublicPrice] = Field(default_factory=dict)
     sources: dict[str, str]
@@ -192,6 +197,13 @@ class ModelSpec(BaseModel):
             raise ValueError("no source for quality")
         if self.default_precision not in PRECISIONS:
             raise ValueError(f"default_precision {self.default_precision!r} not in {sorted(PRECISIONS)}")
+        if self.dense_precision is not None:
+            if self.dense_precision not in PRECISIONS:
+                raise ValueError(f"dense_precision {self.dense_precision!r} not in {sorted(PRECISIONS)}")
+            if self.experts < 2:
+                raise ValueError("dense_precision applies to MoE models (the weights outside the routed experts)")
+            if not self.sources.get("dense_precision"):
+                raise ValueError("no source for dense_precision")
         if (self.experts > 1) != (self.params_active_b is not None):
             raise ValueError("MoE models need experts > 1 and params_active_b together")
         if self.experts_active > self.experts:

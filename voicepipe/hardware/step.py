@@ -52,21 +52,25 @@ class StepParts:
     dense_s: FArray  # dense weight bytes per chip / BW
     expert_s: FArray  # routed-expert weight bytes per chip / BW
     spill_s: FArray  # weights streamed from the offload tier (at its full bandwidth)
-    flops_s: FArray  # weight-matmul FLOPs per chip / sustained rate at the precision
+    flops_s: FArray  # matmul FLOPs outside the routed experts per chip / sustained rate at their precision
     attn_s: FArray  # attention (scores, values) FLOPs per chip / sustained 16-bit rate
     comm_s: FArray  # all-reduces (latency + bandwidth), set constants
     fixed_s: FArray  # GPU-side fixed costs: per-layer gaps, MoE routing (SRAM: per-layer time, sweep)
     layers: FArray  # layers whose fitted per-layer cost τ applies (HBM: all; SRAM: none)
-    weight_only: bool | NDArray[np.bool_]
+    weight_only: bool | NDArray[np.bool_]  # the weights outside the routed experts are dequantised in-kernel
     sram: bool | NDArray[np.bool_]
     serial_s: FArray | float = 0.0  # host work between forwards: per step, per running sequence
     launch_s: FArray | float = 0.0  # host time launching a piecewise-graphed forward (overlaps the GPU)
     overlap: bool | NDArray[np.bool_] = False  # async scheduling: serial_s overlaps the GPU too
     gap_s: FArray | float = 0.0  # async scheduling: the host time per step that overlaps nothing
     stream_s: FArray | float = 0.0  # the API process streaming the step's chunks (a floor: it runs beside)
+    expert_flops_s: FArray | float = 0.0  # routed-expert matmul FLOPs per chip / sustained rate at the precision
+    # the routed experts are dequantised in-kernel (their precision has no math here); with weight_only it
+    # differs only where the experts and the rest are stored apart (ModelSpec.dense_precision: gpt-oss)
+    expert_weight_only: bool | NDArray[np.bool_] = False
 
 
-BOOL_PARTS = ("weight_only", "sram", "overlap")  # the StepParts fields that are flags, not seconds
+BOOL_PARTS = ("weight_only", "sram", "overlap", "expert_weight_only")  # the StepParts fields that are flags
 
 
 @dataclass(frozen=True)
@@ -141,7 +145,9 @@ def step_parts(
     span = (c + n / 2.0) / ps if prefill_span is None else np.asarray(prefill_span, dtype=float)
     tokens = d * q + n
     zero = 0.0 * (tokens + kv + c)
-    bpp = bytes_per_param(system.precision)
+    bpp = bytes_per_param(system.precision)  # the routed experts
+    dense_prec = system.dense_format  # the rest: attention, dense and shared MLPs, router, head
+    bpd = bytes_per_param(dense_prec)
     kvb = kv_bytes_per_token(m, system.kv)
     dense_p, expert_p = _read_split(m, tokens)
     linear = 2.0 * matmul_params(m) * tokens
@@ -177,9 +183,12 @@ def step_parts(
     pre_attn = 2.0 * m.layers * m.heads * prefill_attention_width(m) * n * m.held(span)  # attention's own
     # projections every TP rank holds whole (MLA's down-projections) multiply every token on every rank
     rep = 0.0 if system.attention_dp or par == 1 else tp_replicated_params(m) * (1.0 - 1.0 / par)
+    # the routed experts' matmuls at the run's precision; the rest at theirs (gpt-oss: bf16)
+    expert_linear = 2.0 * routed * tokens
     flops_s = (
-        (linear - pre_linear) / par + pre_linear * np.asarray(local) + 2.0 * rep * tokens
-    ) / dev.matmul_flops(system.precision) + zero
+        (linear - pre_linear - expert_linear) / par + pre_linear * np.asarray(local) + 2.0 * rep * tokens
+    ) / dev.matmul_flops(dense_prec) + zero
+    expert_flops_s = expert_linear / par / dev.matmul_flops(system.precision) + zero
     attn_s = ((attention - pre_attn) / par + pre_attn * np.asarray(local)) / dev.matmul_flops("bf16") + zero
     if dev.kind == "hbm":
         # kernels launched from the host without a CUDA/HIP graph: a step that prefills (stacks capture
@@ -202,10 +211,10 @@ def step_parts(
         offload_bw = float(dev.offload_bw_tbs or 1.0) * 1e12
         # attention DP: every chip streams the whole attention weights, not a 1/tp slice of them
         replicated = attention_params(m) * (1.0 - 1.0 / par) if system.attention_dp else rep
-        weights_s = ((dense_p + expert_p) / par + replicated) * bpp
-        dense_s = (dense_p / par + replicated) * bpp * hbm_share / bw + zero
+        weights_s = (dense_p / par + replicated) * bpd + expert_p / par * bpp
+        dense_s = (dense_p / par + replicated) * bpd * hbm_share / bw + zero
         # a build without skinny GEMMs pays extra on its 16-bit dense GEMMs at small M (Stack.small_m_gemm_extra)
-        sixteen_bit = system.precision in ("bf16", "fp16")
+        sixteen_bit = dense_prec in ("bf16", "fp16")
         return StepParts(
             kv_s=kv_bytes / (1 if pipeline else kv_shards(m, tp, system.attention_dp)) / bw + zero,
             dense_s=dense_s,
@@ -219,7 +228,7 @@ def step_parts(
             + m.routed_layers * eff.moe_route_s
             + (small_m_gemm_extra(stk, tokens) * dense_s if sixteen_bit else zero),
             layers=zero + m.layers,
-            weight_only=dev.weight_only(system.precision),
+            weight_only=dev.weight_only(dense_prec),
             sram=False,
             # per step, and per running sequence (schedule, prepare inputs, sample, detokenise), done once per
             # `scheduler_steps` decode steps under multi-step scheduling
@@ -230,9 +239,11 @@ def step_parts(
             overlap=stk.async_scheduling,
             gap_s=zero + stk.async_gap_us * 1e-6,
             stream_s=zero + (stream_s(system, d) if streamed else 0.0),
+            expert_flops_s=expert_flops_s,
+            expert_weight_only=dev.weight_only(system.precision),
         )
     layer_bw = float(dev.layer_bw_tbs or 0) * 1e12
-    sweep = (dense_p + expert_p) * bpp / layer_bw if layer_bw > 0 else zero
+    sweep = (dense_p * bpd + expert_p * bpp) / layer_bw if layer_bw > 0 else zero
     return StepParts(
         kv_s=kv_bytes / (system.chips * float(dev.sram_bw_tbs or 0) * 1e12) + zero,
         dense_s=zero,
@@ -245,6 +256,7 @@ def step_parts(
         layers=zero,
         weight_only=False,
         sram=True,
+        expert_flops_s=expert_flops_s,
     )
 
 
@@ -280,11 +292,13 @@ def combine(
     """(memory, compute, total) seconds from raw parts and efficiencies (arrays broadcast: the fit
     passes a column of candidate constants against a row of points)."""
     w = np.where(parts.weight_only, np.asarray(eta_wq, dtype=float), 1.0)
+    we = np.where(parts.expert_weight_only, np.asarray(eta_wq, dtype=float), 1.0)  # the routed experts'
     eta = np.asarray(eta_mem, dtype=float)
     u = np.asarray(mfu, dtype=float)
-    weights = (parts.dense_s / w + parts.expert_s / (w * np.asarray(eta_moe))) / eta + parts.spill_s
+    weights = (parts.dense_s / w + parts.expert_s / (we * np.asarray(eta_moe))) / eta + parts.spill_s
     cache = parts.kv_s / eta
-    matmul = parts.flops_s / (u * w)  # weight-only kernels dequantise inside the GEMM
+    # weight-only kernels dequantise inside the GEMM
+    matmul = parts.flops_s / (u * w) + parts.expert_flops_s / (u * we)
     attention = parts.attn_s / u  # attention math is 16-bit whatever the weight format
     memory, compute = weights + cache, matmul + attention
     # HBM: one roofline per kernel class, run one after the other on the stream: the weight GEMMs

@@ -41,11 +41,11 @@ class Efficiency:
     """Efficiency factors, one set for every HBM device (η_mem, MFU, η_wq, η_moe fitted; see docs §2)."""
 
     # fitted on every answerable point of data/validation*.yaml (`voicepipe hardware validate`; docs §2, §3)
-    eta_mem: float = 0.773  # share of the sustained (STREAM-like) bandwidth a native decode step streams
+    eta_mem: float = 0.772  # share of the sustained (STREAM-like) bandwidth a native decode step streams
     mfu: float = 0.792  # share of the sustained (measured maximum) matmul FLOP/s a serving step reaches
     eta_wq: float = 1.0  # weight-only kernels' efficiency relative to native ones (dequant in the loop)
-    eta_moe: float = 0.627  # expert (grouped-GEMM) streaming efficiency relative to dense GEMV + routing
-    layer_s: float = 1.3e-05  # per layer per step on HBM devices beyond the stack's own gaps (launch, sync)
+    eta_moe: float = 0.655  # expert (grouped-GEMM) streaming efficiency relative to dense GEMV + routing
+    layer_s: float = 1.28e-05  # per layer per step on HBM devices beyond the stack's own gaps (launch, sync)
     ar_growth: float = 0.5  # all-reduce latency growth per doubling of the TP group beyond 2
     # per MoE layer per step: router, top-k, alignment, grouped-GEMM launches; the intercept of published
     # fused-MoE kernel times against the expert bytes they touch, 24.5-26.6 µs (docs §2, tenth pass)
@@ -127,12 +127,22 @@ class System:
     # the engine's cap on sequences running at once as the run set it (vLLM --max-num-seqs, SGLang
     # --max-running-requests, TensorRT-LLM --max_batch_size); None: the stack's default (seq_cap)
     max_seqs: int | None = None
+    # the precision of the weights outside the routed experts where the run's checkpoint states its own (a
+    # GGUF that stores them in Q8_0: int8); None: the model's published checkpoint (dense_weight_precision)
+    dense_precision: str | None = None
 
     def __post_init__(self) -> None:
         if self.scheduler_steps < 1:
             raise ValueError(f"scheduler_steps must be >= 1, got {self.scheduler_steps}")
         if self.max_seqs is not None and self.max_seqs < 1:
             raise ValueError(f"max_seqs must be >= 1, got {self.max_seqs}")
+        if self.dense_precision is not None:
+            check_precision(self.dense_precision)
+
+    @property
+    def dense_format(self) -> str:
+        """The precision the weights outside the routed experts stream at (:func:`dense_weight_precision`)."""
+        return dense_weight_precision(self.model, self.precision, self.dense_precision)
 
     @property
     def ttft_timing(self) -> Literal["client", "engine"]:
@@ -166,9 +176,25 @@ def kv_bytes_per_token(model: ModelSpec, precision: str) -> float:
     return model.kv_elems_per_token * PRECISIONS[check_kv_precision(precision)]
 
 
-def weight_bytes(model: ModelSpec, precision: str) -> float:
-    """Bytes to hold every weight."""
-    return model.total_params * bytes_per_param(precision)
+def dense_weight_precision(model: ModelSpec, precision: str, stated: str | None = None) -> str:
+    """The precision of the weights outside the routed experts (attention, dense and shared MLPs, router,
+    embedding and head) of a run at ``precision``: ``stated`` where the run's checkpoint says (a GGUF's
+    own layout), else the model's published checkpoint's (``ModelSpec.dense_precision``: gpt-oss keeps them
+    in bf16 beside MXFP4 experts) when the run is at that checkpoint's precision, else ``precision``."""
+    if stated is not None:
+        return check_precision(stated)
+    if model.dense_precision is not None and precision == model.default_precision:
+        return model.dense_precision
+    return precision
+
+
+def weight_bytes(model: ModelSpec, precision: str, dense: str | None = None) -> float:
+    """Bytes to hold every weight: the routed experts at ``precision``, the rest at
+    :func:`dense_weight_precision` (``dense``: the run's own statement of it)."""
+    rest, experts = _expert_split(model)
+    return rest * bytes_per_param(dense_weight_precision(model, precision, dense)) + experts * bytes_per_param(
+        precision
+    )
 
 
 def _expert_split(model: ModelSpec) -> tuple[float, float]:
@@ -374,15 +400,12 @@ def weight_split(system: System) -> tuple[float, float]:
     usable HBM for KV and streams the rest of the weights from that tier.
     """
     dev = system.device
-    per_chip = weight_bytes(system.model, system.precision) / system.chips
+    per_chip = weight_bytes(system.model, system.precision, system.dense_precision) / system.chips
+    dense = bytes_per_param(system.dense_format)  # attention and MLA projections are outside the experts
     if system.attention_dp:  # a full copy of the attention weights on every chip
-        per_chip += (
-            attention_params(system.model) * bytes_per_param(system.precision) * (1 - 1 / system.chips)
-        )
+        per_chip += attention_params(system.model) * dense * (1 - 1 / system.chips)
     else:  # under TP, a full copy of the replicated projections (MLA's down-projections)
-        per_chip += (
-            tp_replicated_params(system.model) * bytes_per_param(system.precision) * (1 - 1 / system.chips)
-        )
+        per_chip += tp_replicated_params(system.model) * dense * (1 - 1 / system.chips)
     usable = weight_room(system)
     if per_chip <= usable or dev.offload_gb is None:
         return per_chip, 0.0
@@ -419,7 +442,10 @@ def kv_capacity_tokens(system: System) -> float:
             free = dev.capacity_bytes * memory_share(system) - weights - reserve
         per_token = kv_bytes_per_token(m, system.kv) / kv_shards(m, system.chips, system.attention_dp)
     else:
-        free = system.chips * dev.capacity_bytes * system.eff.usable_sram - weight_bytes(m, system.precision)
+        free = (
+            system.chips * dev.capacity_bytes * system.eff.usable_sram
+            - weight_bytes(m, system.precision, system.dense_precision)
+        )
         per_token = kv_bytes_per_token(m, system.kv)
     return max(0.0, free / per_token)
 
@@ -464,10 +490,11 @@ def kv_sequences(system: System, prompt_tokens: int, output_tokens: int) -> int:
 
 
 def sram_units(
-    device: Device, model: ModelSpec, precision: str, seqs: int, context: int, eff: Efficiency, kv: str
-) -> int:
+    device: Device, model: ModelSpec, precision: str, seqs: int, context: int, eff: Efficiency, kv: str,
+    dense: str | None = None,
+) -> int:  # fmt: skip
     """Chips/wafers an SRAM machine needs to hold the weights plus ``seqs`` KV caches of ``context``."""
-    need = weight_bytes(model, precision) + seqs * context * kv_bytes_per_token(model, kv)  # every token kept
+    need = weight_bytes(model, precision, dense) + seqs * context * kv_bytes_per_token(model, kv)  # every token kept
     return math.ceil(need / (device.capacity_bytes * eff.usable_sram))
 
 
@@ -491,6 +518,7 @@ def make_system(
     eager: bool = False,
     scheduler_steps: int = 1,
     max_seqs: int | None = None,
+    dense_precision: str | None = None,
 ) -> System:
     """Size a system that holds the weights and ``seqs`` sequences of ``context`` tokens.
 
@@ -500,6 +528,7 @@ def make_system(
     width always raise. SRAM: the chips/wafers follow from capacity (``tp`` is not accepted). ``eager``,
     ``scheduler_steps`` and ``max_seqs`` are run settings (:class:`System`); the last changes what vLLM's
     start-up profile reserves (:func:`profile_shape`), the others do not change the sizing.
+    ``dense_precision`` is the checkpoint's own format outside the routed experts (:class:`System`).
     """
     prec = check_precision(precision or model.default_precision)
     kv = check_kv_precision(kv_precision) if kv_precision else None
@@ -507,14 +536,14 @@ def make_system(
     def build(width: int) -> System:
         return System(
             device, model, prec, width, eff, kv, stack, timing=timing, eager=eager,
-            scheduler_steps=scheduler_steps, max_seqs=max_seqs,
+            scheduler_steps=scheduler_steps, max_seqs=max_seqs, dense_precision=dense_precision,
         )  # fmt: skip
 
     if device.kind == "sram":
         if tp is not None:
             raise ValueError(f"tp does not apply to {device.key}: its chip count follows from SRAM capacity")
         probe = build(1)
-        return build(sram_units(device, model, prec, seqs, context, eff, probe.kv))
+        return build(sram_units(device, model, prec, seqs, context, eff, probe.kv, dense_precision))
     if tp is not None:
         if tp < 1 or tp > device.max_tp:
             raise ValueError(f"tp {tp} out of range for {device.key} (1..{device.max_tp})")
@@ -539,7 +568,7 @@ def make_system(
 
 def _no_fit(system: System, seqs: int, context: int) -> str:
     dev, m = system.device, system.model
-    need = weight_bytes(m, system.precision) + seqs * kept_tokens(system, context) * kv_bytes_per_token(
+    need = weight_bytes(m, system.precision, system.dense_precision) + seqs * kept_tokens(system, context) * kv_bytes_per_token(
         m, system.kv
     )
     have = system.chips * weight_room(system)

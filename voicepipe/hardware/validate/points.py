@@ -75,6 +75,10 @@ class Point(BaseModel):
     # True: the source ran without CUDA/HIP graphs (vLLM --enforce-eager, SGLang --disable-cuda-graph)
     eager: bool = False
     scheduler_steps: int = Field(default=1, ge=1)  # vLLM V0 --num-scheduler-steps as the source ran it
+    # the precision of the weights outside the routed experts in the checkpoint the source ran, where its
+    # notes name one that stores them otherwise than the model's published checkpoint (llama.cpp's
+    # "MXFP4 MoE" GGUF: MXFP4 experts, Q8_0 rest -> int8); None: the published checkpoint's (System)
+    dense_precision: str | None = None
     # True: the benchmark CLIENT holds `batch` requests in flight over many more requests in all (a
     # max-concurrency client: vLLM/SGLang bench --max-concurrency, genai-perf or trtllm-bench
     # --concurrency): its throughput is the loaded server's mean step, newcomers' prefills included, not a
@@ -206,6 +210,8 @@ def prepare(p: Point) -> Prepared:
         return Prepared(p, reason=f"precision {p.precision!r} is not modelled")
     if p.kv_precision is not None and p.kv_precision not in catalog.KV_PRECISIONS:
         return Prepared(p, reason=f"kv precision {p.kv_precision!r} is not modelled")
+    if p.dense_precision is not None and p.dense_precision not in catalog.PRECISIONS:
+        return Prepared(p, reason=f"dense precision {p.dense_precision!r} is not modelled")
     ctx_max = prompt + out
     stated = p.max_seqs if isinstance(p.max_seqs, int) else None
     if dev.kind == "sram" or p.chips is None:
@@ -213,7 +219,7 @@ def prepare(p: Point) -> Prepared:
             system = make_system(
                 dev, mdl, p.precision, seqs=1 if dev.kind == "hbm" else (p.batch or 1), context=ctx_max,
                 kv_precision=p.kv_precision, stack=stk, timing=p.timing, eager=p.eager,
-                scheduler_steps=p.scheduler_steps, max_seqs=stated,
+                scheduler_steps=p.scheduler_steps, max_seqs=stated, dense_precision=p.dense_precision,
             )  # fmt: skip
         except DoesNotFit as exc:
             return Prepared(p, reason=str(exc))
@@ -224,7 +230,7 @@ def prepare(p: Point) -> Prepared:
             )
         system = System(
             dev, mdl, p.precision, p.chips, DEFAULT_EFFICIENCY, p.kv_precision, stk, p.attention_dp, p.timing,
-            p.eager, p.scheduler_steps, stated,
+            p.eager, p.scheduler_steps, stated, p.dense_precision,
         )  # fmt: skip
     if p.max_seqs == TRTLLM_BENCH:
         system = replace(system, max_seqs=trtllm_bench_max_batch(system, prompt, out))
