@@ -335,6 +335,13 @@ def host_bound(
     return np.where(overlap, np.maximum(g, lh + sh) + np.asarray(gap, dtype=float), sh + np.maximum(g, lh))
 
 
+def total_s(system: System, parts: StepParts) -> FArray:
+    """A step's seconds from its parts under the system's efficiencies (:func:`combine`'s total alone: the
+    serving engine's hot path, which needs no breakdown)."""
+    e = system.eff
+    return combine(parts, e.eta_mem, e.mfu, e.eta_wq, e.eta_moe, e.layer_s)[2]
+
+
 def step_time(
     system: System,
     decode_seqs: ArrayLike,
@@ -387,20 +394,13 @@ def mixed_step_s(
     lasts at least the API process's time to stream its chunks (:func:`stream_s`; one a decoder).
     """
     d = np.asarray(decode_seqs, dtype=float)
-    verify = step_time(
-        system,
-        d,
-        kv_tokens,
-        tokens_per_seq=1 if spec is None else spec.gamma + 1,
-        prefill_tokens=prefill_tokens,
-        prefill_cached=prefill_cached,
-        prefill_seqs=prefill_seqs,
-        prefill_span=prefill_span,
-        streamed=spec is None,
-    ).total_s
+    verify = total_s(system, step_parts(
+        system, d, kv_tokens, tokens_per_seq=1 if spec is None else spec.gamma + 1, prefill_tokens=prefill_tokens,
+        prefill_cached=prefill_cached, prefill_seqs=prefill_seqs, prefill_span=prefill_span, streamed=spec is None,
+    ))  # fmt: skip
     if spec is None:
         return verify
-    draft = spec.gamma * spec.draft_cost * step_time(system, d, kv_tokens, streamed=False).total_s
+    draft = spec.gamma * spec.draft_cost * total_s(system, step_parts(system, d, kv_tokens, streamed=False))
     return np.maximum(verify + np.where(d > 0, draft, 0.0), stream_s(system, d))
 
 

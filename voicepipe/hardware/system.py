@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Literal
 
 import numpy as np
@@ -157,11 +158,18 @@ class System:
     def kv(self) -> str:
         return self.kv_precision or default_kv_precision(self.precision, self.serving.kv_default)
 
-    @property
+    @cached_property
     def serving(self) -> Stack:
         """The stack profile as built for this device's maker (:meth:`Stack.on`: e.g. vLLM V0's ROCm build on
-        an AMD device); its ``key`` is the profile's, its ``name`` says which build."""
+        an AMD device); its ``key`` is the profile's, its ``name`` says which build. Worked out once per
+        system (it is read on every engine step)."""
         return (self.stack or catalog_stack()).on(self.device.maker)
+
+    @cached_property
+    def split(self) -> tuple[float, float]:
+        """(weight bytes per chip in HBM, per chip spilled to the offload tier): :func:`weight_split`, worked
+        out once per system (every engine step reads it)."""
+        return _weight_split(self)
 
 
 # ---------------------------------------------------------------- bytes
@@ -394,6 +402,12 @@ def weight_room(system: System) -> float:
 
 
 def weight_split(system: System) -> tuple[float, float]:
+    """(weight bytes per chip in HBM, per chip spilled to the offload tier): see :func:`_weight_split`;
+    kept on the system once worked out (:attr:`System.split`)."""
+    return system.split
+
+
+def _weight_split(system: System) -> tuple[float, float]:
     """(weight bytes per chip in HBM, per chip spilled to the offload tier).
 
     Weights stay in HBM when they fit; a device with an offload tier (SambaNova's DDR) keeps half its
