@@ -73,13 +73,18 @@ from dataclasses import dataclass
 from typing import Literal
 
 from voicepipe.hardware.catalog import Device, ModelSpec, Stack
+from voicepipe.hardware.collective import (
+    allreduce_latency_s,
+    allreduce_path,
+    allreduce_s,
+    custom_allreduce_latency_s,
+)
 from voicepipe.hardware.serving import DeviceServer
 from voicepipe.hardware.step import (
     BOOL_PARTS,
     Bound,
     StepParts,
     StepTime,
-    allreduce_latency_s,
     allreduces_per_step,
     combine,
     decode_step_s,
@@ -152,10 +157,13 @@ __all__ = [
     "System",
     "activation_peak_bytes",
     "allreduce_latency_s",
+    "allreduce_path",
+    "allreduce_s",
     "allreduces_per_step",
     "attention_params",
     "bytes_per_param",
     "combine",
+    "custom_allreduce_latency_s",
     "decode_attention_width",
     "decode_step_s",
     "default_kv_precision",
