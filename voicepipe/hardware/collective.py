@@ -7,12 +7,15 @@ fall back to NCCL/RCCL above it (docs/hardware-model.md §1, *Tensor parallelism
 all-reduce of ``S`` bytes over a group of ``tp`` is, with ``B = link_gbs · η_link``:
 
     custom one-shot (S < stack's one-shot limit):  α_c(tp) + (tp − 1) · S / B
-    custom two-shot (S < stack's custom limit):    α_c(tp) + 2 (tp − 1)/tp · S / B
+    custom two-shot (S < stack's custom limit):  2 α_c(tp) + 2 (tp − 1)/tp · S / B
     NCCL / RCCL (otherwise, or no custom path):     α(tp)   + 2 (tp − 1)/tp · S / B
 
 ``α(tp) = α_2 · (1 + g · log2(tp/2))`` is the device's graph-less NCCL latency (``allreduce_us``), and
-``α_c(tp)`` the device's small-message latency of the custom kernel by group width
-(``custom_allreduce_us``), interpolated linearly in log2(tp) between the published widths. A device without
+``α_c(tp)`` the device's small-message latency of the custom one-shot kernel by group width
+(``custom_allreduce_us``), interpolated linearly in log2(tp) between the published widths. A two-shot
+all-reduce is a reduce-scatter and an all-gather, each behind its own cross-GPU barrier: two one-shot
+rounds of latency (vLLM's graph-replayed tables on H100 put its intercept at 11-12 µs, twice the one-shot's
+5-6 µs; docs §3, all-reduce pass). A device without
 ``custom_allreduce_us`` (PCIe-only GPUs, TPUs, Gaudi) has no custom path: every stack pays NCCL there, as
 vLLM (no custom all-reduce on more than two PCIe-only GPUs) and TensorRT-LLM (AUTO picks NCCL without
 NVLink) do. Pure functions of the catalog entries; nothing here is fitted.
@@ -102,4 +105,4 @@ def allreduce_s(
     if alpha is None or not np.any(path != "nccl"):
         return nccl + 0.0 * s
     oneshot = alpha + (tp - 1) * s / link
-    return np.where(path == "oneshot", oneshot, np.where(path == "twoshot", alpha + ring, nccl))
+    return np.where(path == "oneshot", oneshot, np.where(path == "twoshot", 2.0 * alpha + ring, nccl))
