@@ -17,8 +17,9 @@ HBM devices (GPUs, TPUs), per chip of a tensor-parallel group of ``tp``::
     t_GEMM = 2·P_matmul·T / F_s(precision) / (tp · MFU · w)
     t_attn = 2·L·H·(a·q·K + 2·hd·n·c̄) / F_s(bf16) / (tp · MFU)
              (a = 2·hd; MLA decodes in the absorbed form over its latent: a = 2·kv_dim − rope)
-    t_comm = [tp > 1] · 2·L · (α(tp) + 2·(tp−1)/tp · T·hidden·2 B / (link_BW · η_link))
-    α(tp)  = α_2 · (1 + g·log2(tp/2))                       (α_2: the device's measured-class latency)
+    t_comm = [tp > 1] · 2·L · t_AR(T·hidden·2 B)            (the collective the stack runs for that size:
+             its custom one-shot / two-shot kernel at α_c(tp), or NCCL at α(tp); voicepipe.hardware.collective)
+    α(tp)  = α_2 · (1 + g·log2(tp/2))                       (α_2: the device's measured-class NCCL latency)
     t_gpu  = max(t_W, t_GEMM) + max(t_KV, t_attn) + t_comm + L·(t_layer + τ + [eager]·t_eager) + L_moe·t_route
     t_host = (t_step_fixed + (sequences in the step)·t_seq) / N       (between forwards)
     t_lch  = L·h_layer where the step runs piecewise CUDA graphs (and not eager), else 0   (launching)
@@ -73,13 +74,18 @@ from dataclasses import dataclass
 from typing import Literal
 
 from voicepipe.hardware.catalog import Device, ModelSpec, Stack
+from voicepipe.hardware.collective import (
+    allreduce_latency_s,
+    allreduce_path,
+    allreduce_s,
+    custom_allreduce_latency_s,
+)
 from voicepipe.hardware.serving import DeviceServer
 from voicepipe.hardware.step import (
     BOOL_PARTS,
     Bound,
     StepParts,
     StepTime,
-    allreduce_latency_s,
     allreduces_per_step,
     combine,
     decode_step_s,
@@ -152,10 +158,13 @@ __all__ = [
     "System",
     "activation_peak_bytes",
     "allreduce_latency_s",
+    "allreduce_path",
+    "allreduce_s",
     "allreduces_per_step",
     "attention_params",
     "bytes_per_param",
     "combine",
+    "custom_allreduce_latency_s",
     "decode_attention_width",
     "decode_step_s",
     "default_kv_precision",

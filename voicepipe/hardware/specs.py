@@ -57,6 +57,9 @@ class Device(BaseModel):
     link_gbs: float | None = Field(default=None, gt=0)
     max_tp: int = Field(default=1, ge=1)
     allreduce_us: float | None = Field(default=None, gt=0)  # small-message all-reduce latency at tp 2
+    # small-message latency (µs) of the stacks' custom one-shot all-reduce replayed in a CUDA/HIP graph, by
+    # TP width (voicepipe.hardware.collective); empty: no custom path here (PCIe-only, TPU, Gaudi)
+    custom_allreduce_us: dict[int, float] = Field(default_factory=dict)
     offload_gb: float | None = Field(default=None, gt=0)  # a slower tier weights may spill to (DDR)
     offload_bw_tbs: float | None = Field(default=None, gt=0)
     # SRAM devices
@@ -89,6 +92,10 @@ class Device(BaseModel):
             if getattr(self, f) is not None
         ]
         numeric += ["matmul_tflops"] if self.matmul_tflops else []
+        if self.custom_allreduce_us:
+            if any(w < 2 or us <= 0 for w, us in self.custom_allreduce_us.items()):
+                raise ValueError("custom_allreduce_us: widths >= 2 and latencies > 0")
+            numeric.append("custom_allreduce_us")
         unsourced = [f for f in numeric if not self.sources.get(f)]
         if unsourced:
             raise ValueError(f"no source for {', '.join(unsourced)}")
@@ -396,6 +403,13 @@ class Stack(BaseModel):
     # what fits in memory. System.max_seqs (the run's own setting) overrides both (system.seq_cap)
     max_seqs: int | None = Field(default=None, ge=1)
     max_seqs_large: int | None = Field(default=None, ge=1)
+    # the all-reduce it runs for tensor parallelism (voicepipe.hardware.collective): "nccl" (NCCL/RCCL for every
+    # message) or "custom" (its own one-shot kernel below allreduce_oneshot_bytes, two-shot below
+    # allreduce_max_bytes, NCCL above; on devices with a custom path, Device.custom_allreduce_us). The limits
+    # are by TP width, each entry holding for groups up to that width; wider groups run NCCL
+    allreduce: Literal["nccl", "custom"] = "nccl"
+    allreduce_oneshot_bytes: dict[int, int] = Field(default_factory=dict)
+    allreduce_max_bytes: dict[int, int] = Field(default_factory=dict)
     # the build of this profile on one maker's devices, where it differs ("AMD": the ROCm build): the fields
     # that differ, a ``name`` saying which build it is, and ``sources`` for each field (see Stack.on)
     platforms: dict[str, dict[str, Any]] = Field(default_factory=dict)
@@ -436,6 +450,11 @@ class Stack(BaseModel):
                 missing.append(f)
         if self.max_seqs_large is not None and (self.memory is None or self.memory.large_gpu_gib is None):
             raise ValueError("max_seqs_large needs memory.large_gpu_gib (the large-device rule)")
+        if self.allreduce == "custom":
+            if not self.allreduce_oneshot_bytes or not self.allreduce_max_bytes:
+                raise ValueError("allreduce custom needs allreduce_oneshot_bytes and allreduce_max_bytes")
+            missing += [f for f in ("allreduce", "allreduce_oneshot_bytes", "allreduce_max_bytes")
+                        if not self.sources.get(f)]  # fmt: skip
         if self.host_layer_us > 0 and not self.sources.get("cudagraph_mode"):
             missing.append("cudagraph_mode")
         for flag in ("first_token_from_decode", "window_kv", "prefill_chunked", "async_scheduling"):

@@ -6,7 +6,6 @@ The formulas are stated in :mod:`voicepipe.hardware.model`'s docstring; the size
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -14,14 +13,12 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from voicepipe.hardware.catalog import (
-    Device,
     ModelSpec,
     Stack,
     kv_rereads,
 )
+from voicepipe.hardware.collective import allreduce_s
 from voicepipe.hardware.system import (
-    DEFAULT_EFFICIENCY,
-    Efficiency,
     FArray,
     Speculative,
     System,
@@ -91,13 +88,6 @@ class StepTime:
             "memory",
             np.where(self.compute_s >= fixed, "compute", "latency"),
         )
-
-
-def allreduce_latency_s(device: Device, tp: int, eff: Efficiency = DEFAULT_EFFICIENCY) -> float:
-    """Small-message all-reduce latency of a ``tp``-wide group: α_2 · (1 + g · log2(tp / 2)); 0 at tp 1."""
-    if tp <= 1:
-        return 0.0
-    return float(device.allreduce_us or 0.0) * 1e-6 * (1.0 + eff.ar_growth * math.log2(tp / 2.0))
 
 
 def allreduces_per_step(model: ModelSpec, tp: int) -> int:
@@ -205,9 +195,8 @@ def step_parts(
         comm = zero
         if pipeline:  # one activation hand-off per chip boundary
             comm = (tp - 1) * (float(dev.allreduce_us or 0.0) * 1e-6 + tokens * m.hidden * 2.0 / link) + zero
-        elif tp > 1:
-            ring = 2.0 * (tp - 1) / tp * tokens * m.hidden * 2.0 / link
-            comm = allreduces_per_step(m, tp) * (allreduce_latency_s(dev, tp, eff) + ring) + zero
+        elif tp > 1:  # two all-reduces a layer of the step's activations, as the stack runs them
+            comm = allreduces_per_step(m, tp) * allreduce_s(stk, dev, tp, tokens * m.hidden * 2.0, eff) + zero
         offload_bw = float(dev.offload_bw_tbs or 1.0) * 1e12
         # attention DP: every chip streams the whole attention weights, not a 1/tp slice of them
         replicated = attention_params(m) * (1.0 - 1.0 / par) if system.attention_dp else rep
