@@ -22,6 +22,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from voicepipe.hardware.catalog import (
     PRECISIONS,
+    BlockFp8Gemm,
     Device,
     ModelSpec,
     Stack,
@@ -131,6 +132,7 @@ class System:
     # the precision of the weights outside the routed experts where the run's checkpoint states its own (a
     # GGUF that stores them in Q8_0: int8); None: the model's published checkpoint (dense_weight_precision)
     dense_precision: str | None = None
+    block_fp8_gemm: BlockFp8Gemm | None = None  # the run's block-FP8 GEMM kernel; None: Stack.block_fp8_gemm
 
     def __post_init__(self) -> None:
         if self.scheduler_steps < 1:
