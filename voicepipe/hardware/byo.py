@@ -208,6 +208,7 @@ def load_hf_config(path: str) -> ModelSpec:
     dense_mlp = mlp_mats * hidden * inter
     total = active = 0.0
     moe_layers = 0
+    shared_ffn: int | None = None
     if experts > 1:
         expert_inter = r.int_("moe_intermediate_size", "expert_intermediate_size", default=inter)
         shared = r.int_("n_shared_experts", "num_shared_experts", default=0, lo=0)
@@ -221,6 +222,7 @@ def load_hf_config(path: str) -> ModelSpec:
             mlp_mats * hidden * shared_inter if shared or "shared_expert_intermediate_size" in cfg else 0
         )
         router = hidden * experts
+        shared_ffn = shared_inter if shared_p else None
         total = (
             layers * attn + dense_layers * dense_mlp + moe_layers * (experts * one_expert + shared_p + router)
         )
@@ -247,6 +249,12 @@ def load_hf_config(path: str) -> ModelSpec:
         if qmethod == "mxfp4" and experts > 1 and any("self_attn" in str(x) for x in skipped)
         else None
     )
+    # an FP8 checkpoint scaled in square blocks (DeepSeek-V3: weight_block_size [128, 128]) runs the stack's
+    # block-scaled GEMM kernel (docs §1, Block-scaled FP8 GEMMs at small M)
+    block = quant.get("weight_block_size")
+    fp8_block: int | None = None
+    if qmethod == "fp8" and isinstance(block, list) and len(block) == 2 and block[0] == block[1]:
+        fp8_block = block[0] if isinstance(block[0], int) and block[0] > 0 else None
     fields: dict[str, Any] = {
         "key": source,
         "layers": layers,
@@ -262,6 +270,9 @@ def load_hf_config(path: str) -> ModelSpec:
         "moe_layers": moe_layers if experts > 1 else None,
         "kv_dim": kv_dim,
         "q_lora_rank": q_rank,
+        "dense_ffn": inter if experts == 1 or layers > moe_layers else None,
+        "shared_ffn": shared_ffn,
+        "fp8_weight_block": fp8_block,
         "window": window,
         "local_layers": local_layers,
         "tied_embeddings": tied,

@@ -30,6 +30,11 @@ STREAM_SHARE_DEFAULT = 0.86
 # the recorded `matmul_tflops` (Maximum Achievable Matmul FLOPS, 0.51-0.97; docs §2)
 MAMF_SHARE_DEFAULT = 0.77
 KV_PRECISIONS = ("bf16", "fp16", "fp8", "int8", "fp4")  # KV-cache element formats serving stacks offer
+# the kernel a stack build runs a block-scaled FP8 checkpoint's dense GEMMs with, as far as its small-M speed
+# goes (docs §1, *Block-scaled FP8 GEMMs at small M*): "tile_bound" (one SM per 128-column output tile, no
+# split-K: Triton w8a8_block_fp8_matmul, CUTLASS sm90 blockwise), "deepgemm" (one SM per tile, the tile
+# narrowed to 16 columns to fill the SMs), "none" (no tile limit modelled)
+BlockFp8Gemm = Literal["tile_bound", "deepgemm", "none"]
 
 
 # bytes per vendor "GB" of device memory (binary, see Device.capacity_bytes)
@@ -68,6 +73,9 @@ class Device(BaseModel):
     layer_us: float | None = Field(default=None, gt=0)
     layer_bw_tbs: float | None = Field(default=None, ge=0)
     hop_us: float | None = Field(default=None, ge=0)
+    # streaming multiprocessors (NVIDIA) or compute units (AMD) per chip: how many output tiles a GEMM
+    # kernel runs at once (None: not recorded; no tile-bound GEMM term)
+    sms: int | None = Field(default=None, ge=1)
 
     @model_validator(mode="after")
     def _complete(self) -> Device:
@@ -88,7 +96,7 @@ class Device(BaseModel):
         numeric = [*need, "peak_tflops", "price_per_chip_hour"] + (["max_tp"] if self.kind == "hbm" else [])
         numeric += [
             f
-            for f in ("allreduce_us", "offload_gb", "offload_bw_tbs", "stream_bw_tbs")
+            for f in ("allreduce_us", "offload_gb", "offload_bw_tbs", "stream_bw_tbs", "sms")
             if getattr(self, f) is not None
         ]
         numeric += ["matmul_tflops"] if self.matmul_tflops else []
@@ -179,6 +187,15 @@ class ModelSpec(BaseModel):
     kv_dim: int | None = Field(default=None, gt=0)
     # MLA: rank of the query's low-rank down-projection (DeepSeek-V3: q_lora_rank 1536); None: a full-rank query
     q_lora_rank: int | None = Field(default=None, gt=0)
+    # intermediate width of the dense layers' MLP (DeepSeek-V3: intermediate_size 18432) and of the shared
+    # experts of an MoE layer, all together (moe_intermediate_size x n_shared_experts: 2048); None: not
+    # recorded (only the block-scaled FP8 GEMM term reads them)
+    dense_ffn: int | None = Field(default=None, gt=0)
+    shared_ffn: int | None = Field(default=None, gt=0)
+    # the model's FP8 checkpoint scales its weights in square blocks of this many (DeepSeek-V3/R1, Kimi K2:
+    # quantization_config weight_block_size [128, 128]): at fp8 its dense GEMMs run the stack's
+    # block-scaled kernel (Stack.block_fp8_gemm); None: per-tensor/per-channel scales
+    fp8_weight_block: int | None = Field(default=None, gt=0)
     # local attention: ``local_layers`` of the layers attend to (and cache) only the last ``window``
     # tokens: sliding windows (Mistral 7B v0.1, Gemma 2/3, gpt-oss) or chunked attention (Llama 4, whose
     # chunk bound is taken as a window: an upper bound on what a chunked layer holds)
@@ -410,6 +427,9 @@ class Stack(BaseModel):
     allreduce: Literal["nccl", "custom"] = "nccl"
     allreduce_oneshot_bytes: dict[int, int] = Field(default_factory=dict)
     allreduce_max_bytes: dict[int, int] = Field(default_factory=dict)
+    # the kernel this build runs a block-scaled FP8 checkpoint's dense GEMMs with (BlockFp8Gemm; a run's own
+    # setting, System.block_fp8_gemm, overrides it)
+    block_fp8_gemm: BlockFp8Gemm = "none"
     # the build of this profile on one maker's devices, where it differs ("AMD": the ROCm build): the fields
     # that differ, a ``name`` saying which build it is, and ``sources`` for each field (see Stack.on)
     platforms: dict[str, dict[str, Any]] = Field(default_factory=dict)
@@ -455,6 +475,8 @@ class Stack(BaseModel):
                 raise ValueError("allreduce custom needs allreduce_oneshot_bytes and allreduce_max_bytes")
             missing += [f for f in ("allreduce", "allreduce_oneshot_bytes", "allreduce_max_bytes")
                         if not self.sources.get(f)]  # fmt: skip
+        if self.block_fp8_gemm != "none" and not self.sources.get("block_fp8_gemm"):
+            missing.append("block_fp8_gemm")
         if self.host_layer_us > 0 and not self.sources.get("cudagraph_mode"):
             missing.append("cudagraph_mode")
         for flag in ("first_token_from_decode", "window_kv", "prefill_chunked", "async_scheduling"):

@@ -12,6 +12,7 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from voicepipe.hardware.blockfp8 import system_kernel, tile_bound_extra_params
 from voicepipe.hardware.catalog import (
     ModelSpec,
     Stack,
@@ -202,6 +203,11 @@ def step_parts(
         replicated = attention_params(m) * (1.0 - 1.0 / par) if system.attention_dp else rep
         weights_s = (dense_p / par + replicated) * bpd + expert_p / par * bpp
         dense_s = (dense_p / par + replicated) * bpd * hbm_share / bw + zero
+        # a block-scaled FP8 GEMM with fewer output tiles than SMs streams on those SMs only, each at its
+        # share of the sustained bandwidth (docs §1): a fixed GPU cost, outside η_mem
+        kernel = system_kernel(system)
+        tile_s = zero if kernel == "none" or pipeline else tile_bound_extra_params(
+            m, kernel, tp, int(dev.sms or 1), tokens, system.attention_dp) * bpd * hbm_share / bw  # fmt: skip
         # a build without skinny GEMMs pays extra on its 16-bit dense GEMMs at small M (Stack.small_m_gemm_extra)
         sixteen_bit = dense_prec in ("bf16", "fp16")
         return StepParts(
@@ -215,7 +221,8 @@ def step_parts(
             fixed_s=zero
             + m.layers * (stk.layer_overhead_us + np.where(eager, stk.prefill_layer_overhead_us, 0.0)) * 1e-6
             + m.routed_layers * eff.moe_route_s
-            + (small_m_gemm_extra(stk, tokens) * dense_s if sixteen_bit else zero),
+            + (small_m_gemm_extra(stk, tokens) * dense_s if sixteen_bit else zero)
+            + tile_s,
             layers=zero + m.layers,
             weight_only=dev.weight_only(dense_prec),
             sram=False,

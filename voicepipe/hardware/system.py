@@ -22,6 +22,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from voicepipe.hardware.catalog import (
     PRECISIONS,
+    BlockFp8Gemm,
     Device,
     ModelSpec,
     Stack,
@@ -42,11 +43,11 @@ class Efficiency:
     """Efficiency factors, one set for every HBM device (η_mem, MFU, η_wq, η_moe fitted; see docs §2)."""
 
     # fitted on every answerable point of data/validation*.yaml (`voicepipe hardware validate`; docs §2, §3)
-    eta_mem: float = 0.813  # share of the sustained (STREAM-like) bandwidth a native decode step streams
-    mfu: float = 0.802  # share of the sustained (measured maximum) matmul FLOP/s a serving step reaches
+    eta_mem: float = 0.845  # share of the sustained (STREAM-like) bandwidth a native decode step streams
+    mfu: float = 0.807  # share of the sustained (measured maximum) matmul FLOP/s a serving step reaches
     eta_wq: float = 1.0  # weight-only kernels' efficiency relative to native ones (dequant in the loop)
-    eta_moe: float = 0.613  # expert (grouped-GEMM) streaming efficiency relative to dense GEMV + routing
-    layer_s: float = 3.21e-05  # per layer per step on HBM devices beyond the stack's own gaps (launch, sync)
+    eta_moe: float = 0.634  # expert (grouped-GEMM) streaming efficiency relative to dense GEMV + routing
+    layer_s: float = 4.11e-05  # per layer per step on HBM devices beyond the stack's own gaps (launch, sync)
     ar_growth: float = 0.5  # all-reduce latency growth per doubling of the TP group beyond 2
     # per MoE layer per step: router, top-k, alignment, grouped-GEMM launches; the intercept of published
     # fused-MoE kernel times against the expert bytes they touch, 24.5-26.6 µs (docs §2, tenth pass)
@@ -131,6 +132,7 @@ class System:
     # the precision of the weights outside the routed experts where the run's checkpoint states its own (a
     # GGUF that stores them in Q8_0: int8); None: the model's published checkpoint (dense_weight_precision)
     dense_precision: str | None = None
+    block_fp8_gemm: BlockFp8Gemm | None = None  # the run's block-FP8 GEMM kernel; None: Stack.block_fp8_gemm
 
     def __post_init__(self) -> None:
         if self.scheduler_steps < 1:

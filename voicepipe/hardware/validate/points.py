@@ -30,6 +30,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from voicepipe.hardware import catalog
+from voicepipe.hardware.catalog import BlockFp8Gemm
 from voicepipe.hardware.model import (
     DEFAULT_EFFICIENCY,
     DoesNotFit,
@@ -79,6 +80,9 @@ class Point(BaseModel):
     # notes name one that stores them otherwise than the model's published checkpoint (llama.cpp's
     # "MXFP4 MoE" GGUF: MXFP4 experts, Q8_0 rest -> int8); None: the published checkpoint's (System)
     dense_precision: str | None = None
+    # the block-scaled FP8 GEMM kernel the run's build ran, where its version's default or its stated
+    # settings differ from the stack profile's (Stack.block_fp8_gemm); None: the profile's
+    block_fp8_gemm: BlockFp8Gemm | None = None
     # True: the benchmark CLIENT holds `batch` requests in flight over many more requests in all (a
     # max-concurrency client: vLLM/SGLang bench --max-concurrency, genai-perf or trtllm-bench
     # --concurrency): its throughput is the loaded server's mean step, newcomers' prefills included, not a
@@ -232,6 +236,8 @@ def prepare(p: Point) -> Prepared:
             dev, mdl, p.precision, p.chips, DEFAULT_EFFICIENCY, p.kv_precision, stk, p.attention_dp, p.timing,
             p.eager, p.scheduler_steps, stated, p.dense_precision,
         )  # fmt: skip
+    if p.block_fp8_gemm is not None:  # the run's own block-FP8 GEMM kernel (a run setting, not the sizing)
+        system = replace(system, block_fp8_gemm=p.block_fp8_gemm)
     if p.max_seqs == TRTLLM_BENCH:
         system = replace(system, max_seqs=trtllm_bench_max_batch(system, prompt, out))
     # the server's slots: what fits under the engine's cap, at most the published batch
