@@ -322,7 +322,7 @@ def test_gpu_bench_quick_plan_is_the_device_check(monkeypatch, capsys):
 
 def test_a_tensor_parallel_width_must_divide_the_heads_but_a_layer_split_takes_any_count():
     from voicepipe.hardware import catalog
-    from voicepipe.hardware.system import make_system
+    from voicepipe.hardware.sizing import make_system
 
     dev, mdl = catalog.device("a100-80gb"), catalog.model("llama-3.1-8b")  # 32 heads
     with pytest.raises(ValueError, match="32 attention heads do not split 3 ways"):

@@ -59,8 +59,9 @@ from voicepipe.hardware.engine import (
     prefill_split,
     token_v,
 )
+from voicepipe.hardware.sizing import mean_context, seq_cap
 from voicepipe.hardware.step import mixed_step_s, request_overhead_s, tokens_per_step
-from voicepipe.hardware.system import Speculative, System, mean_context, seq_cap
+from voicepipe.hardware.system import Speculative, System
 from voicepipe.llm import LLMRequest
 from voicepipe.spans import Span, modelled_span
 

@@ -19,6 +19,7 @@ from voicepipe.hardware.catalog import (
     kv_rereads,
 )
 from voicepipe.hardware.collective import allreduce_s
+from voicepipe.hardware.sizing import weight_split
 from voicepipe.hardware.system import (
     FArray,
     Speculative,
@@ -34,7 +35,6 @@ from voicepipe.hardware.system import (
     matmul_params,
     prefill_attention_width,
     tp_replicated_params,
-    weight_split,
 )
 
 Bound = Literal["memory", "compute", "latency"]

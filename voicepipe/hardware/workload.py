@@ -25,8 +25,9 @@ import numpy as np
 
 from voicepipe.hardware.engine import INF, Job, _Curve, _Recorder, _State, prefill_split
 from voicepipe.hardware.serving import DeviceServer
+from voicepipe.hardware.sizing import mean_context
 from voicepipe.hardware.step import request_overhead_s
-from voicepipe.hardware.system import FArray, mean_context
+from voicepipe.hardware.system import FArray
 from voicepipe.llm import LLMRequest
 
 Figure = Literal["ttft", "e2e", "tpot", "decode_step", "duration"]

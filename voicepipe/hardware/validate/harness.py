@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import math
 
-from voicepipe.hardware.system import GIB, System
+from voicepipe.hardware.sizing import GIB
+from voicepipe.hardware.system import System
 
 TRTLLM_BENCH_KV_SHARE = 0.95  # calc_engine_setting's kv_cache_gpu_mem_fraction default
 TRTLLM_BENCH_MAX_REQUESTS = 4096  # finetune_setting: "Cap total batch size to avoid decoder buffer size ..."
