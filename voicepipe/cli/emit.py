@@ -1,17 +1,28 @@
-"""The ``hardware`` commands' two ways out: a one-line usage error (exit 2), and a JSON payload written
-to ``--json FILE`` and/or stdout (``--format json``). Shared by ``hardware predict``/``sweep``/``validate``
-and ``hardware predict --anchor`` so both say the same thing the same way."""
+"""The ``hardware`` commands' ways out: a one-line usage error (exit 2), a JSON payload written to ``--json
+FILE`` and/or stdout (``--format json``), and tables on a console at the terminal's width (``--wide``
+keeps every column). Shared by ``hardware predict``/``sweep``/``validate`` and ``hardware predict
+--anchor`` so they say the same thing the same way."""
 
 from __future__ import annotations
 
 import json
+import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import NoReturn
+from typing import NoReturn, TypeVar
 
 import typer
+from rich.console import Console
 
+from voicepipe.cli.options import writable
 from voicepipe.exitcodes import ExitCode
+from voicepipe.report.term import SafeConsole
 from voicepipe.safeprint import printable
+
+T = TypeVar("T")
+
+JsonOpt = typer.Option(None, "--json", help="also write the result as JSON to this file", callback=writable)
+WideOpt = typer.Option(False, "--wide/--fit", help="Show every column, wider than the terminal if need be.")
 
 
 def fail(message: str) -> NoReturn:
@@ -34,3 +45,21 @@ def emit_json(payload: object, fmt: str, json_out: Path | None) -> bool:
     if fmt != "table":
         fail(f"--format: use table or json, got {fmt!r}")
     return False
+
+
+def guard(fn: Callable[[], T]) -> T:
+    """``fn()``, with a ValueError or KeyError from the catalog or the model as one usage-error line."""
+    try:
+        return fn()
+    except (ValueError, KeyError) as exc:
+        fail(str(exc).strip("'\""))
+
+
+def console() -> Console:
+    """Rich console at the real terminal width (80 when not a terminal)."""
+    return SafeConsole(file=sys.stdout)  # control characters in printed text are escaped
+
+
+def num(x: float) -> str:
+    """A measured or modelled value for a table: thousands separated, four significant digits below."""
+    return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.4g}"
