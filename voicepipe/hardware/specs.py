@@ -491,6 +491,19 @@ class Stack(BaseModel):
             self._build(maker)  # each maker's build must be a valid, sourced profile itself
         return self
 
+    def __copy__(self) -> Stack:
+        """A shallow copy with builds of its own: ``model_copy(update=...)`` changes the copy's fields after
+        this, so a build cached on the original (or one the copy would cache into a shared dict) would be
+        the wrong profile's (:meth:`on`)."""
+        copied = super().__copy__()
+        copied._builds = {}
+        return copied
+
+    def __deepcopy__(self, memo: dict[int, Any] | None = None) -> Stack:
+        copied = super().__deepcopy__(memo)
+        copied._builds = {}  # as __copy__: a deep copy may be updated too (model_copy(deep=True, update=...))
+        return copied
+
     def on(self, maker: str) -> Stack:
         """This profile as it runs on ``maker``'s devices (:attr:`Device.maker`): the profile itself, or with
         the fields of its ``platforms[maker]`` build in place (e.g. vLLM V0's ROCm build on AMD devices),
