@@ -105,6 +105,20 @@ def test_hardware_predict_and_sweep_take_max_seqs():
     assert {x["batch"]: x["effective_batch"] for x in sw["rows"]} == {4: 4, 16: 16, 32: 16}
 
 
+def test_a_sweep_takes_a_cap_above_what_fits_as_predict_does():
+    # a cap is not a batch that must fit: 2,048 sequences of 4,096 tokens fit on no width of L40S, yet the
+    # engine with that cap runs what fits (predict); the sweep answers the same instead of "does not fit"
+    args = ["-H", "l40s", "-m", MDL, "--max-seqs", "2048", "--format", "json"]
+    r = runner.invoke(app, ["hardware", "sweep", *args, "--batches", "1"])
+    assert r.exit_code == 0, r.output
+    sw = json.loads(r.stdout)
+    assert sw["default_max_batch"] == 2048
+    row = next(x for x in sw["rows"] if x["batch"] == 2048)
+    p = json.loads(runner.invoke(app, ["hardware", "predict", *args, "--batch", "2048"]).stdout)
+    assert row["mode"] == "default" and not row["fits"] and row["effective_batch"] == p["effective_batch"] < 2048
+    assert row["chips"] == p["chips"] and row["step_ms"] == p["step_ms"]
+
+
 def test_a_saturated_server_runs_what_fits_under_its_cap():
     # no published batch: as many as fit, at most the stack's cap (no arbitrary ceiling)
     x = val.prepare(_point(stack="sglang"))
