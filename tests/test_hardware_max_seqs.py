@@ -89,6 +89,20 @@ def test_the_runs_own_cap_beats_the_stack_default_everywhere():
     assert make_hardware_backend({"hardware": "h100-sxm", "model": MDL, "tp": 1}).system.max_seqs == 64
 
 
+def test_predict_on_an_sram_machine_reports_the_cap_its_server_holds():
+    # an SRAM machine is sized for the whole batch, but a run's own cap still holds (DeviceServer): what
+    # predict reports running is what its engine ran, not the batch with a queue's TTFT behind it
+    dev, mdl = cat.device("cerebras-wse3"), cat.model(MDL)
+    free = hm.predict(dev, mdl, batch=16, prompt_tokens=P, output_tokens=OUT)
+    assert free.fits and free.effective_batch == 16 and free.max_seqs is None
+    capped = hm.predict(dev, mdl, batch=16, prompt_tokens=P, output_tokens=OUT, max_seqs=4)
+    assert capped.effective_batch == 4 and not capped.fits and capped.max_seqs == 4
+    assert "at most 4 sequences" in capped.note
+    assert capped.ttft_ms > free.ttft_ms  # the other 12 wait for slots
+    row = SweepJob(dev, mdl, P, OUT, None, None, None, None, 4, 64, max_seqs=4).row(16)
+    assert (row["effective_batch"], row["fits"]) == (4, False)
+
+
 def test_hardware_predict_and_sweep_take_max_seqs():
     args = ["hardware", "predict", "-H", "h100-sxm", "-m", MDL, "--tp", "1", "--prompt-tokens", str(P),
             "--output-tokens", str(OUT), "--batch", "32", "--format", "json"]  # fmt: skip

@@ -297,7 +297,10 @@ def predict(
     )  # fmt: skip
     room = kv_sequences(system, prompt_tokens, output_tokens)
     limit = seq_cap(system)
-    run = batch if device.kind == "sram" else min(batch, running_sequences(system, prompt_tokens, output_tokens))
+    if device.kind == "sram":  # sized for the batch, so it all fits; the run's own cap still holds (DeviceServer)
+        run = batch if limit is None else min(batch, limit)
+    else:
+        run = min(batch, running_sequences(system, prompt_tokens, output_tokens))
     ctx = mean_context(prompt_tokens, output_tokens)
     note = ""
     if run < batch and run < room:
