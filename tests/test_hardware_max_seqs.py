@@ -103,6 +103,18 @@ def test_predict_on_an_sram_machine_reports_the_cap_its_server_holds():
     assert (row["effective_batch"], row["fits"]) == (4, False)
 
 
+def test_a_backend_short_of_memory_runs_as_many_as_fit_under_that_many_slots():
+    # 64 sequences of Qwen3-32B do not fit one H100: the backend runs what fits, and since max_batch is the
+    # engine's cap, vLLM profiles only that many sampler slots -- the count is one its own system holds, and
+    # one more would not fit (not what fits beside the 1,024-slot reserve of the stack's default cap)
+    b = make_hardware_backend({"hardware": "h100-sxm", "model": "qwen3-32b", "tp": 1})
+    n, ctx = b.deployment.max_batch, b.deployment.context
+    assert 1 <= n < 64 and b.system.max_seqs == n and f"max_batch {n}:" in b.deployment.notes[0]
+    assert hm.max_sequences(b.system, ctx) >= n
+    assert hm.max_sequences(replace(b.system, max_seqs=n + 1), ctx) < n + 1
+    assert n > hm.max_sequences(replace(b.system, max_seqs=None), ctx)  # the default cap's reserve holds fewer
+
+
 def test_hardware_predict_and_sweep_take_max_seqs():
     args = ["hardware", "predict", "-H", "h100-sxm", "-m", MDL, "--tp", "1", "--prompt-tokens", str(P),
             "--output-tokens", str(OUT), "--batch", "32", "--format", "json"]  # fmt: skip
