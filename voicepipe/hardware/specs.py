@@ -206,7 +206,7 @@ class ModelSpec(BaseModel):
     # the precision the published checkpoint keeps outside the routed experts where only the experts are
     # stored at ``default_precision`` (gpt-oss: MXFP4 experts; attention, router, embedding and head in
     # bf16); None: every weight at the run's precision. Applies to a run at ``default_precision`` (the
-    # published checkpoint), not to one quantised otherwise (:func:`voicepipe.hardware.system.dense_precision`)
+    # published checkpoint), not to one quantised otherwise (:func:`voicepipe.hardware.system.dense_weight_precision`)
     dense_precision: str | None = None
     quality: Quality | None = None
     prices: dict[str, PublicPrice] = Field(default_factory=dict)
