@@ -89,6 +89,32 @@ def test_the_runs_own_cap_beats_the_stack_default_everywhere():
     assert make_hardware_backend({"hardware": "h100-sxm", "model": MDL, "tp": 1}).system.max_seqs == 64
 
 
+def test_predict_on_an_sram_machine_reports_the_cap_its_server_holds():
+    # an SRAM machine is sized for the whole batch, but a run's own cap still holds (DeviceServer): what
+    # predict reports running is what its engine ran, not the batch with a queue's TTFT behind it
+    dev, mdl = cat.device("cerebras-wse3"), cat.model(MDL)
+    free = hm.predict(dev, mdl, batch=16, prompt_tokens=P, output_tokens=OUT)
+    assert free.fits and free.effective_batch == 16 and free.max_seqs is None
+    capped = hm.predict(dev, mdl, batch=16, prompt_tokens=P, output_tokens=OUT, max_seqs=4)
+    assert capped.effective_batch == 4 and not capped.fits and capped.max_seqs == 4
+    assert "at most 4 sequences" in capped.note
+    assert capped.ttft_ms > free.ttft_ms  # the other 12 wait for slots
+    row = SweepJob(dev, mdl, P, OUT, None, None, None, None, 4, 64, max_seqs=4).row(16)
+    assert (row["effective_batch"], row["fits"]) == (4, False)
+
+
+def test_a_backend_short_of_memory_runs_as_many_as_fit_under_that_many_slots():
+    # 64 sequences of Qwen3-32B do not fit one H100: the backend runs what fits, and since max_batch is the
+    # engine's cap, vLLM profiles only that many sampler slots -- the count is one its own system holds, and
+    # one more would not fit (not what fits beside the 1,024-slot reserve of the stack's default cap)
+    b = make_hardware_backend({"hardware": "h100-sxm", "model": "qwen3-32b", "tp": 1})
+    n, ctx = b.deployment.max_batch, b.deployment.context
+    assert 1 <= n < 64 and b.system.max_seqs == n and f"max_batch {n}:" in b.deployment.notes[0]
+    assert hm.max_sequences(b.system, ctx) >= n
+    assert hm.max_sequences(replace(b.system, max_seqs=n + 1), ctx) < n + 1
+    assert n > hm.max_sequences(replace(b.system, max_seqs=None), ctx)  # the default cap's reserve holds fewer
+
+
 def test_hardware_predict_and_sweep_take_max_seqs():
     args = ["hardware", "predict", "-H", "h100-sxm", "-m", MDL, "--tp", "1", "--prompt-tokens", str(P),
             "--output-tokens", str(OUT), "--batch", "32", "--format", "json"]  # fmt: skip
@@ -103,6 +129,20 @@ def test_hardware_predict_and_sweep_take_max_seqs():
     sw = json.loads(r.stdout)
     assert sw["default_max_batch"] == 16
     assert {x["batch"]: x["effective_batch"] for x in sw["rows"]} == {4: 4, 16: 16, 32: 16}
+
+
+def test_a_sweep_takes_a_cap_above_what_fits_as_predict_does():
+    # a cap is not a batch that must fit: 2,048 sequences of 4,096 tokens fit on no width of L40S, yet the
+    # engine with that cap runs what fits (predict); the sweep answers the same instead of "does not fit"
+    args = ["-H", "l40s", "-m", MDL, "--max-seqs", "2048", "--format", "json"]
+    r = runner.invoke(app, ["hardware", "sweep", *args, "--batches", "1"])
+    assert r.exit_code == 0, r.output
+    sw = json.loads(r.stdout)
+    assert sw["default_max_batch"] == 2048
+    row = next(x for x in sw["rows"] if x["batch"] == 2048)
+    p = json.loads(runner.invoke(app, ["hardware", "predict", *args, "--batch", "2048"]).stdout)
+    assert row["mode"] == "default" and not row["fits"] and row["effective_batch"] == p["effective_batch"] < 2048
+    assert row["chips"] == p["chips"] and row["step_ms"] == p["step_ms"]
 
 
 def test_a_saturated_server_runs_what_fits_under_its_cap():

@@ -130,6 +130,20 @@ def test_the_upstream_rocm_build_pays_for_its_small_m_gemms_at_one_and_two_token
     assert float(hm.step_parts(up, 0, 0, prefill_tokens=2048).fixed_s) == float(hm.step_parts(img, 0, 0, prefill_tokens=2048).fixed_s)
 
 
+def test_a_copy_of_a_profile_builds_its_own_maker_builds():
+    # model_copy(update=...) changes the copy's fields after copying: a build cached on the original must not
+    # answer for the copy, nor a copy's build land in the original's cache (the catalog's profiles are shared)
+    src = {"name": "x", "gqa_kv_shared": False, "sources": {"gqa_kv_shared": "a kernel's source"}}
+    for deep in (False, True):
+        base = _stack(AMD=src)
+        first = base.model_copy(update={"step_overhead_us": 999.0}, deep=deep)
+        assert first.on("AMD").step_overhead_us == 999.0  # the copy's build, worked out first...
+        assert base.on("AMD").step_overhead_us == base.step_overhead_us != 999.0  # ...is not the original's
+        later = base.model_copy(update={"step_overhead_us": 998.0}, deep=deep)
+        assert later.on("AMD").step_overhead_us == 998.0  # the original's cached build is not the copy's
+        assert base.on("AMD") is base.on("AMD")  # each still builds once
+
+
 def test_kernel_efficiencies_of_a_build_need_a_source_and_sane_values():
     with pytest.raises(ValidationError, match="no source for decode_kv_eff"):
         _stack(AMD={"name": "x", "decode_kv_eff": 0.5})

@@ -1,7 +1,7 @@
 """Frames in and out of a stage's MQTT connection, beside its JSON messages.
 
 :class:`AudioPort` publishes signed frames (:mod:`voicepipe.audio.frames`) at QoS 0 on the session's
-``audio/up`` or ``audio/down`` topic through the process's :class:`~voicepipe.bus.MqttLink`, and hands the
+``audio/up`` or ``audio/down`` topic through the process's :class:`~voicepipe.bus.mqtt.link.MqttLink`, and hands the
 frames of one direction to a callback as they arrive (the link's raw tap: no JSON parsing, no envelope).
 A frame that fails its MAC or its sequence check is dropped and counted; the callback runs in the receive
 path and must be quick (stages queue the frame and return). Real audio needs a live run: the in-memory bus

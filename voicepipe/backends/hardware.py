@@ -178,9 +178,10 @@ def deploy(cfg: dict[str, Any]) -> Deployment:
             max_batch = DEFAULT_MAX_BATCH
         except DoesNotFit:
             system = _widest_useful(make_system(dev, mdl, prec, tp=1 if tp is None else tp, seqs=0,
-                                                context=context, kv_precision=kv, stack=stk, strict=False),
+                                                context=context, kv_precision=kv, stack=stk, strict=False,
+                                                max_seqs=DEFAULT_MAX_BATCH),
                                     tp, context)  # fmt: skip
-            max_batch = max_sequences(system, context)
+            max_batch = _most_that_fit(system, context)
             notes.append(f"max_batch {max_batch}: KV memory left at tp {system.chips}")
     if fast:
         max_batch = min(max_batch, FAST_MAX_BATCH)
@@ -199,6 +200,23 @@ def deploy(cfg: dict[str, Any]) -> Deployment:
         prompt_cache=bool(cfg.get("prompt_cache", True)),
         notes=tuple(notes),
     )
+
+
+def _most_that_fit(system: System, context: int) -> int:
+    """The most sequences of ``context`` tokens that fit when they are also the engine's cap (``max_seqs``): a
+    smaller cap shrinks the engine's reserve (vLLM profiles its sampler over ``max_num_seqs`` slots,
+    :func:`~voicepipe.hardware.sizing.profile_shape`), so the count is the largest ``n`` whose own system
+    holds ``n`` (at least what fits under the stack's default cap; below DEFAULT_MAX_BATCH, which did not fit)."""
+    lo, hi = 1, DEFAULT_MAX_BATCH - 1  # what fits only grows as the cap falls: bisect for the fixed point
+    if max_sequences(replace(system, max_seqs=lo), context) < lo:
+        return max_sequences(system, context)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if max_sequences(replace(system, max_seqs=mid), context) >= mid:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def _widest_useful(probe: System, tp: int | None, context: int) -> System:

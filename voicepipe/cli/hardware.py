@@ -407,11 +407,15 @@ def sweep(
     bs = _batches(batches)
     cfg: dict[str, Any] = {"hardware": hardware, "model": model, "precision": precision, "tp": tp,
                            "kv_precision": kv_precision, "stack": stack, "eager": eager,
-                           "scheduler_steps": scheduler_steps, "max_batch": max_seqs}  # fmt: skip
+                           "scheduler_steps": scheduler_steps}  # fmt: skip
+    # the backend's default deployment (its max_batch marks the "default" row); --max-seqs is a cap, not a
+    # batch the backend must hold at its sizing context (a backend's max_batch is sized strictly), so it only
+    # replaces that mark: a row past what fits runs what fits, as `hardware predict --max-seqs` does
     dep = _guard(lambda: deploy({k: v for k, v in cfg.items() if v is not None}))
-    bs = sorted(set(bs) | {FAST_MAX_BATCH, dep.max_batch})
+    default = dep.max_batch if max_seqs is None else max_seqs
+    bs = sorted(set(bs) | {FAST_MAX_BATCH, default})
     job = SweepJob(dev, mdl, prompt_tokens, output_tokens, tp, precision, kv_precision, stk, FAST_MAX_BATCH,
-                   dep.max_batch, eager, scheduler_steps, max_seqs)  # fmt: skip
+                   default, eager, scheduler_steps, max_seqs)  # fmt: skip
     rows = _sweep_rows(job, bs, executor)
     rngs = []
     for r in rows:
@@ -424,7 +428,7 @@ def sweep(
         "hardware": dev.key, "model": mdl.key, "precision": dep.system.precision, "kv_precision": dep.system.kv,
         "stack": dep.system.serving.key, "stack_build": dep.system.serving.name, "ttft_timing": dep.system.ttft_timing,
         "eager": dep.system.eager, "scheduler_steps": dep.system.scheduler_steps,
-        "default_max_batch": dep.max_batch, "fast_max_batch": FAST_MAX_BATCH,
+        "default_max_batch": default, "fast_max_batch": FAST_MAX_BATCH,
         "modelled": True, "validation": _validation(), "interval_level": LEVEL,
         "validation_near": near.model_dump(), "rows": rows,
     }  # fmt: skip
@@ -446,9 +450,10 @@ def sweep(
     title = f"{dev.key}/{mdl.key} @ {dep.system.precision}, {prompt_tokens} in / {output_tokens} out"
     print_fitted(con, cols, cells, wide=wide, title=title)
     con.print(
-        f"{_modelled()}. B→N: the KV of B sequences does not fit, the server runs N at a time. "
+        f"{_modelled()}. B→N: B sequences do not fit (their KV, or the engine's cap), the server runs N at a time. "
         f"$/Mtok = chips x ${dev.price_per_chip_hour}/chip-h / aggregate throughput. fast = max_batch "
-        f"{FAST_MAX_BATCH}; default = the backend's max_batch {dep.max_batch}."
+        f"{FAST_MAX_BATCH}; default = "
+        + (f"the backend's max_batch {default}." if max_seqs is None else f"the engine's cap {default} (--max-seqs).")
     )
     thin = sorted({t for g in rngs for t in g.thin})
     con.print(_range_note(LEVEL, thin), highlight=False, markup=False)

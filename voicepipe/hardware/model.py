@@ -1,7 +1,10 @@
 """Analytic LLM inference timing: pure functions, no I/O, vectorisable over batch and context.
 
-This module states the formulas and re-exports their two halves: :mod:`voicepipe.hardware.system`
-(efficiencies, bytes, capacity, sizing) and :mod:`voicepipe.hardware.step` (one step's time).
+This module states the formulas and re-exports the modules that compute them:
+:mod:`voicepipe.hardware.system` (efficiencies, the serving instance, byte and FLOP counts),
+:mod:`voicepipe.hardware.sizing` (what fits: the engine's reserve, KV capacity, running sequences, the chip
+count), :mod:`voicepipe.hardware.step` (one step's time), :mod:`voicepipe.hardware.collective` (the
+all-reduce each stack runs) and :mod:`voicepipe.hardware.blockfp8` (block-scaled FP8 GEMM tiles).
 
 Notation (per step of the serving engine): ``d`` sequences decode, each emitting ``q`` tokens (``q = 1``,
 or ``γ + 1`` when a speculative step verifies ``γ`` drafts); ``K`` = KV tokens those sequences attend to
@@ -11,16 +14,22 @@ attending on average to ``c̄ = Σ nᵢ·(mᵢ + nᵢ/2) / n``. ``T = d·q + n``
 
 HBM devices (GPUs, TPUs), per chip of a tensor-parallel group of ``tp``::
 
-    w      = η_wq if the precision is weight-only on this device (dequantised in-kernel), else 1
-    t_W    = (W_dense/tp / w + W_exp(T)/tp / (w·η_moe)) / (η_mem · BW_s) + W_spill/tp / BW_offload
-    t_KV   = KV(r·K + m + T)/shards / (η_mem · BW_s)
-    t_GEMM = 2·P_matmul·T / F_s(precision) / (tp · MFU · w)
-    t_attn = 2·L·H·(a·q·K + 2·hd·n·c̄) / F_s(bf16) / (tp · MFU)
-             (a = 2·hd; MLA decodes in the absorbed form over its latent: a = 2·kv_dim − rope)
+    w, w_e = η_wq if the dense weights' (the routed experts') precision is weight-only on this device
+             (dequantised in-kernel), else 1; the dense weights are at the checkpoint's own format where
+             it keeps them apart from the experts (System.dense_format: gpt-oss's bf16 beside MXFP4)
+    t_W    = (W_dense/tp / w + W_exp(T)/tp / (w_e·η_moe)) / (η_mem · BW_s) + W_spill/tp / BW_offload
+    t_KV   = KV(r·K/e_kv + m + T)/shards / (η_mem · BW_s)     (e_kv: the build's decode_kv_eff, else 1)
+    t_GEMM = 2·T·(P_dense / (F_s(p_dense)·w) + P_exp / (F_s(precision)·w_e)) / (tp · MFU)
+    t_attn = 2·L·H·(a·q·K + p·n·c̄) / F_s(bf16) / (tp · MFU)
+             (a, p = 2·hd; MLA decodes in the absorbed form over its latent, a = 2·kv_dim − rope, and
+              prefills per head with its rotary key, p = 2·hd + rope)
     t_comm = [tp > 1] · 2·L · t_AR(T·hidden·2 B)            (the collective the stack runs for that size:
              its custom one-shot / two-shot kernel at α_c(tp), or NCCL at α(tp); voicepipe.hardware.collective)
     α(tp)  = α_2 · (1 + g·log2(tp/2))                       (α_2: the device's measured-class NCCL latency)
     t_gpu  = max(t_W, t_GEMM) + max(t_KV, t_attn) + t_comm + L·(t_layer + τ + [eager]·t_eager) + L_moe·t_route
+             + x(T)·t_W,dense + t_tile
+             (x(T): the build's extra 16-bit dense GEMM time at M = T tokens, small_m_gemm_extra; t_tile: a
+              block-scaled FP8 checkpoint's GEMMs with fewer output tiles than SMs, voicepipe.hardware.blockfp8)
     t_host = (t_step_fixed + (sequences in the step)·t_seq) / N       (between forwards)
     t_lch  = L·h_layer where the step runs piecewise CUDA graphs (and not eager), else 0   (launching)
     t_step = t_host + max(t_gpu, t_lch), or with async scheduling max(t_gpu, t_lch + t_host)
@@ -297,7 +306,10 @@ def predict(
     )  # fmt: skip
     room = kv_sequences(system, prompt_tokens, output_tokens)
     limit = seq_cap(system)
-    run = batch if device.kind == "sram" else min(batch, running_sequences(system, prompt_tokens, output_tokens))
+    if device.kind == "sram":  # sized for the batch, so it all fits; the run's own cap still holds (DeviceServer)
+        run = batch if limit is None else min(batch, limit)
+    else:
+        run = min(batch, running_sequences(system, prompt_tokens, output_tokens))
     ctx = mean_context(prompt_tokens, output_tokens)
     note = ""
     if run < batch and run < room:

@@ -30,7 +30,7 @@ the queue first sleeps until a lower bound of its first token that needs no proj
 near future that decoding streams wait for, not the whole queue.
 
 Admission: FCFS, whenever no prefill step runs, while fewer than ``max_batch`` sequences hold slots (at
-most the engine's cap on running sequences, :func:`~voicepipe.hardware.system.seq_cap`): one
+most the engine's cap on running sequences, :func:`~voicepipe.hardware.sizing.seq_cap`): one
 whole prompt per step, or, on a stack with a step token budget (``prefill_token_budget``: vLLM's
 ``max_num_batched_tokens``, SGLang's ``chunked_prefill_size``, TensorRT-LLM's ``max_num_tokens``), as many
 waiting prompts as fit beside the decoders' tokens, a prompt that does not fit split over steps where the
@@ -77,7 +77,7 @@ def _always_earlier() -> int:
 
 class DeviceServer:
     """One simulated serving instance shared by every stream started on it: ``max_batch`` sequence slots,
-    at most the engine's cap on running sequences (:func:`~voicepipe.hardware.system.seq_cap`)."""
+    at most the engine's cap on running sequences (:func:`~voicepipe.hardware.sizing.seq_cap`)."""
 
     def __init__(
         self,

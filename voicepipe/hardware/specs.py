@@ -206,7 +206,7 @@ class ModelSpec(BaseModel):
     # the precision the published checkpoint keeps outside the routed experts where only the experts are
     # stored at ``default_precision`` (gpt-oss: MXFP4 experts; attention, router, embedding and head in
     # bf16); None: every weight at the run's precision. Applies to a run at ``default_precision`` (the
-    # published checkpoint), not to one quantised otherwise (:func:`voicepipe.hardware.system.dense_precision`)
+    # published checkpoint), not to one quantised otherwise (:func:`voicepipe.hardware.system.dense_weight_precision`)
     dense_precision: str | None = None
     quality: Quality | None = None
     prices: dict[str, PublicPrice] = Field(default_factory=dict)
@@ -490,6 +490,19 @@ class Stack(BaseModel):
         for maker in self.platforms:
             self._build(maker)  # each maker's build must be a valid, sourced profile itself
         return self
+
+    def __copy__(self) -> Stack:
+        """A shallow copy with builds of its own: ``model_copy(update=...)`` changes the copy's fields after
+        this, so a build cached on the original (or one the copy would cache into a shared dict) would be
+        the wrong profile's (:meth:`on`)."""
+        copied = super().__copy__()
+        copied._builds = {}
+        return copied
+
+    def __deepcopy__(self, memo: dict[int, Any] | None = None) -> Stack:
+        copied = super().__deepcopy__(memo)
+        copied._builds = {}  # as __copy__: a deep copy may be updated too (model_copy(deep=True, update=...))
+        return copied
 
     def on(self, maker: str) -> Stack:
         """This profile as it runs on ``maker``'s devices (:attr:`Device.maker`): the profile itself, or with

@@ -1,7 +1,9 @@
 """One engine step's time: raw parts at efficiency 1 (:func:`step_parts`), then :func:`combine`.
 
 The formulas are stated in :mod:`voicepipe.hardware.model`'s docstring; the sizes they read come from
-:mod:`voicepipe.hardware.system`. Pure functions, vectorised over batch and context.
+:mod:`voicepipe.hardware.system` and :mod:`voicepipe.hardware.sizing` (the weight split), the all-reduce
+from :mod:`voicepipe.hardware.collective`, the tile term from :mod:`voicepipe.hardware.blockfp8`. Pure
+functions, vectorised over batch and context.
 """
 
 from __future__ import annotations
