@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from voicepipe.backends import build_backend
 from voicepipe.cli import app
+from voicepipe.errors import UnsupportedSetting
 from voicepipe.hardware import catalog as cat
 from voicepipe.hardware import model as hm
 from voicepipe.hardware import validate as val
@@ -49,7 +50,9 @@ def test_multi_step_scheduling_does_a_decode_steps_host_work_once_per_n_steps():
     assert stk.step_overhead_us > 0 and stk.seq_overhead_us > 0
     for batch in (1, 64):
         host = (stk.step_overhead_us + batch * stk.seq_overhead_us) * 1e-6
-        saved = float(hm.step_time(one, batch, batch * 1024).total_s - hm.step_time(many, batch, batch * 1024).total_s)
+        saved = float(
+            hm.step_time(one, batch, batch * 1024).total_s - hm.step_time(many, batch, batch * 1024).total_s
+        )
         assert saved == pytest.approx(host * (1 - 1 / 8), rel=1e-9)
     # a prefill runs as a single step (vLLM V0 schedules it alone), so its host work is paid in full
     assert float(hm.step_time(many, 4, 4096, prefill_tokens=512).total_s) == float(
@@ -59,11 +62,41 @@ def test_multi_step_scheduling_does_a_decode_steps_host_work_once_per_n_steps():
         _system(scheduler_steps=0)
 
 
-def test_the_settings_change_nothing_by_default_or_on_an_sram_machine():
+def test_the_settings_change_nothing_by_default():
     assert _system() == replace(_system(), eager=False, scheduler_steps=1)
+
+
+def test_a_setting_the_stack_or_device_has_no_switch_for_is_refused_everywhere_not_priced(tmp_path):
+    # the profile names the switch (Stack.eager_flag, Stack.scheduler_steps_flag); without it the model
+    # would price a run nobody can start: TensorRT-LLM has no --enforce-eager, V1 vLLM and SGLang no
+    # multi-step scheduling, an SRAM machine neither
+    assert cat.stack("vllm-v0").scheduler_steps_flag and cat.stack("sglang").eager_flag
+    for stack, kw in (
+        ("trtllm", {"eager": True}),
+        ("vllm", {"scheduler_steps": 4}),
+        ("sglang", {"scheduler_steps": 2}),
+    ):
+        with pytest.raises(UnsupportedSetting, match=f"{next(iter(kw))}: the {stack} stack profile has no"):
+            _system(stack, **kw)
     sram = hm.make_system(cat.device("cerebras-wse3"), cat.model(MDL))
-    a, b = hm.step_time(sram, 1, 1024), hm.step_time(replace(sram, eager=True, scheduler_steps=8), 1, 1024)
-    assert float(a.total_s) == float(b.total_s)
+    for kw in ({"eager": True}, {"scheduler_steps": 8}):
+        with pytest.raises(UnsupportedSetting, match="SRAM machine"):
+            replace(sram, **kw)  # type: ignore[arg-type]
+    # the CLI names its option in one line, exit 2; the agent's backend names its key
+    for args, flag in (
+        (["--stack", "trtllm", "--eager"], "--eager"),
+        (["--scheduler-steps", "4"], "--scheduler-steps"),
+    ):
+        for cmd in ("predict", "sweep"):
+            out = runner.invoke(app, ["hardware", cmd, "-H", DEV, "-m", MDL, "--tp", "1", *args])
+            assert out.exit_code == 2 and "Traceback" not in out.output, out.output
+            assert f"{flag}: the " in out.output
+    with pytest.raises(ValueError, match="eager: the trtllm stack profile"):
+        build_backend({"hardware": DEV, "model": MDL, "tp": 1, "stack": "trtllm", "eager": True})
+    anchor = tmp_path / "a.yaml"
+    anchor.write_text("ttft_ms: {median: 40, p90: 50}\ntokens_per_s: 80\n")
+    with pytest.raises(ValueError, match="eager: an anchored backend keeps"):
+        build_backend({"hardware": DEV, "model": MDL, "anchor": str(anchor), "eager": True})
 
 
 def _json(args: list[str]) -> dict[str, object]:
@@ -97,12 +130,16 @@ def test_predict_and_sweep_take_the_settings_to_the_system():
 def test_an_anchored_prediction_refuses_the_settings_in_one_line(tmp_path):
     anchor = tmp_path / "a.yaml"
     anchor.write_text("ttft_ms: {median: 40, p90: 50}\ntokens_per_s: 80\n")
-    out = runner.invoke(app, ["hardware", "predict", "-H", DEV, "-m", MDL, "--anchor", str(anchor), "--eager"])
+    out = runner.invoke(
+        app, ["hardware", "predict", "-H", DEV, "-m", MDL, "--anchor", str(anchor), "--eager"]
+    )
     assert out.exit_code == 2 and "--eager" in out.output and "Traceback" not in out.output
 
 
 def test_the_agents_backend_takes_the_settings():
-    b = build_backend({"hardware": DEV, "model": MDL, "tp": 1, "eager": True, "scheduler_steps": 4})
+    b = build_backend(
+        {"hardware": DEV, "model": MDL, "tp": 1, "stack": "vllm-v0", "eager": True, "scheduler_steps": 4}
+    )
     assert (b.system.eager, b.system.scheduler_steps) == (True, 4)
     assert "+eager" in b.name and "+steps4" in b.name
     assert b.describe()["eager"] is True

@@ -19,6 +19,16 @@ from voicepipe.limits import MAX_RUN_ID
 from voicepipe.safeprint import printable
 
 
+class UnsupportedSetting(ValueError):
+    """A run setting (``eager``, ``scheduler_steps``) a served system's stack or device has no switch for
+    (raised by :class:`voicepipe.hardware.system.System`; the CLI names its option, a config its key)."""
+
+    def __init__(self, setting: str, why: str) -> None:
+        super().__init__(f"{setting}: {why}")
+        self.setting = setting
+        self.why = why
+
+
 class UserError(Exception):
     """Bad input. ``str(err)`` is the one line the CLI prints (line breaks and other control characters in
     names and values are escaped)."""

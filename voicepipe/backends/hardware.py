@@ -385,6 +385,11 @@ def make_hardware_backend(spec: str | dict[str, Any]) -> HardwareBackend:
         dep = as_client(deploy(cfg))
         return HardwareBackend(dep, backend_name(cfg, dep))
     where = str(cfg.pop("anchor"))
+    # as `hardware predict --anchor` refuses --eager and --scheduler-steps
+    for key, unset in (("eager", (None, False)), ("scheduler_steps", (None, 1))):
+        if cfg.get(key) is not True and cfg.get(key) in unset:
+            continue
+        raise ValueError(f"{key}: an anchored backend keeps the run settings of the anchor's own measurement")
     try:
         a = read_anchor(where)
         check_anchor(a, where, model(str(cfg["model"])).key)

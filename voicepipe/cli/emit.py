@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 
 from voicepipe.cli.options import writable
+from voicepipe.errors import UnsupportedSetting
 from voicepipe.exitcodes import ExitCode
 from voicepipe.report.term import SafeConsole
 from voicepipe.safeprint import printable
@@ -52,7 +53,15 @@ def guard(fn: Callable[[], T]) -> T:
     try:
         return fn()
     except (ValueError, KeyError) as exc:
-        fail(str(exc).strip("'\""))
+        fail(message(exc))
+
+
+def message(exc: Exception) -> str:
+    """The one-line text of a catalog or model error, naming the command-line option where it is one
+    (a run setting the stack has no switch for: ``--eager``, ``--scheduler-steps``)."""
+    if isinstance(exc, UnsupportedSetting):
+        return f"--{exc.setting.replace('_', '-')}: {exc.why}"
+    return str(exc).strip("'\"")
 
 
 def console() -> Console:

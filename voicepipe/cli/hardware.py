@@ -26,9 +26,10 @@ from voicepipe.cli.emit import console as _console
 from voicepipe.cli.emit import emit_json as _emit_json
 from voicepipe.cli.emit import fail as _fail
 from voicepipe.cli.emit import guard as _guard
+from voicepipe.cli.emit import message as _message
 from voicepipe.cli.hardware_list import print_catalog
 from voicepipe.cli.hardware_validate import validate
-from voicepipe.errors import UserError
+from voicepipe.errors import UnsupportedSetting, UserError
 from voicepipe.executors import EXECUTOR_HELP, executor_for
 from voicepipe.hardware import catalog
 from voicepipe.hardware.model import DoesNotFit, Prediction, Speculative
@@ -305,6 +306,8 @@ def predict(
         if fmt == "json":
             typer.echo(json.dumps({"fits": False, "error": str(exc), "hardware": hardware, "model": model}))
         _fail(str(exc))
+    except UnsupportedSetting as exc:
+        _fail(_message(exc))
     except ValueError as exc:
         _fail(f"--tp: {exc}" if "tp" in str(exc) else str(exc))
     out = p.as_dict()

@@ -430,6 +430,12 @@ class Stack(BaseModel):
     # the kernel this build runs a block-scaled FP8 checkpoint's dense GEMMs with (BlockFp8Gemm; a run's own
     # setting, System.block_fp8_gemm, overrides it)
     block_fp8_gemm: BlockFp8Gemm = "none"
+    # the run settings this stack has a switch for ("" : none, and a run asking for it is refused, since
+    # the profile would price a setting the stack cannot be run with): the option that turns its CUDA/HIP
+    # graphs off (System.eager: vLLM --enforce-eager, SGLang --disable-cuda-graph) and the one that
+    # schedules N decode steps at once (System.scheduler_steps: vLLM V0 --num-scheduler-steps)
+    eager_flag: str = ""
+    scheduler_steps_flag: str = ""
     # the build of this profile on one maker's devices, where it differs ("AMD": the ROCm build): the fields
     # that differ, a ``name`` saying which build it is, and ``sources`` for each field (see Stack.on)
     platforms: dict[str, dict[str, Any]] = Field(default_factory=dict)
@@ -477,6 +483,9 @@ class Stack(BaseModel):
                         if not self.sources.get(f)]  # fmt: skip
         if self.block_fp8_gemm != "none" and not self.sources.get("block_fp8_gemm"):
             missing.append("block_fp8_gemm")
+        for f in ("eager_flag", "scheduler_steps_flag"):
+            if getattr(self, f) and not self.sources.get(f):
+                missing.append(f)
         if self.host_layer_us > 0 and not self.sources.get("cudagraph_mode"):
             missing.append("cudagraph_mode")
         for flag in ("first_token_from_decode", "window_kv", "prefill_chunked", "async_scheduling"):

@@ -17,6 +17,7 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from voicepipe.errors import UnsupportedSetting
 from voicepipe.hardware.catalog import (
     PRECISIONS,
     BlockFp8Gemm,
@@ -27,6 +28,7 @@ from voicepipe.hardware.catalog import (
     check_precision,
 )
 from voicepipe.hardware.catalog import stack as catalog_stack
+from voicepipe.hardware.catalog import stacks as catalog_stacks
 
 FArray = NDArray[np.float64]
 
@@ -134,10 +136,29 @@ class System:
     def __post_init__(self) -> None:
         if self.scheduler_steps < 1:
             raise ValueError(f"scheduler_steps must be >= 1, got {self.scheduler_steps}")
+        if self.eager or self.scheduler_steps > 1:
+            self._check_run_settings()
         if self.max_seqs is not None and self.max_seqs < 1:
             raise ValueError(f"max_seqs must be >= 1, got {self.max_seqs}")
         if self.dense_precision is not None:
             check_precision(self.dense_precision)
+
+    def _check_run_settings(self) -> None:
+        """Refuse a run setting the stack has no switch for (:attr:`Stack.eager_flag`,
+        :attr:`Stack.scheduler_steps_flag`): the model would price a run nobody can start."""
+        if self.device.kind != "hbm":
+            setting = "eager" if self.eager else "scheduler_steps"
+            raise UnsupportedSetting(setting, f"{self.device.key} is an SRAM machine running its vendor's compiled "
+                                              "program: no CUDA graphs or host scheduler steps to set")  # fmt: skip
+        stk = self.serving
+        for setting, on, flag, what in (
+            ("eager", self.eager, stk.eager_flag, "switch to run without CUDA/HIP graphs"),
+            ("scheduler_steps", self.scheduler_steps > 1, stk.scheduler_steps_flag, "multi-step scheduling"),
+        ):  # fmt: skip
+            if on and not flag:
+                have = sorted(k for k, s in catalog_stacks().items() if getattr(s, f"{setting}_flag"))
+                raise UnsupportedSetting(setting, f"the {stk.key} stack profile has no {what} (profiles that do: "
+                                                  f"{', '.join(have)})")  # fmt: skip
 
     @property
     def dense_format(self) -> str:
