@@ -8,6 +8,7 @@ import asyncio
 import pytest
 import structlog
 
+from voicepipe.bus import base
 from voicepipe.bus.base import stop_task
 
 
@@ -54,3 +55,28 @@ async def test_the_stoppers_own_cancellation_is_not_swallowed():
     outer.cancel()
     with pytest.raises(asyncio.CancelledError):
         await outer
+
+
+async def test_a_task_that_loses_its_cancel_is_cancelled_again_until_it_ends(monkeypatch):
+    # Python 3.11's asyncio.wait_for (inside aiomqtt's publish) can return a result that arrived with the
+    # cancel and drop the cancel: the task goes back to waiting for a message that never comes. Stopping
+    # it must not hang on that (it did: a replica's liveness watch, once in a few runs on a loaded box).
+    never = asyncio.Event()
+    swallowed = 0
+
+    async def reader() -> None:
+        nonlocal swallowed
+        while True:
+            try:
+                await never.wait()
+            except asyncio.CancelledError:
+                if swallowed:
+                    raise
+                swallowed += 1  # the lost cancel: back to waiting, as the wait_for race leaves it
+                asyncio.current_task().uncancel()  # type: ignore[union-attr]
+
+    monkeypatch.setattr(base, "RECANCEL_S", 0.2)
+    task = asyncio.create_task(reader())
+    await asyncio.sleep(0)
+    await asyncio.wait_for(stop_task(task, "liveness-watch-read"), 10)
+    assert task.cancelled() and swallowed == 1

@@ -140,20 +140,34 @@ def merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return out
 
 
+# a task still running this long after its cancel is cancelled again: long enough that a cancelled task's own
+# clean-up (an unsubscribe, a last publish) is not cut short on a loaded box, short beside any timeout a run has
+RECANCEL_S = 5.0
+
+
 async def stop_task(task: asyncio.Task[Any] | None, what: str, quiet: tuple[type[BaseException], ...] = ()) -> None:
     """Cancel ``task`` and wait for it to end. Its being cancelled is swallowed; anything else it had raised is
     logged (warning; ``quiet`` types at debug: an outcome already reported elsewhere), never dropped. If the
-    task awaiting this is itself cancelled meanwhile, that cancellation goes on."""
+    task awaiting this is itself cancelled meanwhile, that cancellation goes on.
+
+    A cancellation can be lost: on Python 3.11 ``asyncio.wait_for`` (inside aiomqtt's publish and subscribe)
+    returns its result when that result and the cancel arrive together, dropping the cancel, and the task goes
+    back to waiting for a message that may never come (CPython gh-86296, fixed in 3.12). So a task still
+    running ``RECANCEL_S`` after its cancel is cancelled again until it ends."""
     if task is None:
         return
     task.cancel()
-    try:
-        await task
-    except asyncio.CancelledError:
-        me = asyncio.current_task()
-        if me is not None and me.cancelling():
-            raise
-    except Exception as exc:
+    while not task.done():
+        await asyncio.wait({task}, timeout=RECANCEL_S)  # our own cancellation propagates from here
+        if not task.done():
+            log.debug("task ignored its cancel; cancelling it again", task=what)
+            task.cancel()
+    if task.cancelled():
+        return
+    exc = task.exception()
+    if isinstance(exc, Exception):
         (log.debug if isinstance(exc, quiet) else log.warning)(
             "background task had failed", task=what, error=f"{type(exc).__name__}: {exc}"
         )
+    elif exc is not None:
+        raise exc

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 
+from voicepipe.bus.base import stop_task
 from voicepipe.bus.mqtt.address import BrokerAddress
 from voicepipe.errors import UserError
 from voicepipe.keys import Instance, announce_key, open_record, seal_record
@@ -160,10 +161,7 @@ class Follower:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+        await stop_task(self._task, "instance-follow", quiet=(Exception,))
         with contextlib.suppress(Exception):
             await self.client.__aexit__(None, None, None)
 
