@@ -11,7 +11,7 @@ import pytest
 
 from voicepipe.backends import build_backend
 from voicepipe.backends.base import LLMRequest, ScheduledStream
-from voicepipe.backends.hardware import make_hardware_backend
+from voicepipe.backends.hardware import make_hardware_backend, modelled_prices
 from voicepipe.clock import now_ns
 from voicepipe.hardware.model import mixed_step_s, request_overhead_s
 from voicepipe.hardware.serving import DeviceServer, closed_loop
@@ -140,6 +140,17 @@ def test_fast_mode_with_public_price_scales_it():
     assert normal.prices.output_per_mtok == 0.10 and "cerebras.ai" in normal.prices.source
     assert fast.prices.output_per_mtok > normal.prices.output_per_mtok
     assert "MODELLED" in fast.prices.source
+
+
+def test_fast_mode_price_ratio_is_the_batch_alone_with_the_deployments_own_settings():
+    # the public price is scaled by the modelled cost of the same deployment at its fast batch over its
+    # normal one: a KV format that changes what fits must be in both, not only in the fast one
+    for kv in (None, "fp8"):
+        cfg = {"hardware": "groq-lpu", "model": "llama-3.1-8b", **({"kv_precision": kv} if kv else {})}
+        normal, fast = make_hardware_backend(cfg), make_hardware_backend({**cfg, "fast": True})
+        ratio = modelled_prices(fast.deployment).output_per_mtok / modelled_prices(normal.deployment).output_per_mtok
+        assert fast.prices.output_per_mtok == pytest.approx(normal.prices.output_per_mtok * ratio, rel=1e-9)
+        assert fast.deployment.sized_batch == normal.deployment.max_batch
 
 
 def test_two_sessions_on_one_device_are_slower_per_token_than_one():

@@ -99,6 +99,7 @@ class Deployment:
     fast: bool = False
     prompt_cache: bool = True
     notes: tuple[str, ...] = field(default_factory=tuple)
+    sized_batch: int = 0  # the max batch this deployment would run without fast mode (0: max_batch)
 
 
 def parse_spec(spec: str | dict[str, Any]) -> dict[str, Any]:
@@ -183,6 +184,7 @@ def deploy(cfg: dict[str, Any]) -> Deployment:
                                     tp, context)  # fmt: skip
             max_batch = _most_that_fit(system, context)
             notes.append(f"max_batch {max_batch}: KV memory left at tp {system.chips}")
+    sized_batch = max_batch
     if fast:
         max_batch = min(max_batch, FAST_MAX_BATCH)
     eager = cfg.get("eager", False)
@@ -199,6 +201,7 @@ def deploy(cfg: dict[str, Any]) -> Deployment:
         fast=fast,
         prompt_cache=bool(cfg.get("prompt_cache", True)),
         notes=tuple(notes),
+        sized_batch=sized_batch,
     )
 
 
@@ -269,7 +272,10 @@ def prices_for(dep: Deployment) -> Prices:
         return modelled_prices(dep)
     if not dep.fast:
         return Prices(public.input, public.output, public.source)
-    normal = deploy({"hardware": sys_.device.key, "model": sys_.model.key, "context": dep.context})
+    # the same deployment (chips, stack, KV format, context, run settings) at the batch it would run without
+    # fast mode, so the ratio is the batch's alone
+    sized = dep.sized_batch or dep.max_batch
+    normal = replace(dep, fast=False, max_batch=sized, system=replace(sys_, max_seqs=sized))
     ratio = modelled_prices(dep).output_per_mtok / modelled_prices(normal).output_per_mtok
     return Prices(
         public.input * ratio,
