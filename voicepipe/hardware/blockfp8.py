@@ -24,18 +24,15 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from numpy.typing import ArrayLike, NDArray
+from numpy.typing import ArrayLike
 
 from voicepipe.hardware.specs import BlockFp8Gemm, Device, ModelSpec
-from voicepipe.hardware.system import System
-
-FArray = NDArray[np.float64]
+from voicepipe.hardware.system import MLA_ROPE_DIM, FArray, System
 
 # (rows, columns) of an output tile: the 128 x 128 scale block for "tile_bound" (CUTLASS's tile; Triton's
 # tuned tiles are narrower but its published times are those of 128-column tiles, docs §1); DeepGEMM's
 # narrowest, which its heuristic picks while the tiles do not fill the SMs (block_m 64, block_n 16)
 TILE: dict[str, tuple[int, int]] = {"tile_bound": (128, 128), "deepgemm": (64, 16)}
-MLA_ROPE = 64  # decoupled rotary width of an MLA query head (qk_rope_head_dim)
 
 
 @dataclass(frozen=True)
@@ -65,7 +62,7 @@ def block_fp8_gemms(model: ModelSpec, tp: int, attention_dp: bool = False) -> tu
     hd = m.head_dim
     gemms: list[Gemm] = []
     if m.kv_dim is not None:
-        qk = m.heads * (hd + MLA_ROPE) // t
+        qk = m.heads * (hd + MLA_ROPE_DIM) // t
         if m.q_lora_rank:
             gemms.append(Gemm(m.q_lora_rank, m.hidden, m.layers, True))
             gemms.append(Gemm(qk, m.q_lora_rank, m.layers, True))

@@ -41,7 +41,7 @@ PairKey = tuple[object, ...]
 def pair_key(p: Point) -> PairKey:
     """What two points must share to be one harness's measurement of two devices (device and chips aside)."""
     return (p.source, p.model, p.precision, p.kv_precision, stack_key(p.stack), p.batch, p.prompt_tokens,
-            p.output_tokens, p.metric, p.closed_loop, p.attention_dp, p.eager, p.scheduler_steps,
+            p.output_tokens, p.metric, p.closed_loop, p.attention_dp, p.eager, p.scheduler_steps, p.max_seqs,
             p.dense_precision, p.block_fp8_gemm, p.speculative or "none", p.engine, p.engine_version,
             p.timing)  # fmt: skip
 
