@@ -216,6 +216,8 @@ def test_a_dist_never_draws_past_a_modelled_durations_bound():
         ("", ["agent.backend=sonnet-gpuu"], "(did you mean 'sonnet-gpu'?)"),
         ("", ["agent.backend=h100-sx/llama-3.1-8b"], "unknown hardware 'h100-sx' (did you mean 'h100-sxm'?)"),
         ("", ["agent.backend=h100-sxm/llama-3.1-8c"], "unknown model 'llama-3.1-8c' (did you mean"),
+        ("agent:\n  backend: {hardware: h100-sxm, model: llama-3.1-8b, stack: sglng}\n", [],
+         "unknown stack 'sglng' (did you mean 'sglang'?)"),
     ],
 )
 def test_misspelt_keys_and_backends_suggest_the_nearest_name(tmp_path, content, sets, needle):

@@ -83,7 +83,7 @@ def stack(name: str | None = None) -> Stack:
     try:
         return stacks()[key]
     except KeyError:
-        raise ValueError(f"unknown stack {key!r}; known: {', '.join(sorted(stacks()))}") from None
+        raise ValueError(f"unknown stack {key!r}{did_you_mean(key, stacks())}; known: {', '.join(sorted(stacks()))}") from None
 
 
 def _is_path(name: str, suffixes: tuple[str, ...]) -> bool:
