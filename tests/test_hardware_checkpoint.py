@@ -10,7 +10,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 from pydantic import ValidationError
+from typer.testing import CliRunner
 
+from voicepipe.cli import app
 from voicepipe.hardware import catalog as cat
 from voicepipe.hardware import model as hm
 from voicepipe.hardware import validate as val
@@ -125,3 +127,15 @@ def test_a_users_mxfp4_config_that_skips_attention_keeps_it_in_its_dtype(tmp_pat
     path.write_text(json.dumps(cfg))
     load_hf_config.cache_clear()
     assert load_hf_config(str(path)).dense_precision is None
+
+
+def test_predict_says_which_weights_are_4_bit_and_which_are_not():
+    p = hm.predict(cat.device("h100-sxm"), cat.model("gpt-oss-120b"))
+    assert (p.precision, p.dense_precision) == ("int4", "bf16")
+    assert p.weights_label() == "int4 experts, bf16 rest"
+    plain = hm.predict(cat.device("h100-sxm"), cat.model("llama-3.1-8b"))
+    assert plain.weights_label() == plain.precision == plain.dense_precision == "bf16"
+    out = CliRunner().invoke(app, ["hardware", "predict", "-H", "h100-sxm", "-m", "gpt-oss-120b"], env={"COLUMNS": "200"})
+    assert out.exit_code == 0 and "int4 experts, bf16 rest / bf16" in out.stdout
+    js = CliRunner().invoke(app, ["hardware", "predict", "-H", "h100-sxm", "-m", "gpt-oss-120b", "--format", "json"])
+    assert json.loads(js.stdout)["dense_precision"] == "bf16"

@@ -102,7 +102,7 @@ def predict_anchored(
     t.add_column("quantity")
     t.add_column("value", justify="right", overflow="fold")
     for k, v in (
-        ("chips", f"{p.chips}"), ("precision (weights / KV)", f"{p.precision} / {p.kv_precision}"),
+        ("chips", f"{p.chips}"), ("precision (weights / KV)", f"{p.weights_label()} / {p.kv_precision}"),
         ("stack", p.stack), ("batch", f"{p.batch}"), ("TTFT", show("ttft_ms", f"{values['ttft_ms']:.1f} ms")),
         ("decode step", show("step_ms", f"{values['step_ms']:.2f} ms")),
         ("tok/s per request", show("tokens_per_second", f"{values['tokens_per_second']:.1f}")),

@@ -328,7 +328,7 @@ def predict(
     fits = "yes" if p.fits else f"NO: runs {p.effective_batch} of {p.batch} at a time, queues the rest"
     rows = [
         ("chips", f"{p.chips}"),
-        ("precision (weights / KV)", f"{p.precision} / {p.kv_precision}"),
+        ("precision (weights / KV)", f"{p.weights_label()} / {p.kv_precision}"),
         *([("weight-only", f"no {p.precision} math here: bf16 matmuls")] if out["weight_only"] else []),
         ("stack", p.stack),
         ("stack build", p.stack_build),

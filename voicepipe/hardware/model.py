@@ -256,6 +256,15 @@ class Prediction:
     comm_ms: float
     overhead_ms: float
     note: str
+    # the weights outside the routed experts (attention, dense and shared MLPs, head): ``precision`` unless
+    # the checkpoint keeps them otherwise (gpt-oss: MXFP4 experts, bf16 rest; System.dense_format)
+    dense_precision: str = ""
+
+    def weights_label(self) -> str:
+        """``int4`` or, where the rest of the checkpoint differs, ``int4 experts, bf16 rest``."""
+        if self.dense_precision and self.dense_precision != self.precision:
+            return f"{self.precision} experts, {self.dense_precision} rest"
+        return self.precision
 
     def as_dict(self) -> dict[str, object]:
         return dict(self.__dict__)
@@ -331,6 +340,7 @@ def predict(
         hardware=device.key,
         model=model.key,
         precision=system.precision,
+        dense_precision=system.dense_format,
         kv_precision=system.kv,
         stack=system.serving.key if device.kind == "hbm" else "vendor (SRAM, fitted)",
         stack_build=system.serving.name if device.kind == "hbm" else "the vendor's own (in the fitted layer time)",
