@@ -41,6 +41,13 @@ def test_show_prints_sources(name, needle):
     assert needle in r.output
 
 
+def test_show_prints_a_whole_number_as_one():
+    r = run("show", "h100-sxm")
+    row = next(line for line in r.output.splitlines() if "memory_gb" in line)
+    assert " 80 " in row and "80.0" not in row
+    assert "3.35" in next(line for line in r.output.splitlines() if "mem_bw_tbs" in line)
+
+
 def test_show_unknown_is_a_one_line_error():
     r = run("show", "warp-drive")
     assert r.exit_code == 2

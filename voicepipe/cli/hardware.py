@@ -144,8 +144,8 @@ def _print_entry(con: Console, title: str, rows: dict[str, Any], sources: dict[s
         if isinstance(v, dict):  # a number table (peak FLOP/s by precision) or a nested record (engine memory)
             value = ", ".join(f"{a} {b:g}" if isinstance(b, int | float) else f"{a} {b}"
                               for a, b in v.items() if a != "sources" and b is not None)  # fmt: skip
-        else:
-            value = str(v)
+        else:  # a whole number as one (80 GB, not 80.0), every other value as it is stored
+            value = str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)
         t.add_row(k, value)
     con.print(t)
     con.print("Sources:")
