@@ -1,15 +1,19 @@
 """Stopping the bus's background tasks (voicepipe.bus.base.stop_task): a task that had failed is reported,
-never swallowed; being cancelled is the normal end; the stopper's own cancellation still goes through."""
+never swallowed; being cancelled is the normal end; the stopper's own cancellation still goes through; a task
+that loses its cancel is cancelled again. And what a stopped call leaves behind: its late acknowledgement is
+one warning line."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 import structlog
 
 from voicepipe.bus import base
 from voicepipe.bus.base import stop_task
+from voicepipe.bus.mqtt.address import BrokerAddress
 
 
 async def test_a_task_that_had_failed_is_logged_as_a_warning_when_stopped():
@@ -80,3 +84,16 @@ async def test_a_task_that_loses_its_cancel_is_cancelled_again_until_it_ends(mon
     await asyncio.sleep(0)
     await asyncio.wait_for(stop_task(task, "liveness-watch-read"), 10)
     assert task.cancelled() and swallowed == 1
+
+
+async def test_an_acknowledgement_nobody_waits_for_is_one_warning_line_not_a_traceback(caplog):
+    # a subscribe cancelled at shutdown (or timed out) whose SUBACK still arrives: aiomqtt logs the unknown
+    # message id with logger.exception; on a user's terminal that was a KeyError traceback
+    client = BrokerAddress.parse("mqtt://127.0.0.1:1883").client("late-ack-test")
+    with caplog.at_level(logging.DEBUG, logger="voicepipe.mqtt"):
+        client._on_subscribe(client._client, None, 4242, [])  # type: ignore[arg-type]
+        client._on_unsubscribe(client._client, None, 4243, [])  # type: ignore[arg-type]
+    late = [r for r in caplog.records if "Unexpected message ID" in r.getMessage()]
+    assert len(late) == 2
+    assert all(r.levelno == logging.WARNING and r.exc_info is None and r.exc_text is None for r in late)
+    assert "Traceback" not in caplog.text and "KeyError" not in caplog.text

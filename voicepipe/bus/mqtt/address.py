@@ -4,7 +4,9 @@ field, never a traceback at connect time.
 
 Every client made here sets TCP_NODELAY (small QoS 1 messages otherwise wait on delayed ACKs). aiomqtt warns on
 every publish once more than 10 are in flight — normal with hundreds of sessions on one client: its logger
-(``voicepipe.mqtt``) keeps errors only.
+(``voicepipe.mqtt``) keeps errors only. An acknowledgement for a subscribe or unsubscribe whose caller has
+already gone (cancelled at shutdown, or timed out) is logged by aiomqtt as an exception with a traceback;
+it is one line at warning here (:class:`LateAck`).
 """
 
 from __future__ import annotations
@@ -27,8 +29,23 @@ from voicepipe.files import check_file
 from voicepipe.limits import MAX_PEM_BYTES
 
 NODELAY = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
+
+
+class LateAck(logging.Filter):
+    """aiomqtt's 'Unexpected message ID "N" in on_subscribe callback' (and on_unsubscribe): the broker's
+    acknowledgement of a call nobody waits for any more. Expected after a cancel, so one line at warning, not
+    an error with a KeyError traceback on a user's terminal."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.getMessage().startswith("Unexpected message ID"):
+            record.exc_info, record.exc_text, record.stack_info = None, None, None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
 MQTT_LOG = logging.getLogger("voicepipe.mqtt")
 MQTT_LOG.setLevel(logging.ERROR)
+MQTT_LOG.addFilter(LateAck())
 
 @dataclass(frozen=True)
 class BrokerAddress:
