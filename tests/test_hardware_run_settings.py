@@ -166,6 +166,12 @@ def test_a_points_settings_parse_and_reach_its_system():
         _point(scheduler_steps=0)
 
 
+def test_a_point_stating_a_setting_its_stack_has_no_switch_for_is_not_answered_rather_than_a_crash():
+    for kw in ({}, {"chips": None}):  # published chips, or sized by the model
+        x = val.prepare(_point(stack="trtllm", eager=True, **kw))
+        assert x.system is None and x.reason is not None and "eager: the trtllm stack profile" in x.reason
+
+
 def test_every_shipped_point_carries_the_settings_its_notes_state():
     # the rule, written before the errors were looked at: `eager: true` exactly where the notes say the
     # run disabled CUDA/HIP graphs; `scheduler_steps: N` where they say --num-scheduler-step(s) N

@@ -29,6 +29,7 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from voicepipe.errors import UnsupportedSetting
 from voicepipe.hardware import catalog
 from voicepipe.hardware.catalog import BlockFp8Gemm
 from voicepipe.hardware.model import (
@@ -225,17 +226,20 @@ def prepare(p: Point) -> Prepared:
                 kv_precision=p.kv_precision, stack=stk, timing=p.timing, eager=p.eager,
                 scheduler_steps=p.scheduler_steps, max_seqs=stated, dense_precision=p.dense_precision,
             )  # fmt: skip
-        except DoesNotFit as exc:
+        except (DoesNotFit, UnsupportedSetting) as exc:
             return Prepared(p, reason=str(exc))
     else:
         if p.chips > dev.max_tp:
             return Prepared(
                 p, reason=f"{p.chips} chips exceed {dev.key}'s tensor-parallel group ({dev.max_tp})"
             )
-        system = System(
-            dev, mdl, p.precision, p.chips, DEFAULT_EFFICIENCY, p.kv_precision, stk, p.attention_dp, p.timing,
-            p.eager, p.scheduler_steps, stated, p.dense_precision,
-        )  # fmt: skip
+        try:
+            system = System(
+                dev, mdl, p.precision, p.chips, DEFAULT_EFFICIENCY, p.kv_precision, stk, p.attention_dp, p.timing,
+                p.eager, p.scheduler_steps, stated, p.dense_precision,
+            )  # fmt: skip
+        except UnsupportedSetting as exc:  # a setting its stack has no switch for: the point is mis-recorded
+            return Prepared(p, reason=str(exc))
     if p.block_fp8_gemm is not None:  # the run's own block-FP8 GEMM kernel (a run setting, not the sizing)
         system = replace(system, block_fp8_gemm=p.block_fp8_gemm)
     if p.max_seqs == TRTLLM_BENCH:
