@@ -230,7 +230,11 @@ def _options(precision: str | None, kv_precision: str | None, stack: str | None)
 HardwareOpt = typer.Option(..., "--hardware", "-H", help="device name (`hardware list`) or a device .yaml")
 ModelOpt = typer.Option(..., "--model", "-m", help="model name or a Hugging Face config.json")
 PrecisionOpt = typer.Option(None, "--precision", help="weights: bf16|fp16|fp8|int8|int4|fp4")
-KvOpt = typer.Option(None, "--kv-precision", help="KV cache: bf16|fp16|fp8|int8|fp4 (default: the model's)")
+KvOpt = typer.Option(None, "--kv-precision", help="KV cache: bf16|fp16|fp8|int8|fp4 (default: the stack's rule: "
+                     "vLLM and SGLang keep 16 bit, others the weights' format where it is one)")  # fmt: skip
+PromptOpt = typer.Option(1024, "--prompt-tokens", min=1, help="tokens in each request's prompt")
+OutputOpt = typer.Option(256, "--output-tokens", min=1, help="tokens each request generates")
+TpOpt = typer.Option(None, "--tp", min=1, help="tensor-parallel width (HBM devices; default: the smallest power of two that holds the model)")
 StackOpt = typer.Option(None, "--stack", help="serving stack profile (`hardware list`; default vllm)")
 FormatOpt = typer.Option("table", "--format", help="table or json (stdout)")
 EagerOpt = typer.Option(
@@ -265,13 +269,16 @@ def predict(
     hardware: str = HardwareOpt,
     model: str = ModelOpt,
     batch: int = typer.Option(1, "--batch", min=1, help="concurrent sequences decoding together"),
-    prompt_tokens: int = typer.Option(1024, "--prompt-tokens", min=1),
-    output_tokens: int = typer.Option(256, "--output-tokens", min=1),
-    tp: int | None = typer.Option(None, "--tp", min=1, help="tensor-parallel width (HBM devices)"),
+    prompt_tokens: int = PromptOpt,
+    output_tokens: int = OutputOpt,
+    tp: int | None = TpOpt,
     precision: str | None = PrecisionOpt,
     kv_precision: str | None = KvOpt,
     stack: str | None = StackOpt,
-    speculative: str | None = typer.Option(None, "--speculative", help="ALPHA,GAMMA,DRAFT_COST"),
+    speculative: str | None = typer.Option(
+        None, "--speculative", help="ALPHA,GAMMA,DRAFT_COST: draft acceptance (0-1), drafts a step, a draft step's "
+        "cost as a share of the target's (e.g. 0.7,4,0.05)"
+    ),
     anchor: Path | None = typer.Option(None, "--anchor", help="a `calibrate --anchor` profile: its measurement x the model's ratio"),
     ttft_timing: str | None = typer.Option(
         None, "--ttft-timing", help="client (over the server's HTTP path, tokens streamed through its API process) or engine; default: the stack's"
@@ -388,9 +395,9 @@ def sweep(
     hardware: str = HardwareOpt,
     model: str = ModelOpt,
     batches: str = typer.Option("1,2,4,8,16,32,64,128,256", "--batches", help="comma-separated batch sizes"),
-    prompt_tokens: int = typer.Option(1024, "--prompt-tokens", min=1),
-    output_tokens: int = typer.Option(256, "--output-tokens", min=1),
-    tp: int | None = typer.Option(None, "--tp", min=1),
+    prompt_tokens: int = PromptOpt,
+    output_tokens: int = OutputOpt,
+    tp: int | None = TpOpt,
     precision: str | None = PrecisionOpt,
     kv_precision: str | None = KvOpt,
     stack: str | None = StackOpt,
