@@ -164,6 +164,19 @@ def test_the_range_is_the_band_of_the_configurations_own_cell():
     assert len({r.stack for r in val.cell_members(acc.residuals, query("step_ms", "no-such-stack"))}) > 1
 
 
+def test_a_loaded_servers_aggregate_throughput_reads_the_throughput_points_not_the_decode_steps():
+    """Aggregate tok/s is B clients' output over their whole requests, prefills included: the figure the
+    throughput points publish, so their residuals speak for it; per-user tok/s and the step are decode's."""
+    acc = val.shipped_accuracy()
+    mdl = catalog.model("llama-3.1-8b")
+    rng = val.ranges(acc, VALUES, "h100-sxm", "hbm", "vllm", mdl, 8, "bf16")
+    for metric, phase in (("aggregate_tokens_per_second", "throughput/e2e"), ("tokens_per_second", "decode")):
+        q = val.config_query(mdl, 8, "bf16", metric, "h100-sxm", "NVIDIA", "vllm")
+        assert q.phase == phase
+        (lo, hi), _ = val.band(acc.residuals, q)
+        assert rng.intervals[metric] == pytest.approx((VALUES[metric] * math.exp(-hi), VALUES[metric] * math.exp(-lo)))
+
+
 def synthetic(n: int, families: int, log_speed: float, tag: str = "fam", **slices: str) -> list[val.Residual]:
     base = {"publisher_family": "independent", "architecture": "dense", "batch": "batched", "phase": "decode",
             "precision": "16-bit", "device": "h100-sxm", "maker": "NVIDIA", "stack": "vllm", **slices}  # fmt: skip

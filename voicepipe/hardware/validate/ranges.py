@@ -7,8 +7,8 @@ prediction's range costs no validation run.
 
 The rule is :func:`voicepipe.hardware.validate.slices.band` (the same function
 :func:`~voicepipe.hardware.validate.slices.coverage` scores, held out by family), per metric (``ttft_ms``
-reads the TTFT residuals; ``step_ms``, ``tokens_per_second`` and ``aggregate_tokens_per_second`` the
-decode ones):
+reads the TTFT residuals; ``step_ms`` and ``tokens_per_second`` the decode ones;
+``aggregate_tokens_per_second``, a loaded server's output over whole requests, the throughput ones):
 
 0. **Its kind of machine.** Only residuals of devices of the configuration's memory kind (HBM devices, or
    SRAM machines: Cerebras, Groq) speak for it: the two physics miss in different ways.
