@@ -180,3 +180,41 @@ def test_cli_without_the_extra_exits_2_with_that_line(tmp_path):
     )  # fmt: skip
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [f"error: {MISSING_EXTRA}"]
+
+
+def test_a_ray_client_whose_server_fails_to_start_is_tried_again_and_an_unreachable_one_is_not(monkeypatch):
+    _need_ray()
+    from voicepipe import parallel_ray
+
+    calls: list[str] = []
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def init(address: str, **_kw: object) -> None:
+        calls.append(address)
+        signal.signal(signal.SIGTERM, lambda *_: None)  # as ray.init installs its own before it fails
+        if len(calls) == 1:
+            raise ConnectionError("Initialization failure from server:\nTraceback ... specific server timed out")
+
+    monkeypatch.setattr(parallel_ray.ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(parallel_ray.ray, "init", init)
+    monkeypatch.setattr(parallel_ray, "CLIENT_RETRY_S", 0.01)
+    try:
+        assert parallel_ray.connect("ray://127.0.0.1:10001") == before  # the second try connects
+        assert len(calls) == 2
+        for s, h in before.items():  # as RayExecutor.close puts them back
+            signal.signal(s, h)
+
+        def unreachable(address: str, **_kw: object) -> None:
+            calls.append(address)
+            signal.signal(signal.SIGTERM, lambda *_: None)
+            raise ConnectionError("ray client connection timeout")
+
+        calls.clear()
+        monkeypatch.setattr(parallel_ray.ray, "init", unreachable)
+        with pytest.raises(UserError, match=r"cannot start or reach ray://127\.0\.0\.1:1: ray client connection timeout"):
+            parallel_ray.connect("ray://127.0.0.1:1")
+        assert len(calls) == 1  # a connection timeout (~30 s each) is not repeated
+        assert {s: signal.getsignal(s) for s in before} == before  # the failed init's handler is taken back
+    finally:
+        for s, h in before.items():
+            signal.signal(s, h)

@@ -14,7 +14,10 @@ Connecting: ``address`` None is ``ray.init()`` (RAY_ADDRESS, or the cluster ``ra
 machine, else a new local one); ``ray://HOST:PORT`` is Ray client. A Ray this starts listens on loopback
 only, and Ray's usage-stats reporting is off unless the environment says otherwise (both are
 ``os.environ.setdefault``, so the user's own settings win). If ``ray.init`` is already done (a caller's own
-session), that session is used and left open.
+session), that session is used and left open. A Ray client whose server on the cluster fails to start
+("Initialization failure from server": its client server accepts before the cluster can start one) is tried
+again, ``CLIENT_TRIES`` times in all; an address that does not answer is one line at once. A failed
+``ray.init`` leaves the signal handlers as it found them.
 """
 
 from __future__ import annotations
@@ -25,11 +28,13 @@ import os
 import pickle
 import signal
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NoReturn, TypeVar
 
 import ray
+import structlog
 
 from voicepipe.errors import UserError
 from voicepipe.parallel import Executor, Report, earliest_failure_known, in_item_order
@@ -61,6 +66,12 @@ _remote_call = ray.remote(num_cpus=1, max_retries=0)(_call)
 
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# a Ray client (ray://) that fails to start its server on the cluster is tried this many times in all, the
+# n-th retry after n x CLIENT_RETRY_S
+CLIENT_TRIES = 3
+CLIENT_RETRY_S = 2.0
+CLIENT_INIT_FAILED = "Initialization failure from server"  # ray/util/client/worker.py, Ray 2.x
+_log = structlog.get_logger("voicepipe.ray")
 
 
 def connect(address: str | None) -> dict[signal.Signals, Any] | None:
@@ -75,15 +86,35 @@ def connect(address: str | None) -> dict[signal.Signals, Any] | None:
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # node address = loopback
         kw["include_dashboard"] = False
     env = {"py_modules": [str(_PACKAGE)], "excludes": ["__pycache__", "*.pyc"]}
-    try:
-        ray.init(
-            address=address, runtime_env=env, logging_level=logging.WARNING, log_to_driver=False, **kw
-        )
-    except (ConnectionError, TimeoutError, RuntimeError, ValueError) as exc:
-        where = address or "a local Ray"
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UserError("--executor", f"cannot start or reach {where}: {first}") from None
+    tries = CLIENT_TRIES if address is not None and address.startswith("ray://") else 1
+    for attempt in range(1, tries + 1):
+        try:
+            ray.init(
+                address=address, runtime_env=env, logging_level=logging.WARNING, log_to_driver=False, **kw
+            )
+            break
+        except ConnectionError as exc:
+            # a Ray client server that accepts before the cluster behind it can start this driver's server
+            # answers "Initialization failure from server" (seen about once in five on a fresh loopback head):
+            # that one is tried again; an address nobody answers (a connection timeout, ~30 s) is not
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+            if attempt == tries or not str(exc).startswith(CLIENT_INIT_FAILED):
+                _refuse(address, exc)
+            _log.debug("ray client could not start; trying again", address=address, error=str(exc)[:500])
+            time.sleep(CLIENT_RETRY_S * attempt)
+        except (TimeoutError, RuntimeError, ValueError) as exc:
+            for sig, handler in handlers.items():  # a failed ray.init may have installed its own already
+                signal.signal(sig, handler)
+            _refuse(address, exc)
     return handlers
+
+
+def _refuse(address: str | None, exc: Exception) -> NoReturn:
+    """The one-line user error for a Ray that could not be started or reached."""
+    where = address or "a local Ray"
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    raise UserError("--executor", f"cannot start or reach {where}: {first}") from None
 
 
 class RayBatch(Generic[I, R]):
