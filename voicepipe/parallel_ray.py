@@ -93,20 +93,16 @@ def connect(address: str | None) -> dict[signal.Signals, Any] | None:
                 address=address, runtime_env=env, logging_level=logging.WARNING, log_to_driver=False, **kw
             )
             break
-        except ConnectionError as exc:
+        except (ConnectionError, TimeoutError, RuntimeError, ValueError) as exc:
+            for sig, handler in handlers.items():  # a failed ray.init may have installed its own already
+                signal.signal(sig, handler)
             # a Ray client server that accepts before the cluster behind it can start this driver's server
             # answers "Initialization failure from server" (seen about once in five on a fresh loopback head):
             # that one is tried again; an address nobody answers (a connection timeout, ~30 s) is not
-            for sig, handler in handlers.items():
-                signal.signal(sig, handler)
-            if attempt == tries or not str(exc).startswith(CLIENT_INIT_FAILED):
+            if attempt == tries or not (isinstance(exc, ConnectionError) and str(exc).startswith(CLIENT_INIT_FAILED)):
                 _refuse(address, exc)
             _log.debug("ray client could not start; trying again", address=address, error=str(exc)[:500])
             time.sleep(CLIENT_RETRY_S * attempt)
-        except (TimeoutError, RuntimeError, ValueError) as exc:
-            for sig, handler in handlers.items():  # a failed ray.init may have installed its own already
-                signal.signal(sig, handler)
-            _refuse(address, exc)
     return handlers
 
 
