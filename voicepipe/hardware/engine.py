@@ -1,8 +1,9 @@
-"""The serving simulation's event step: jobs, the piecewise-linear progress clock, and projections.
+"""The serving simulation's event step: jobs, the piecewise-linear progress clock, the KV pool.
 
 :class:`_State` is the engine state at one instant and the event step that moves it to its next event
-(a prefill finishing, a sequence finishing, an admission); :class:`_Projection` runs a copy of it forward
-lazily, assuming no more arrivals. :class:`voicepipe.hardware.serving.DeviceServer` (the contract is stated
+(a prefill finishing, a sequence finishing, an admission, the KV pool filling: an eviction);
+:class:`voicepipe.hardware.projection._Projection` runs a copy of it forward lazily, assuming no more
+arrivals. :class:`voicepipe.hardware.serving.DeviceServer` (the contract is stated
 there) owns one realised state and one projection.
 """
 
@@ -58,6 +59,11 @@ class Job:
     # prompt tokens (each at most the stack's step budget) of every request submitted before this one
     tokens_before: float = 0.0
     history: tuple[list[float], list[float], list[float]] | None = None  # own V breakpoints once done
+    # evicted when the cache filled (recompute preemption, see _State): the output tokens out by each
+    # eviction, and each later join as (progress offset, instant): after the k-th eviction, token
+    # ``cuts[k-1]`` comes out of the re-prefill at ``joins[k-1][1]`` and token i at ``token_v(offset, i)``
+    cuts: list[int] = field(default_factory=list)
+    joins: list[tuple[float, float]] = field(default_factory=list)
 
 
 @dataclass
@@ -97,13 +103,22 @@ class _State:
     tokens each; the first may continue a prompt of which ``carry`` tokens ran in earlier steps) beside the
     decoders; ``prefill_left`` is the share of that step still to run. Which prompts share a step is the
     stack's ``prefill_token_budget`` (see :meth:`admit`).
+
+    The KV pool (``server.kv_pool`` tokens; INF where the stack reserves a request's whole length at
+    admission, or on an SRAM machine: nothing to track). A member holds its prompt and the tokens it has
+    emitted, so the pool's use grows with the progress clock; a prompt in prefill holds its cache from its
+    admission. A request is admitted only while its prompt fits beside that use and one more token for
+    every member; when the growing caches fill the pool, the newest member is evicted (recompute
+    preemption: vLLM's default, SGLang's retraction): it goes back to the head of the queue and, once it
+    fits again, prefills its prompt and the tokens it had emitted, and resumes. A member alone is never
+    evicted (the engine would have nothing to run; the stacks fail such a request instead).
     """
 
     def __init__(self, server: DeviceServer) -> None:
         self.server = server
         self.t = 0.0
         self.v = 0.0
-        self.heap: list[tuple[float, int]] = []  # (V at which the member finishes, job id)
+        self.heap: list[tuple[float, int, int]] = []  # (V at which the member finishes, job id, segment)
         self.members: dict[int, Job] = {}
         self.kv = 0.0
         self.prefill: tuple[Job, ...] = ()
@@ -112,6 +127,14 @@ class _State:
         self.pending: tuple[Job, int] | None = None  # at a step's end: a split prompt and its tokens run
         self.prefill_left = 0.0  # share of the current prefill step still to run
         self.queue: deque[Job] = deque()
+        self.off: dict[int, float] = {}  # member -> progress offset: its token i is out at token_v(off, i)
+        self.base: dict[int, float] = {}  # member -> its cache's context at V = 0 (prompt − offset)
+        self.order: dict[int, int] = {}  # member -> admission count (the newest is evicted first)
+        self.admitted = 0
+        self.kv_base = 0.0  # Σ base over members: their caches hold kv_base + len(members)·V tokens
+        self.reserved = 0.0  # cache held by the prompts in prefill (admitted, not yet decoding)
+        self.redo: dict[int, int] = {}  # an evicted job -> output tokens its next prefill recomputes
+        self.segment: dict[int, int] = {}  # job -> times evicted
         self._step = -1.0  # step_ns() of the current batch; < 0 once the batch changed
         self._pf: tuple[int, int, int, float] = (0, 0, 0, 0.0)  # (tokens, context before, prompts, span)
         # where set (a whole run on virtual time, voicepipe.hardware.workload): every stretch between
@@ -131,6 +154,8 @@ class _State:
         s.prefill, s.chunks, s.carry = self.prefill, self.chunks, self.carry
         s.prefill_left, s._pf, s.pending = self.prefill_left, self._pf, self.pending
         s.queue = deque(self.queue)
+        s.off, s.base, s.order, s.admitted = dict(self.off), dict(self.base), dict(self.order), self.admitted
+        s.kv_base, s.reserved, s.redo, s.segment = self.kv_base, self.reserved, dict(self.redo), dict(self.segment)
         s._step = self._step
         return s
 
@@ -167,9 +192,105 @@ class _State:
             return 0.0
         return self.server.tokens_per_step / self.step_ns()
 
-    def can_admit(self) -> bool:
-        """Whether a request arriving now would start its prefill at once (nothing ahead, a slot free)."""
-        return not self.prefill and not self.queue and len(self.members) + 1 <= self.server.max_batch
+    def can_admit(self, job: Job) -> bool:
+        """Whether ``job``, arriving now, would start its prefill at once (nothing ahead, a slot free, its
+        prompt fits the pool at the state's instant; a later instant only holds more)."""
+        return (not self.prefill and not self.queue and len(self.members) + 1 <= self.server.max_batch
+                and self.fits(job, 0.0))  # fmt: skip
+
+    def need(self, job: Job) -> int:
+        """Prompt tokens ``job``'s prefill runs: its own, and the output it recomputes after an eviction."""
+        return job.prefill_tokens + self.redo.get(job.id, 0)
+
+    def cache(self, job: Job) -> float:
+        """Cache ``job`` holds from its admission: its whole prompt (and recomputed output)."""
+        return self.server.kept(job.req.prompt_tokens + self.redo.get(job.id, 0))
+
+    def kv_used(self) -> float:
+        """Cache tokens held now: the members' (prompt and output so far) and the prompts in prefill."""
+        srv = self.server
+        if srv.kv_pool == INF:
+            return 0.0
+        if srv.kv_linear:
+            return self.kv_base + len(self.members) * self.v + self.reserved
+        return sum(srv.kept(b + self.v) for b in self.base.values()) + self.reserved
+
+    def fits(self, job: Job, extra: float) -> bool:
+        """Whether ``job``'s prompt fits the pool beside what is held (and ``extra`` admitted with it), with
+        a token to spare for every member; anything fits a device that runs nothing."""
+        if self.server.kv_pool == INF or not (self.members or self.prefill or self.pending or extra):
+            return True
+        return self.kv_used() + extra + self.cache(job) + len(self.members) <= self.server.kv_pool
+
+    def full_v(self) -> float:
+        """Progress-clock value at which the members' growing caches fill the pool (INF: never, or one
+        member alone); on a model whose local layers keep a window, no later than the next member whose
+        context crosses it (where the growth slows; the event there only re-checks)."""
+        srv, n = self.server, len(self.members)
+        if srv.kv_pool == INF or n < 2:
+            return INF
+        room = srv.kv_pool - self.reserved
+        if srv.kv_linear:
+            return max(self.v, (room - self.kv_base) / n)
+        used = sum(srv.kept(b + self.v) for b in self.base.values())
+        slope = 0.0
+        cross = INF
+        for b in self.base.values():
+            if b + self.v < srv.window:
+                slope += 1.0
+                cross = min(cross, srv.window - b)
+            else:
+                slope += srv.window_slope
+        if slope <= 0:
+            return cross
+        return max(self.v, min(self.v + (room - used) / slope, cross))
+
+    def join(self, job: Job, off: float) -> None:
+        """``job`` decodes from here with progress offset ``off``."""
+        jid = job.id
+        self.members[jid] = job
+        self.kv += job.context
+        self.off[jid] = off
+        b = job.req.prompt_tokens - off
+        self.base[jid] = b
+        self.kv_base += b
+        self.admitted += 1
+        self.order[jid] = self.admitted
+        heapq.heappush(self.heap, (token_v(off, job.outputs - 1), jid, self.segment.get(jid, 0)))
+
+    def drop(self, job: Job) -> None:
+        """``job`` stops decoding (finished, cancelled or evicted)."""
+        jid = job.id
+        del self.members[jid]
+        self.kv -= job.context
+        del self.off[jid], self.order[jid]
+        self.kv_base -= self.base.pop(jid)
+        if not self.members:
+            self.kv = self.kv_base = 0.0
+        self._step = -1.0
+
+    def release(self, job: Job) -> None:
+        """``job``'s prompt leaves prefill (done or cancelled): its reservation moves to it as a member."""
+        self.reserved = max(0.0, self.reserved - self.cache(job))
+
+    def evict(self, on: _Recorder) -> None:
+        """The pool is full: the newest member goes back to the head of the queue to be recomputed."""
+        jid = max(self.members, key=self.order.__getitem__)
+        job = self.members[jid]
+        done = min(max(math.floor(self.v - self.off[jid]) + 1, 1), job.outputs - 1)  # tokens out so far
+        self.drop(job)
+        k = self.segment.get(jid, 0) + 1
+        self.segment[jid] = k
+        self.redo[jid] = done
+        self.queue.appendleft(job)
+        on.evict(job, k, done, self.t)
+
+    def top(self) -> tuple[float, int, int] | None:
+        """The next finish on the heap (entries of members that left, or were evicted since, dropped)."""
+        heap, members, segment = self.heap, self.members, self.segment
+        while heap and (heap[0][1] not in members or heap[0][2] != segment.get(heap[0][1], 0)):
+            heapq.heappop(heap)
+        return heap[0] if heap else None
 
     def admit(self, on: _Recorder) -> None:
         """Start the next prefill step, if none runs: ``pending`` (a split prompt, whose rest comes
@@ -185,14 +306,16 @@ class _State:
         slots = srv.max_batch - len(self.members)
         budget = srv.prefill_budget
         if budget is None:
-            if queue and slots >= 1:
+            if queue and slots >= 1 and self.fits(queue[0], 0.0):
                 if len(queue) == 1:
                     on.draining(self)
                 job = queue.popleft()  # one prefill at a time: at most one admission per instant
-                n, c = job.prefill_tokens, job.cached_tokens
+                self.reserved += self.cache(job)
+                n, c = self.need(job), job.cached_tokens
                 self.prefill, self.chunks, self.carry, self.prefill_left = (job,), (n,), 0, 1.0
                 self._pf, self._step = (n, c, 1, c + n / 2.0), -1.0
-                on.start(job, self.t)
+                if job.id not in self.redo:
+                    on.start(job, self.t)
             return
         chunked = srv.prefill_chunked
         # the decoders' tokens count against the budget where they share the step
@@ -202,16 +325,19 @@ class _State:
         carry = 0
         if pending is not None:
             job, carry = pending
-            left = job.prefill_tokens - carry
+            left = self.need(job) - carry
             take = min(left, room if room > 0 else budget)
             jobs.append(job)
             chunks.append(take)
             room -= take
             slots -= 1
         k = 0
+        extra = 0.0  # cache of the prompts this step admits
         while k < len(queue) and slots >= 1 and (room > 0 or not jobs):
             job = queue[k]
-            n = job.prefill_tokens
+            if not self.fits(job, extra):
+                break
+            n = self.need(job)
             if not jobs:  # the step's first prompt always runs
                 take = min(n, room if room > 0 else budget) if chunked else n
             elif n <= room:
@@ -225,6 +351,7 @@ class _State:
             room -= take
             slots -= 1
             k += 1
+            extra += self.cache(job)
             if take < n:
                 break
         if not jobs:
@@ -232,8 +359,11 @@ class _State:
         if k and k == len(queue):
             on.draining(self)
         self.pending = None
+        self.reserved += extra
         for _ in range(k):
-            on.start(queue.popleft(), self.t)
+            job = queue.popleft()
+            if job.id not in self.redo:  # a recomputed job started long ago
+                on.start(job, self.t)
         self.set_prefill(tuple(jobs), tuple(chunks), carry)
 
     def step(self, on: _Recorder, until: float = INF) -> bool:
@@ -242,43 +372,54 @@ class _State:
         The state stays on event instants (see :meth:`move_to`), so the realised past and every projection
         taken from it run the same float operations and agree to the last bit.
         """
-        heap, members = self.heap, self.members
-        while heap and heap[0][1] not in members:
-            heapq.heappop(heap)  # lazily drop cancelled members
+        members = self.members
+        top = self.top()
         step = self.step_ns()
         r = self.server.tokens_per_step / step if members and not self.paused() else 0.0
         t_pf = self.t + self.prefill_left * step if self.prefill else INF
-        t_fin = self.t + (heap[0][0] - self.v) / r if heap and r > 0 else INF
-        t_ev = min(t_pf, t_fin)
+        t_fin = self.t + (top[0] - self.v) / r if top is not None and r > 0 else INF
+        v_full = self.full_v() if r > 0 else INF
+        t_kv = self.t + (v_full - self.v) / r if v_full < INF else INF
+        t_ev = min(t_pf, t_fin, t_kv)
         if t_ev > until or t_ev == INF:
             return False
-        if t_pf <= t_fin:
+        if t_kv < t_pf and t_kv < t_fin:  # the growing caches fill the pool (or a window check)
+            self._move(t_ev, r, step)
+            if self.kv_used() >= self.server.kv_pool - 0.5:
+                self.evict(on)
+        elif t_pf <= t_fin:
             self._move(t_ev, r, step)
             jobs, chunks, carry = self.prefill, self.chunks, self.carry
             last = len(jobs) - 1
             done = chunks[last] + (carry if last == 0 else 0)
-            if done < jobs[last].prefill_tokens:  # a chunk: the rest of its prompt leads the next step
+            if done < self.need(jobs[last]):  # a chunk: the rest of its prompt leads the next step
                 self.pending = (jobs[last], done)
                 jobs = jobs[:last]
             self.prefill, self.chunks, self.carry, self.prefill_left = (), (), 0, 0.0
             self._pf = (0, 0, 0, 0.0)
             for job in jobs:
-                on.first(job, self.t, self.v)
-                if job.outputs <= 1:
+                self.release(job)
+                redo = self.redo.pop(job.id, None)
+                if redo is None:
+                    on.first(job, self.t, self.v)
+                    off = self.v
+                else:  # an evicted job resumes: the re-prefill emits its next token
+                    off = self.v - redo
+                    on.rejoin(job, self.segment[job.id], self.t, off)
+                if job.outputs <= 1 or (redo is not None and redo >= job.outputs - 1):
+                    self.segment.pop(job.id, None)
                     on.finish(job, self.t)
                 else:
-                    members[job.id] = job
-                    self.kv += job.context
-                    heapq.heappush(heap, (token_v(self.v, job.outputs - 1), job.id))
+                    self.join(job, off)
         else:
-            target, jid = heapq.heappop(heap)
+            assert top is not None
+            target, jid, _ = heapq.heappop(self.heap)
             self._move(t_ev, r, step)
             self.v = target
-            job = members.pop(jid)
-            self.kv -= job.context
+            job = members[jid]
+            self.drop(job)
+            self.segment.pop(jid, None)
             on.finish(job, self.t)
-        if not members:
-            self.kv = 0.0
         self._step = -1.0
         self.settle(on)
         return True
@@ -303,13 +444,11 @@ class _State:
         dt = t - self.t
         if self.members:
             self.v += r * dt
-            heap = self.heap
-            while heap and heap[0][1] not in self.members:
-                heapq.heappop(heap)
-            if heap and self.v > heap[0][0]:
+            top = self.top()
+            if top is not None and self.v > top[0]:
                 # rounding carried V past the next finish: that finish is due now (dt = 0), not in the past
                 # (V and t stepping back would unsort the curve)
-                self.v = heap[0][0]
+                self.v = top[0]
         if self.prefill:
             self.prefill_left = max(0.0, self.prefill_left - dt / step)
         if self.trace is not None and dt > 0 and (self.members or self.prefill):
@@ -336,115 +475,16 @@ class _Recorder:
         if self.on_done is not None:
             self.on_done(job)
 
+    def evict(self, job: Job, k: int, done: int, t: float) -> None:
+        """``job`` was evicted for the ``k``-th time at ``t`` with ``done`` output tokens out."""
+        job.cuts.append(done)
+
+    def rejoin(self, job: Job, k: int, t: float, off: float) -> None:
+        """``job`` resumes after its ``k``-th eviction: its recomputing prefill ended at ``t``."""
+        job.joins.append((off, t))
+
     def mark(self, t: float, v: float, r: float) -> None:
         self.curve.add(t, v, r)
 
     def draining(self, state: _State) -> None:
         """``state`` is about to admit the last queued request (a projection's checkpoint)."""
-
-
-class _Projection(_Recorder):
-    """The device's future from a realised state, assuming no more arrivals — extended lazily, one event
-    at a time, as far as a lookup needs, and amended instead of recomputed where that is exact.
-
-    A request that must queue (something is ahead of it, or every slot or the prefill step is busy)
-    changes nothing before the first admission after its arrival. It joins the projection's queue as it
-    stands at its arrival (the projection run up to that instant); where the projection has already run
-    past the arrival and emptied its queue, it is re-run from the ``draining`` checkpoint (the state just
-    before the admission that emptied the queue): with the request in the queue if that admission came
-    after its arrival (it may share that step), else up to the arrival and the request added there. Every
-    other change (a request that starts at once, a cancel) begins a new projection from the realised
-    state. Records made after a checkpoint are logged so it can be restored. One amended for long (past
-    ``PROJECTION_KEEP`` entries, a device that never idles) is started afresh from the realised state
-    instead: the same schedule (tested), without every past event.
-    """
-
-    def __init__(self, base: _State) -> None:
-        super().__init__(_Curve())
-        self.state = base.copy()
-        self.curve.add(self.state.t, self.state.v, self.state.rate())
-        self.start_at: dict[int, float] = {}
-        self.first_at: dict[int, float] = {}
-        self.v_join: dict[int, float] = {}
-        self.finish_at: dict[int, float] = {}
-        self._log: list[tuple[dict[int, float], int]] = []
-        self._drain: tuple[_State, int, int, tuple[float, float, float]] | None = None
-        if not self.state.queue:
-            self.draining(self.state)  # the realised state has admitted all it could
-        self.complete = False  # no event left
-
-    # recorder: the projection's own tables (logged for a restore)
-    def _put(self, table: dict[int, float], key: int, value: float) -> None:
-        table[key] = value
-        self._log.append((table, key))
-
-    def start(self, job: Job, t: float) -> None:
-        self._put(self.start_at, job.id, t)
-
-    def first(self, job: Job, t: float, v: float) -> None:
-        self._put(self.first_at, job.id, t)
-        self._put(self.v_join, job.id, v)
-
-    def finish(self, job: Job, t: float) -> None:
-        self._put(self.finish_at, job.id, t)
-
-    def draining(self, state: _State) -> None:
-        c = self.curve  # its last breakpoint too: a later event at the same instant overwrites it
-        self._drain = (state.copy(), len(c.t), len(self._log), (c.t[-1], c.v[-1], c.r[-1]))
-
-    def size(self) -> int:
-        """Breakpoints and records held (a projection amended for long is replaced; see submit)."""
-        return len(self.curve.t) + len(self._log)
-
-    # lazy extension
-    def extend(self) -> bool:
-        """One more event; False once there is none."""
-        if self.complete:
-            return False
-        if not self.state.step(self):
-            self.complete = True
-        return not self.complete
-
-    def reach(self, table: dict[int, float], key: int) -> float | None:
-        """``table[key]``, running the projection until it is recorded (None if it never is)."""
-        while key not in table:
-            if not self.extend():
-                return None
-        return table[key]
-
-    def reach_v(self, target: float) -> None:
-        """Run until the progress clock reaches ``target`` (or nothing is left to run)."""
-        while self.state.v < target and self.extend():
-            pass
-
-    def add_queued(self, job: Job) -> None:
-        """``job`` has arrived and must wait (see the class doc).
-
-        It must wait, so no admission it could have joined happened since the last change: every one
-        after its arrival is still ahead of the realised state, and the realised and projected pasts agree.
-        """
-        t_a = job.arrive_ns
-        st = self.state
-        if not st.queue or st.t < t_a:
-            st.run(t_a, self)  # a projection behind the arrival catches up to it (events ≤ t_a)
-        if not self.state.queue and self.state.t > t_a:
-            assert self._drain is not None, "an emptied queue leaves a checkpoint"
-            saved, n_curve, n_log, last = self._drain
-            c = self.curve
-            del c.t[n_curve:], c.v[n_curve:], c.r[n_curve:]
-            c.t[-1], c.v[-1], c.r[-1] = last
-            for table, key in self._log[n_log:]:
-                del table[key]
-            del self._log[n_log:]
-            self.state = saved.copy()  # the checkpoint stays valid until the job is in the queue
-            if saved.t > t_a:  # the admission that emptied the queue came after the arrival
-                self.state.queue.append(job)
-                self._drain = None
-                self.state.settle(self)
-                self.complete = False
-                return
-            self.state.settle(self)
-            self.state.run(t_a, self)
-        self.state.queue.append(job)
-        self._drain = None  # nothing can drain again before the job is admitted
-        self.complete = False

@@ -35,6 +35,9 @@ whole prompt per step, or, on a stack with a step token budget (``prefill_token_
 ``max_num_batched_tokens``, SGLang's ``chunked_prefill_size``, TensorRT-LLM's ``max_num_tokens``), as many
 waiting prompts as fit beside the decoders' tokens, a prompt that does not fit split over steps where the
 stack chunks (``prefill_chunked``) or left for the next step (:meth:`~voicepipe.hardware.engine._State.admit`).
+On a stack that grows its caches the server also tracks its KV pool: a waiting request is admitted only
+while its prompt fits, and when the members' growing caches fill the pool the newest is evicted and
+recomputed later (recompute preemption; :class:`~voicepipe.hardware.engine._State`).
 A request alone on the device realises exactly
 ``t0 + prefill_s(prompt − cached) + i · t_step(1, ctx) / E`` = :meth:`HardwareBackend.predict`.
 """
@@ -44,22 +47,14 @@ from __future__ import annotations
 import asyncio
 import heapq
 import math
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from voicepipe.clock import now_ns
-from voicepipe.hardware.engine import (
-    INF,
-    Job,
-    _Curve,
-    _Projection,
-    _Recorder,
-    _State,
-    prefill_split,
-    token_v,
-)
-from voicepipe.hardware.sizing import mean_context, seq_cap
+from voicepipe.hardware.engine import INF, Job, _Curve, _Recorder, _State, prefill_split, token_v
+from voicepipe.hardware.projection import _Projection
+from voicepipe.hardware.sizing import kv_capacity_tokens, mean_context, seq_cap
 from voicepipe.hardware.step import mixed_step_s, request_overhead_s, tokens_per_step
 from voicepipe.hardware.system import Speculative, System
 from voicepipe.llm import LLMRequest
@@ -104,6 +99,16 @@ class DeviceServer:
         self.prefill_chunked = stk.prefill_chunked and self.prefill_budget is not None
         self.prefill_mixed = stk.prefill_mixed or system.device.kind != "hbm"  # False: decoders wait
         self.decode_tokens = 1 if spec is None else spec.gamma + 1  # tokens a decoder puts in a step
+        # the KV pool the engine fills and evicts from (engine._State): tracked on a stack that grows its
+        # caches; one that reserves a request's whole length at admission (and an SRAM machine, sized for
+        # the whole length) never outgrows what its slots allow
+        grow = system.device.kind == "hbm" and stk.kv_admission == "grow"
+        self.kv_pool = kv_capacity_tokens(system) if grow else INF
+        m = system.model
+        windowed = grow and stk.window_kv and m.window is not None
+        self.kv_linear = not windowed  # a cache that grows by one token per token (else held() bends)
+        self.window = float(m.window) if windowed and m.window is not None else INF
+        self.window_slope = 1.0 - m.local_layers / m.layers if windowed else 1.0
         self._tokens_in = 0.0  # capped prompt tokens of every request submitted so far (earliest_first_ns)
         self._tokens_cancelled = 0.0  # of those cancelled while queued
         self._state = _State(self)
@@ -125,6 +130,12 @@ class DeviceServer:
         self._min_prefill_ns = float(mixed_step_s(system, 0, 0, prefill_tokens=1, spec=spec)) * 1e9
 
     # ------------------------------------------------------------ model
+
+    def kept(self, context: float) -> float:
+        """Cache tokens (full-token equivalents) a sequence of ``context`` holds in the pool."""
+        if self.kv_linear:
+            return float(context)
+        return context - (1.0 - self.window_slope) * max(context - self.window, 0.0)
 
     def step_ns(
         self, decoders: int, kv: float, prefill: int, cached: int, prompts: int = 1, span: float | None = None
@@ -167,14 +178,14 @@ class DeviceServer:
         )
         self._tokens_in += self._capped(n)
         s = self._state
-        if not s.can_admit():
+        if not s.can_admit(job):
             # it waits: nothing before its start changes and nothing anywhere moves earlier (more work on
             # the device only slows it), so the projection is amended and no wait needs waking
             s.queue.append(job)
-            if self._proj.size() > PROJECTION_KEEP:  # on a device saturated for long: start afresh (the
-                self._proj = _Projection(s)  # same schedule, tested) rather than keep every past event
-            else:
-                self._proj.add_queued(job)
+            # on a device saturated for long (or one that evicts) the projection starts afresh (the same
+            # schedule, tested) rather than keep every past event
+            if self._proj.size() > PROJECTION_KEEP or not self._proj.add_queued(job):
+                self._proj = _Projection(s)
             return job
         s.move_to(t)
         s.queue.append(job)
@@ -198,9 +209,12 @@ class DeviceServer:
         ahead_moved = job.start_ns is None or job in s.prefill  # queued bounds behind it may fall
         if job in s.queue:
             s.queue.remove(job)
-            self._queue_cancels += 1
-            self._tokens_cancelled += self._capped(job.prefill_tokens)
+            if s.redo.pop(job.id, None) is None:  # (an evicted job is not in earliest_first_ns's count)
+                self._queue_cancels += 1
+                self._tokens_cancelled += self._capped(job.prefill_tokens)
         elif job in s.prefill:  # its share of the running prefill step is not done
+            s.release(job)
+            s.redo.pop(job.id, None)
             i = s.prefill.index(job)
             left = s.prefill_left
             jobs, chunks = s.prefill[:i] + s.prefill[i + 1 :], s.chunks[:i] + s.chunks[i + 1 :]
@@ -208,8 +222,8 @@ class DeviceServer:
             if s.prefill:
                 s.prefill_left = left
         elif job.id in s.members:
-            del s.members[job.id]
-            s.kv = s.kv - job.context if s.members else 0.0
+            s.drop(job)
+        s.segment.pop(job.id, None)
         s.changed()
         self._finalise(job)
         s.admit(self._real)
@@ -265,7 +279,9 @@ class DeviceServer:
         h = self._history
         if len(h.t) < 4096:
             return
-        joins = [j.v_join for j in self._state.members.values() if j.v_join is not None]
+        s = self._state
+        live = (*s.members.values(), *s.prefill, *s.queue)  # an evicted job's earlier tokens stay readable
+        joins = [j.v_join for j in live if j.v_join is not None]
         floor_v = min(joins) if joins else self._state.v
         k = max(0, bisect_left(h.v, floor_v) - 1)
         if k > 0:
@@ -307,31 +323,63 @@ class DeviceServer:
         """Projected (or realised) instant of output token ``i`` of ``job`` (float ns).
 
         INF only for a job that never joined decode (cancelled in the queue or in prefill). The last token
-        is the finish itself; an earlier one lies on the progress clock before it.
+        is the finish itself; an earlier one lies on the progress clock before it, at the offset of the
+        stretch of decoding it falls in (a job evicted and recomputed resumes at a new offset, and the
+        token its re-prefill emits comes out when that ends: ``Job.cuts``, ``Job.joins``).
         """
         i = min(max(i, 0), job.outputs - 1)
         if i == 0:
             return self.first_ns(job)
         if job.history is not None:  # finished or cancelled: its own slice of the realised curve
             assert job.v_join is not None
-            return self._on(_Curve(*job.history), token_v(job.v_join, i), job.finish_ns)
+            k = bisect_right(job.cuts, i)
+            if k == 0:
+                off = job.v_join
+            elif k <= len(job.joins):
+                off, t_join = job.joins[k - 1]
+                if i == job.cuts[k - 1]:
+                    return t_join
+            else:  # cancelled while waiting to be recomputed: its remaining tokens resolve at the cancel
+                return job.history[0][-1]
+            return self._on(_Curve(*job.history), token_v(off, i), job.finish_ns)
         if job.finish_ns is not None and i == job.outputs - 1:
             return job.finish_ns
         proj = self._proj
-        v_join = job.v_join if job.v_join is not None else proj.reach(proj.v_join, job.id)
-        if v_join is None:
-            return INF
         if i == job.outputs - 1:
             got = proj.reach(proj.finish_at, job.id)
-            return INF if got is None else got
-        target = token_v(v_join, i)
-        if target <= self._state.v and job.v_join is not None:
-            t = self._history.time_at(target)
-            if t is not None:
-                return t
-        proj.reach_v(target)
-        t = proj.curve.time_at(target)
-        return INF if t is None else t
+            return INF if got is None else float(got)
+        k, start = 0, 0  # the stretch of decoding (after k evictions) and its first token
+        while True:
+            real = k < len(job.cuts) or (job.v_join is not None and k == 0) or 0 < k <= len(job.joins)
+            if k == 0:
+                off = job.v_join if job.v_join is not None else proj.reach(proj.v_join, job.id)
+            else:
+                got = job.joins[k - 1] if k <= len(job.joins) else proj.reach(proj.rejoin_at, (job.id, k))
+                if got is None:
+                    return INF
+                off, t_join = got
+                if i == start:
+                    return float(t_join)
+            if off is None:
+                return INF
+            target = token_v(off, i)
+            cut = job.cuts[k] if k < len(job.cuts) else None
+            if cut is None:
+                if real and target <= self._state.v:
+                    t = self._history.time_at(target)
+                    if t is not None:
+                        return t
+                proj.reach_v(target)
+                cut = proj.cut_at.get((job.id, k + 1))  # its eviction, if the projection has it by now
+            if cut is not None and i >= cut:
+                k, start = k + 1, cut
+                continue
+            if real and target <= self._state.v:
+                t = self._history.time_at(target)
+                if t is not None:
+                    return t
+            t = proj.curve.time_at(target)
+            return INF if t is None else t
 
     @staticmethod
     def _on(curve: _Curve, target: float, finish: float | None) -> float:
@@ -357,8 +405,8 @@ class DeviceServer:
         projects once the bound is reached. The bound never rises above the true instant: more work, or
         a request arriving later, never starts anyone sooner."""
         s = self._state
-        if job.start_ns is not None or job.cancelled or not s.queue:
-            return None
+        if job.start_ns is not None or job.cancelled or not s.queue or s.redo:
+            return None  # (an evicted job ahead, started long ago, breaks the FCFS counts below)
         head = s.queue[0]
         # the realised state holds every event up to the last change; a prefill still running then ends
         # after it, and no sooner than its start plus the shortest prefill
