@@ -16,7 +16,7 @@ form. Arrivals and cancels change the future, so the server keeps:
   changes;
 * a *projection* of the future assuming no more arrivals, run lazily one event at a time as far as a lookup
   needs. A request that has to queue changes nothing before the first admission after its arrival, so it
-  is added to the projection there (exactly; see :class:`~voicepipe.hardware.engine._Projection`); a request that starts at once, and a cancel, begin a new projection from the realised state.
+  is added to the projection there (exactly; see :class:`~voicepipe.hardware.projection._Projection`); a request that starts at once, and a cancel, begin a new projection from the realised state.
   The realised past and the projection run the same event step from the same state, so they agree to the
   last bit. On a saturated device each arrival therefore costs a few events, not a re-run of the queue.
 
