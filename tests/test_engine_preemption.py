@@ -192,3 +192,21 @@ def test_a_windowed_model_grows_its_cache_by_what_its_layers_keep():
     assert all(st.job.finish_ns is not None for st in streams)
     assert all_tokens(server, streams) == schedule
     assert all(times == sorted(times) for times in schedule)
+
+
+def test_predict_says_when_the_running_set_outgrows_its_cache():
+    from typer.testing import CliRunner
+
+    from voicepipe.cli import app
+    from voicepipe.hardware import catalog as cat
+    from voicepipe.hardware import model as hm
+
+    a100, llama = cat.device("a100-80gb"), cat.model("llama-2-7b")
+    p = hm.predict(a100, llama, batch=64, prompt_tokens=2048, output_tokens=2048)
+    assert p.preempts and "recompute preemption" in p.note
+    assert not hm.predict(a100, llama, batch=8, prompt_tokens=2048, output_tokens=2048).preempts
+    trt = hm.predict(a100, llama, batch=64, prompt_tokens=2048, output_tokens=2048, stack=cat.stack("trtllm"))
+    assert not trt.preempts  # it reserves the whole length at admission: nothing to evict
+    args = ["hardware", "predict", "-H", "a100-80gb", "-m", "llama-2-7b", "--batch", "64"]
+    out = CliRunner().invoke(app, [*args, "--prompt-tokens", "2048", "--output-tokens", "2048"]).output
+    assert "as they grow" in out  # the row that says the newest are evicted and recomputed

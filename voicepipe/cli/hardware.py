@@ -94,6 +94,9 @@ def _with_range(text: str, rng: Ranges, metric: str) -> str:
     return f"{text} {fmt_range(*rng.intervals[metric])}"
 
 
+GROWS = "the KV cache fills before they finish: the newest are evicted and recomputed"  # Prediction.preempts
+
+
 def _range_note(level: float, thin: Sequence[str]) -> str:
     far = f"; widened, far from evidence: {', '.join(thin)}" if thin else ""
     return f"(low–high): the {level:.0%} range from the held-out residuals of this configuration's slices{far}"
@@ -342,6 +345,7 @@ def predict(
         ("batch", f"{p.batch}"),
         ("fits", fits),
         ("max batch at this context", f"{p.max_batch_fits}" + (f" (engine cap {p.max_seqs})" if p.max_seqs else "")),
+        *([("as they grow", GROWS)] if p.preempts else []),
         ("weights", f"{p.weights_gb:.1f} GB"),
         ("KV cache", f"{p.kv_gb:.2f} GB"),
         *([("engine reserve (activations, buffers)", f"{p.engine_reserve_gb:.1f} GB")] if p.engine_reserve_gb else []),

@@ -250,12 +250,13 @@ class _State:
         jid = job.id
         self.members[jid] = job
         self.kv += job.context
-        self.off[jid] = off
-        b = job.req.prompt_tokens - off
-        self.base[jid] = b
-        self.kv_base += b
-        self.admitted += 1
-        self.order[jid] = self.admitted
+        if self.server.kv_pool < INF:  # the pool's books (kv_used, full_v, evict)
+            self.off[jid] = off
+            b = job.req.prompt_tokens - off
+            self.base[jid] = b
+            self.kv_base += b
+            self.admitted += 1
+            self.order[jid] = self.admitted
         heapq.heappush(self.heap, (token_v(off, job.outputs - 1), jid, self.segment.get(jid, 0)))
 
     def drop(self, job: Job) -> None:
@@ -263,15 +264,17 @@ class _State:
         jid = job.id
         del self.members[jid]
         self.kv -= job.context
-        del self.off[jid], self.order[jid]
-        self.kv_base -= self.base.pop(jid)
+        if jid in self.off:
+            del self.off[jid], self.order[jid]
+            self.kv_base -= self.base.pop(jid)
         if not self.members:
             self.kv = self.kv_base = 0.0
         self._step = -1.0
 
     def release(self, job: Job) -> None:
         """``job``'s prompt leaves prefill (done or cancelled): its reservation moves to it as a member."""
-        self.reserved = max(0.0, self.reserved - self.cache(job))
+        if self.reserved:
+            self.reserved = max(0.0, self.reserved - self.cache(job))
 
     def evict(self, on: _Recorder) -> None:
         """The pool is full: the newest member goes back to the head of the queue to be recomputed."""
@@ -294,8 +297,8 @@ class _State:
 
     def admit(self, on: _Recorder) -> None:
         """Start the next prefill step, if none runs: ``pending`` (a split prompt, whose rest comes
-        first), then queued prompts in arrival order while slots and the stack's token budget
-        allow. Without a budget a step prefills one whole prompt. With one, the decoders' tokens come first
+        first), then queued prompts in arrival order while slots, the KV pool (:meth:`fits`) and the
+        stack's token budget allow. Without a budget a step prefills one whole prompt. With one, the decoders' tokens come first
         (as the schedulers count them) and prompts fill the rest; a prompt that does not fit is split
         (``prefill_chunked``) or waits for the next step; the step's first prompt always runs (a chunk of
         at most the budget, or a whole prompt that exceeds it). Before an admission that empties the queue
@@ -310,7 +313,8 @@ class _State:
                 if len(queue) == 1:
                     on.draining(self)
                 job = queue.popleft()  # one prefill at a time: at most one admission per instant
-                self.reserved += self.cache(job)
+                if srv.kv_pool < INF:
+                    self.reserved += self.cache(job)
                 n, c = self.need(job), job.cached_tokens
                 self.prefill, self.chunks, self.carry, self.prefill_left = (job,), (n,), 0, 1.0
                 self._pf, self._step = (n, c, 1, c + n / 2.0), -1.0
@@ -351,7 +355,8 @@ class _State:
             room -= take
             slots -= 1
             k += 1
-            extra += self.cache(job)
+            if srv.kv_pool < INF:
+                extra += self.cache(job)
             if take < n:
                 break
         if not jobs:

@@ -259,6 +259,9 @@ class Prediction:
     # the weights outside the routed experts (attention, dense and shared MLPs, head): ``precision`` unless
     # the checkpoint keeps them otherwise (gpt-oss: MXFP4 experts, bf16 rest; System.dense_format)
     dense_precision: str = ""
+    # the running set outgrows the KV cache before it finishes (fewer fit at full length than run): on a
+    # stack that grows its caches the engine evicts the newest and recomputes it (recompute preemption)
+    preempts: bool = False
 
     def weights_label(self) -> str:
         """``int4`` or, where the rest of the checkpoint differs, ``int4 experts, bf16 rest``."""
@@ -330,6 +333,12 @@ def predict(
             else f"at their mean context of {ctx:.0f} tokens"
         )
         note = f"KV for {batch} sequences {held} exceeds memory: the server runs {run} at a time and queues the rest"
+    whole = max_sequences(system, ctx_max)
+    preempts = device.kind == "hbm" and system.serving.kv_admission == "grow" and 1 <= whole < min(run, batch)
+    if preempts:
+        grows = (f"{min(run, batch)} sequences outgrow the KV cache before they finish ({whole} fit at their full "
+                 f"{ctx_max} tokens): the server evicts the newest and recomputes it later (recompute preemption)")  # fmt: skip
+        note = f"{note}; {grows}" if note else grows
     st = step_time(system, run, run * ctx)
     server = DeviceServer(system, max_batch=max(run, 1), spec=spec, prompt_cache=False)
     engine = steady(server, batch, prompt_tokens, output_tokens, rounds=1 if batch == 1 else 2)
@@ -367,6 +376,7 @@ def predict(
         comm_ms=float(st.comm_s) * 1e3,
         overhead_ms=float(st.overhead_s) * 1e3,
         note=note,
+        preempts=preempts,
     )
 
 
