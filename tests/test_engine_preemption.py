@@ -210,3 +210,65 @@ def test_predict_says_when_the_running_set_outgrows_its_cache():
     args = ["hardware", "predict", "-H", "a100-80gb", "-m", "llama-2-7b", "--batch", "64"]
     out = CliRunner().invoke(app, [*args, "--prompt-tokens", "2048", "--output-tokens", "2048"]).output
     assert "as they grow" in out  # the row that says the newest are evicted and recomputed
+
+
+def test_a_windowed_model_on_its_real_pool_runs_to_the_end():
+    # the fill point is found across the window crossings, not by an event at each (which rounding once
+    # left a few ulps short, for ever): two prompts inside gpt-oss's 128-token window
+    server = make_hardware_backend({"hardware": "h100-sxm", "model": "gpt-oss-20b", "max_batch": 8}).server
+    a, b = server.open(req("a", 93, 300), T0), server.open(req("b", 50, 300), T0)
+    last = b.at_ns(299)
+    server.drain()
+    assert b.at_ns(299) == last and a.job.finish_ns is not None and not (a.job.cuts or b.job.cuts)
+
+
+def test_a_finish_due_now_is_not_put_off_by_a_prefill_that_pauses_the_decoders():
+    # SGLang runs its prefill steps apart: two members finishing at the same V both finish there, even
+    # when the first finish admits a prompt whose step holds the decoders
+    from dataclasses import replace
+
+    base = make_hardware_backend({"hardware": "h100-sxm", "model": "llama-3.1-8b", "stack": "sglang"}).server
+    stk = base.system.serving.model_copy(update={"prefill_token_budget": 8192, "prefill_mixed": False})
+    server = DeviceServer(replace(base.system, stack=stk), max_batch=2)
+    a, b = server.open(req("a", 300, 50), T0), server.open(req("b", 300, 50), T0)
+    server.open(req("c", 2000, 50), T0 + 1)
+    projected = b.at_ns(49)
+    server.drain()
+    assert b.at_ns(49) == projected == round(b.job.finish_ns) == round(a.job.finish_ns)
+
+
+@pytest.mark.parametrize("spec", [None, {"alpha": 0.8, "gamma": 4, "draft_cost": 0.05}], ids=["plain", "spec"])
+def test_admission_leaves_room_for_what_the_members_emit_during_the_prefill(spec, monkeypatch):
+    # a member emits E tokens a step (more with speculative decoding) while a newcomer prefills: admitted
+    # only where that fits too, the newcomer is never evicted the instant its prefill ends
+    evicted_at: dict[int, float] = {}
+    real_evict = _Recorder.evict
+
+    def evict(self, job, k, done, t):  # type: ignore[no-untyped-def]
+        evicted_at.setdefault(job.id, t)
+        real_evict(self, job, k, done, t)
+
+    monkeypatch.setattr(_Recorder, "evict", evict)
+    for prompt in range(1600, 1700, 3):
+        cfg: dict = {"hardware": "h100-sxm", "model": "llama-3.1-8b", "max_batch": 8}
+        if spec:
+            cfg["speculative"] = spec
+        server = make_hardware_backend(cfg).server
+        server.kv_pool = 2000.0
+        server.open(req("a", 300, 1000), T0)
+        b = server.open(req("b", prompt, 50), T0 + 50_000_000)
+        evicted_at.clear()
+        server.drain()
+        assert evicted_at.get(b.job.id) != b.job.first_ns, prompt
+
+
+def test_a_token_due_at_the_fill_point_counts_as_out_whatever_the_rounding():
+    # the pool fills on a token boundary: which side of the eviction that token lies on must not turn on
+    # an ulp, or a queued arrival (which changes no physics before it) could move it by a whole re-prefill
+    server = make_hardware_backend({"hardware": "h100-sxm", "model": "llama-3.1-8b", "max_batch": 5}).server
+    server.kv_pool = 2044.0
+    server.open(req("a", 887, 162), 1000014141830)
+    b = server.open(req("b", 880, 288), 1000034613822)
+    before = b.at_ns(138)
+    server.open(req("c", 88, 3), 1000063075093)  # it queues
+    assert b.at_ns(138) >= before

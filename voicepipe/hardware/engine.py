@@ -217,33 +217,43 @@ class _State:
 
     def fits(self, job: Job, extra: float) -> bool:
         """Whether ``job``'s prompt fits the pool beside what is held (and ``extra`` admitted with it), with
-        a token to spare for every member; anything fits a device that runs nothing."""
-        if self.server.kv_pool == INF or not (self.members or self.prefill or self.pending or extra):
+        room for what the members emit while it prefills (their tokens per step over its steps: one, or
+        one per budget's worth of a prompt split over steps); anything fits a device that runs nothing."""
+        srv = self.server
+        if srv.kv_pool == INF or not (self.members or self.prefill or self.pending or extra):
             return True
-        return self.kv_used() + extra + self.cache(job) + len(self.members) <= self.server.kv_pool
+        steps = math.ceil(self.need(job) / srv.prefill_budget) if srv.prefill_chunked and srv.prefill_budget else 1
+        spare = len(self.members) * srv.tokens_per_step * steps
+        return self.kv_used() + extra + self.cache(job) + spare <= srv.kv_pool
 
     def full_v(self) -> float:
         """Progress-clock value at which the members' growing caches fill the pool (INF: never, or one
-        member alone); on a model whose local layers keep a window, no later than the next member whose
-        context crosses it (where the growth slows; the event there only re-checks)."""
+        member alone). The use is linear in V, or, on a model whose local layers keep a window, piecewise
+        linear: a member's growth slows where its context crosses the window, so the fill point is found
+        walking those crossings in order."""
         srv, n = self.server, len(self.members)
         if srv.kv_pool == INF or n < 2:
             return INF
         room = srv.kv_pool - self.reserved
         if srv.kv_linear:
             return max(self.v, (room - self.kv_base) / n)
-        used = sum(srv.kept(b + self.v) for b in self.base.values())
-        slope = 0.0
-        cross = INF
+        v, used, slope = self.v, 0.0, 0.0
+        crossings = []
         for b in self.base.values():
-            if b + self.v < srv.window:
+            used += srv.kept(b + v)
+            if v < srv.window - b:  # still inside the window: one token per token until it crosses
                 slope += 1.0
-                cross = min(cross, srv.window - b)
+                crossings.append(srv.window - b)
             else:
                 slope += srv.window_slope
+        for c in sorted(crossings):
+            at = used + slope * (c - v)
+            if at >= room:
+                break
+            used, v, slope = at, c, slope - (1.0 - srv.window_slope)
         if slope <= 0:
-            return cross
-        return max(self.v, min(self.v + (room - used) / slope, cross))
+            return INF
+        return max(self.v, v + (room - used) / slope)
 
     def join(self, job: Job, off: float) -> None:
         """``job`` decodes from here with progress offset ``off``."""
@@ -280,7 +290,8 @@ class _State:
         """The pool is full: the newest member goes back to the head of the queue to be recomputed."""
         jid = max(self.members, key=self.order.__getitem__)
         job = self.members[jid]
-        done = min(max(math.floor(self.v - self.off[jid]) + 1, 1), job.outputs - 1)  # tokens out so far
+        # tokens out so far; a token due at this very V counts as out (a rounding tie must not decide it)
+        done = min(max(math.floor(self.v - self.off[jid] + 1e-6) + 1, 1), job.outputs - 1)
         self.drop(job)
         k = self.segment.get(jid, 0) + 1
         self.segment[jid] = k
@@ -382,16 +393,22 @@ class _State:
         step = self.step_ns()
         r = self.server.tokens_per_step / step if members and not self.paused() else 0.0
         t_pf = self.t + self.prefill_left * step if self.prefill else INF
-        t_fin = self.t + (top[0] - self.v) / r if top is not None and r > 0 else INF
+        if top is not None and top[0] <= self.v:
+            t_fin = self.t  # due now, whatever the rate (a prefill that pauses the decoders starts after it)
+        else:
+            t_fin = self.t + (top[0] - self.v) / r if top is not None and r > 0 else INF
         v_full = self.full_v() if r > 0 else INF
         t_kv = self.t + (v_full - self.v) / r if v_full < INF else INF
         t_ev = min(t_pf, t_fin, t_kv)
         if t_ev > until or t_ev == INF:
             return False
-        if t_kv < t_pf and t_kv < t_fin:  # the growing caches fill the pool (or a window check)
+        if t_kv < t_pf and t_kv < t_fin:  # the growing caches fill the pool
             self._move(t_ev, r, step)
-            if self.kv_used() >= self.server.kv_pool - 0.5:
-                self.evict(on)
+            self.v = max(self.v, v_full)  # the fill point itself (rounding of t may leave V a few ulps short)
+            top = self.top()
+            if top is not None and self.v > top[0]:
+                self.v = top[0]
+            self.evict(on)
         elif t_pf <= t_fin:
             self._move(t_ev, r, step)
             jobs, chunks, carry = self.prefill, self.chunks, self.carry

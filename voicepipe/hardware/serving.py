@@ -184,8 +184,13 @@ class DeviceServer:
             s.queue.append(job)
             # on a device saturated for long (or one that evicts) the projection starts afresh (the same
             # schedule, tested) rather than keep every past event
-            if self._proj.size() > PROJECTION_KEEP or not self._proj.add_queued(job):
+            if self._proj.size() > PROJECTION_KEEP:
                 self._proj = _Projection(s)
+            elif not self._proj.add_queued(job):
+                # an eviction foreseen: a newer request can spare an older one (the newest is evicted),
+                # so a queued arrival may move a token earlier, and the waits must re-read
+                self._proj = _Projection(s)
+                self._wake_moved(self._waiters)
             return job
         s.move_to(t)
         s.queue.append(job)
