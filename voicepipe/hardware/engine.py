@@ -127,9 +127,9 @@ class _State:
         self.pending: tuple[Job, int] | None = None  # at a step's end: a split prompt and its tokens run
         self.prefill_left = 0.0  # share of the current prefill step still to run
         self.queue: deque[Job] = deque()
-        self.off: dict[int, float] = {}  # member -> progress offset: its token i is out at token_v(off, i)
-        self.base: dict[int, float] = {}  # member -> its cache's context at V = 0 (prompt − offset)
-        self.order: dict[int, int] = {}  # member -> admission count (the newest is evicted first)
+        # member -> (progress offset: its token i is out at token_v(off, i); its cache's context at V = 0,
+        # prompt − offset; its admission count, the newest evicted first), where a pool is tracked
+        self.book: dict[int, tuple[float, float, int]] = {}
         self.admitted = 0
         self.kv_base = 0.0  # Σ base over members: their caches hold kv_base + len(members)·V tokens
         self.reserved = 0.0  # cache held by the prompts in prefill (admitted, not yet decoding)
@@ -154,7 +154,7 @@ class _State:
         s.prefill, s.chunks, s.carry = self.prefill, self.chunks, self.carry
         s.prefill_left, s._pf, s.pending = self.prefill_left, self._pf, self.pending
         s.queue = deque(self.queue)
-        s.off, s.base, s.order, s.admitted = dict(self.off), dict(self.base), dict(self.order), self.admitted
+        s.book, s.admitted = dict(self.book), self.admitted
         s.kv_base, s.reserved, s.redo, s.segment = self.kv_base, self.reserved, dict(self.redo), dict(self.segment)
         s._step = self._step
         return s
@@ -213,7 +213,7 @@ class _State:
             return 0.0
         if srv.kv_linear:
             return self.kv_base + len(self.members) * self.v + self.reserved
-        return sum(srv.kept(b + self.v) for b in self.base.values()) + self.reserved
+        return sum(srv.kept(b + self.v) for _, b, _ in self.book.values()) + self.reserved
 
     def fits(self, job: Job, extra: float) -> bool:
         """Whether ``job``'s prompt fits the pool beside what is held (and ``extra`` admitted with it), with
@@ -239,7 +239,7 @@ class _State:
             return max(self.v, (room - self.kv_base) / n)
         v, used, slope = self.v, 0.0, 0.0
         crossings = []
-        for b in self.base.values():
+        for _, b, _ in self.book.values():
             used += srv.kept(b + v)
             if v < srv.window - b:  # still inside the window: one token per token until it crosses
                 slope += 1.0
@@ -261,12 +261,10 @@ class _State:
         self.members[jid] = job
         self.kv += job.context
         if self.server.kv_pool < INF:  # the pool's books (kv_used, full_v, evict)
-            self.off[jid] = off
             b = job.req.prompt_tokens - off
-            self.base[jid] = b
             self.kv_base += b
             self.admitted += 1
-            self.order[jid] = self.admitted
+            self.book[jid] = (off, b, self.admitted)
         heapq.heappush(self.heap, (token_v(off, job.outputs - 1), jid, self.segment.get(jid, 0)))
 
     def drop(self, job: Job) -> None:
@@ -274,9 +272,9 @@ class _State:
         jid = job.id
         del self.members[jid]
         self.kv -= job.context
-        if jid in self.off:
-            del self.off[jid], self.order[jid]
-            self.kv_base -= self.base.pop(jid)
+        booked = self.book.pop(jid, None)
+        if booked is not None:
+            self.kv_base -= booked[1]
         if not self.members:
             self.kv = self.kv_base = 0.0
         self._step = -1.0
@@ -288,10 +286,11 @@ class _State:
 
     def evict(self, on: _Recorder) -> None:
         """The pool is full: the newest member goes back to the head of the queue to be recomputed."""
-        jid = max(self.members, key=self.order.__getitem__)
+        book = self.book
+        jid = max(book, key=lambda j: book[j][2])
         job = self.members[jid]
         # tokens out so far; a token due at this very V counts as out (a rounding tie must not decide it)
-        done = min(max(math.floor(self.v - self.off[jid] + 1e-6) + 1, 1), job.outputs - 1)
+        done = min(max(math.floor(self.v - book[jid][0] + 1e-6) + 1, 1), job.outputs - 1)
         self.drop(job)
         k = self.segment.get(jid, 0) + 1
         self.segment[jid] = k
@@ -302,7 +301,7 @@ class _State:
     def top(self) -> tuple[float, int, int] | None:
         """The next finish on the heap (entries of members that left, or were evicted since, dropped)."""
         heap, members, segment = self.heap, self.members, self.segment
-        while heap and (heap[0][1] not in members or heap[0][2] != segment.get(heap[0][1], 0)):
+        while heap and (heap[0][1] not in members or (segment and heap[0][2] != segment.get(heap[0][1], 0))):
             heapq.heappop(heap)
         return heap[0] if heap else None
 
@@ -388,8 +387,8 @@ class _State:
         The state stays on event instants (see :meth:`move_to`), so the realised past and every projection
         taken from it run the same float operations and agree to the last bit.
         """
-        members = self.members
-        top = self.top()
+        members, heap = self.members, self.heap
+        top = heap[0] if heap and heap[0][1] in members and not self.segment else self.top()
         step = self.step_ns()
         r = self.server.tokens_per_step / step if members and not self.paused() else 0.0
         t_pf = self.t + self.prefill_left * step if self.prefill else INF
@@ -397,9 +396,20 @@ class _State:
             t_fin = self.t  # due now, whatever the rate (a prefill that pauses the decoders starts after it)
         else:
             t_fin = self.t + (top[0] - self.v) / r if top is not None and r > 0 else INF
-        v_full = self.full_v() if r > 0 else INF
-        t_kv = self.t + (v_full - self.v) / r if v_full < INF else INF
-        t_ev = min(t_pf, t_fin, t_kv)
+        t_kv = v_full = INF
+        srv = self.server
+        if r > 0 and srv.kv_pool < INF and len(members) > 1:
+            if srv.kv_linear:  # full_v's linear case, inline (one per event)
+                v_full = (srv.kv_pool - self.reserved - self.kv_base) / len(members)
+                if v_full < self.v:
+                    v_full = self.v
+            else:
+                v_full = self.full_v()
+            if v_full < INF:
+                t_kv = self.t + (v_full - self.v) / r
+        t_ev = t_pf if t_pf < t_fin else t_fin
+        if t_kv < t_ev:
+            t_ev = t_kv
         if t_ev > until or t_ev == INF:
             return False
         if t_kv < t_pf and t_kv < t_fin:  # the growing caches fill the pool
@@ -421,7 +431,7 @@ class _State:
             self._pf = (0, 0, 0, 0.0)
             for job in jobs:
                 self.release(job)
-                redo = self.redo.pop(job.id, None)
+                redo = self.redo.pop(job.id, None) if self.redo else None
                 if redo is None:
                     on.first(job, self.t, self.v)
                     off = self.v
@@ -440,7 +450,8 @@ class _State:
             self.v = target
             job = members[jid]
             self.drop(job)
-            self.segment.pop(jid, None)
+            if self.segment:
+                self.segment.pop(jid, None)
             on.finish(job, self.t)
         self._step = -1.0
         self.settle(on)
@@ -466,7 +477,8 @@ class _State:
         dt = t - self.t
         if self.members:
             self.v += r * dt
-            top = self.top()
+            heap = self.heap
+            top = heap[0] if heap and heap[0][1] in self.members and not self.segment else self.top()
             if top is not None and self.v > top[0]:
                 # rounding carried V past the next finish: that finish is due now (dt = 0), not in the past
                 # (V and t stepping back would unsort the curve)
