@@ -227,16 +227,12 @@ class _State:
         return self.kv_used() + extra + self.cache(job) + spare <= srv.kv_pool
 
     def full_v(self) -> float:
-        """Progress-clock value at which the members' growing caches fill the pool (INF: never, or one
-        member alone). The use is linear in V, or, on a model whose local layers keep a window, piecewise
-        linear: a member's growth slows where its context crosses the window, so the fill point is found
-        walking those crossings in order."""
-        srv, n = self.server, len(self.members)
-        if srv.kv_pool == INF or n < 2:
-            return INF
+        """Progress-clock value at which the members' growing caches fill the pool, on a model whose local
+        layers keep a window (INF: never). The use is piecewise linear in V: a member's growth slows where
+        its context crosses the window, so the fill point is found walking those crossings in order. (The
+        linear case, every other model, is one division: :meth:`step` does it inline, once per event.)"""
+        srv = self.server
         room = srv.kv_pool - self.reserved
-        if srv.kv_linear:
-            return max(self.v, (room - self.kv_base) / n)
         v, used, slope = self.v, 0.0, 0.0
         crossings = []
         for _, b, _ in self.book.values():
@@ -399,7 +395,7 @@ class _State:
         t_kv = v_full = INF
         srv = self.server
         if r > 0 and srv.kv_pool < INF and len(members) > 1:
-            if srv.kv_linear:  # full_v's linear case, inline (one per event)
+            if srv.kv_linear:  # the members' caches hold kv_base + n·V: full at one division
                 v_full = (srv.kv_pool - self.reserved - self.kv_base) / len(members)
                 if v_full < self.v:
                     v_full = self.v
