@@ -94,8 +94,9 @@ def test_a_small_model_at_batch_1_is_host_bound_so_h200_and_b200_run_it_at_simil
     assert bandwidth > 1.5  # the weights stream 1.5x+ faster on a B200
     assert ratio("vllm") < 1.25  # ...but the serving stack's fixed host costs leave it < 25 % faster
     # bare CUDA-graphed kernels follow the bandwidth more closely (both carry the fitted per-layer τ, 32 µs
-    # since the all-reduce pass moved it from 13 µs, so the bare loop's lead is ~0.12 rather than ~0.2)
-    assert ratio("none") > ratio("vllm") + 0.1
+    # since the all-reduce pass moved it from 13 µs, so the bare loop's lead is ~0.12 rather than ~0.2;
+    # ~0.10 at the fifteenth pass's η_mem 0.863)
+    assert ratio("none") > ratio("vllm") + 0.09
 
 
 def test_predict_and_sweep_state_which_ttft_they_print():
