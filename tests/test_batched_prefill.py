@@ -53,13 +53,16 @@ def server(
     return DeviceServer(system, max_batch=max_batch, prompt_cache=False)
 
 
-def test_the_shipped_profiles_keep_one_prompt_a_step_and_a_budget_needs_its_source():
-    for key in ("vllm", "sglang", "trtllm", "lmdeploy", "tgi", "llama.cpp"):
+def test_the_shipped_profiles_set_only_the_sourced_budgets_and_a_budget_needs_its_source():
+    for key in ("vllm", "trtllm", "lmdeploy", "tgi", "llama.cpp"):
         assert cat.stack(key).prefill_token_budget is None, key  # off by default (docs §3, tenth pass)
-    for key in ("vllm-v0", "vllm-rocm-amd"):  # V0's own floor, apart from the decoders (fifteenth pass)
-        v0 = cat.stack(key)
-        assert (v0.prefill_token_budget, v0.prefill_chunked, v0.prefill_mixed) == (2048, False, False), key
-        assert v0.sources["prefill_token_budget"] and v0.sources["prefill_mixed"], key
+    # (budget, chunked, mixed): V0's own floor, apart from the decoders; SGLang's chunked_prefill_size,
+    # its prefill batches apart from its decode batches (docs §3, fifteenth pass)
+    for key, want in (("vllm-v0", (2048, False, False)), ("vllm-rocm-amd", (2048, False, False)),
+                      ("sglang", (8192, True, False))):  # fmt: skip
+        stk = cat.stack(key)
+        assert (stk.prefill_token_budget, stk.prefill_chunked, stk.prefill_mixed) == want, key
+        assert stk.sources["prefill_token_budget"] and stk.sources["prefill_mixed"], key
     raw = cat.stack("vllm").model_dump()
     with pytest.raises(ValueError, match="prefill_token_budget"):
         cat.Stack.model_validate({**raw, "prefill_token_budget": 8192})  # no source: refused
