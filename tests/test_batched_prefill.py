@@ -12,6 +12,7 @@ import pytest
 
 from voicepipe.backends.hardware import make_hardware_backend
 from voicepipe.hardware import catalog as cat
+from voicepipe.hardware import validate as val
 from voicepipe.hardware.model import System
 from voicepipe.hardware.serving import DeviceServer, _Projection
 from voicepipe.hardware.workload import alone, static_batch
@@ -183,3 +184,27 @@ def test_a_stack_that_runs_prefill_apart_holds_the_decoders_for_the_step():
         else:
             assert first_b == pytest.approx(t1 + s.step_ns(1, 256 + 100.0, 4000, 0), rel=1e-12)
             assert s.token_ns(a, 51) == pytest.approx(first_b, rel=1e-12)  # one token in the shared step
+
+
+def test_a_runs_own_step_budget_beats_the_profile_and_trtllm_bench_sets_it_as_its_heuristic_does():
+    """A point's max_num_tokens (the budget its source or harness ran) reaches the engine; "trtllm-bench" is
+    that harness's finetune_setting: the raw batch × (1 + ISL/OSL), ≥ 2,048, rounded, ≤ 32,768."""
+    from voicepipe.hardware.sizing import prefill_budget
+    from voicepipe.hardware.validate.harness import trtllm_bench_max_num_tokens
+
+    s = System(cat.device("h100-sxm"), cat.model("llama-3.1-8b"), "fp8", 1, kv_precision="fp8", stack=cat.stack("trtllm"))
+    assert prefill_budget(s) is None  # the profile: one whole prompt a step
+    # by hand: ~575 requests of 1,000 + 1,000 tokens fit (test_hardware_max_seqs), × 2 = ~1,150: the floor
+    raw = 2.0 * (80 * 2.0**30 - s.model.total_params) * 0.95 / (2 * 32 * 8 * 128 * (1000 + 1000))
+    assert 1024 < raw < 2048 and trtllm_bench_max_num_tokens(s, 1000, 1000) == 2048  # at least 2,048
+    assert trtllm_bench_max_num_tokens(s, 5, 10) == 6144  # 4,096 requests × 1.5, a multiple of 512
+    assert trtllm_bench_max_num_tokens(s, 10, 10) == 8192  # 4,096 requests × 2
+    assert trtllm_bench_max_num_tokens(s, 1000, 10) == 32768  # at most 32,768
+    assert prefill_budget(replace(s, max_num_tokens=1536)) == 1536
+    base = dict(id="t", device="h100-sxm", chips=1, model="llama-3.1-8b", precision="fp8", kv_precision="fp8",
+                prompt_tokens=1000, output_tokens=1000, stack="trtllm", metric="tok_s_total", date="2025",
+                source="test", tier=2, value=1e3)  # fmt: skip
+    x = val.prepare(val.Point(**base, max_num_tokens="trtllm-bench"))  # type: ignore[arg-type]
+    assert x.system is not None and DeviceServer(x.system, max_batch=8).prefill_budget == trtllm_bench_max_num_tokens(x.system, 1000, 1000)
+    y = val.prepare(val.Point(**base, max_num_tokens=3584))  # type: ignore[arg-type]
+    assert y.system is not None and DeviceServer(y.system, max_batch=8).prefill_budget == 3584

@@ -54,7 +54,7 @@ from dataclasses import dataclass
 from voicepipe.clock import now_ns
 from voicepipe.hardware.engine import INF, Job, _Curve, _Recorder, _State, prefill_split, token_v
 from voicepipe.hardware.projection import _Projection
-from voicepipe.hardware.sizing import kv_capacity_tokens, mean_context, seq_cap
+from voicepipe.hardware.sizing import kv_capacity_tokens, mean_context, prefill_budget, seq_cap
 from voicepipe.hardware.step import mixed_step_s, request_overhead_s, tokens_per_step
 from voicepipe.hardware.system import Speculative, System
 from voicepipe.llm import LLMRequest
@@ -95,7 +95,7 @@ class DeviceServer:
         stk = system.serving
         # a step's token budget and whether prompts split over steps (None: one whole prompt per step;
         # SRAM machines stream one token through the layers and have no such batching)
-        self.prefill_budget = stk.prefill_token_budget if system.device.kind == "hbm" else None
+        self.prefill_budget = prefill_budget(system)
         self.prefill_chunked = stk.prefill_chunked and self.prefill_budget is not None
         self.prefill_mixed = stk.prefill_mixed or system.device.kind != "hbm"  # False: decoders wait
         self.decode_tokens = 1 if spec is None else spec.gamma + 1  # tokens a decoder puts in a step

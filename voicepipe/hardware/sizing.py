@@ -83,6 +83,17 @@ def seq_cap(system: System) -> int | None:
     return stk.max_seqs
 
 
+def prefill_budget(system: System) -> int | None:
+    """Tokens one engine step may carry on this system: the run's own ``System.max_num_tokens``, else the
+    stack's ``prefill_token_budget``; None: one whole prompt a step (also on SRAM machines, which stream one
+    token through the layers)."""
+    if system.device.kind != "hbm":
+        return None
+    if system.max_num_tokens is not None:
+        return system.max_num_tokens
+    return system.serving.prefill_token_budget
+
+
 def profile_shape(system: System) -> tuple[int, int]:
     """(tokens, sequence slots) of the stack's start-up profile on this device: the large-device defaults
     where :func:`large_device`, else the ordinary ones; the slots are the run's own cap where it sets one

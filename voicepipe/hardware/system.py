@@ -43,10 +43,10 @@ class Efficiency:
 
     # fitted on every answerable point of data/validation*.yaml (`voicepipe hardware validate`; docs §2, §3)
     eta_mem: float = 0.864  # share of the sustained (STREAM-like) bandwidth a native decode step streams
-    mfu: float = 0.802  # share of the sustained (measured maximum) matmul FLOP/s a serving step reaches
+    mfu: float = 0.782  # share of the sustained (measured maximum) matmul FLOP/s a serving step reaches
     eta_wq: float = 1.0  # weight-only kernels' efficiency relative to native ones (dequant in the loop)
     eta_moe: float = 0.624  # expert (grouped-GEMM) streaming efficiency relative to dense GEMV + routing
-    layer_s: float = 4.14e-05  # per layer per step on HBM devices beyond the stack's own gaps (launch, sync)
+    layer_s: float = 4.12e-05  # per layer per step on HBM devices beyond the stack's own gaps (launch, sync)
     ar_growth: float = 0.5  # all-reduce latency growth per doubling of the TP group beyond 2
     # per MoE layer per step: router, top-k, alignment, grouped-GEMM launches; the intercept of published
     # fused-MoE kernel times against the expert bytes they touch, 24.5-26.6 µs (docs §2, tenth pass)
@@ -132,6 +132,9 @@ class System:
     # GGUF that stores them in Q8_0: int8); None: the model's published checkpoint (dense_weight_precision)
     dense_precision: str | None = None
     block_fp8_gemm: BlockFp8Gemm | None = None  # the run's block-FP8 GEMM kernel; None: Stack.block_fp8_gemm
+    # the run's own step token budget (TensorRT-LLM --max_num_tokens, vLLM --max-num-batched-tokens, as its
+    # source or its harness set it); None: the stack's documented default (sizing.prefill_budget)
+    max_num_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.scheduler_steps < 1:
@@ -140,6 +143,8 @@ class System:
             self._check_run_settings()
         if self.max_seqs is not None and self.max_seqs < 1:
             raise ValueError(f"max_seqs must be >= 1, got {self.max_seqs}")
+        if self.max_num_tokens is not None and self.max_num_tokens < 1:
+            raise ValueError(f"max_num_tokens must be >= 1, got {self.max_num_tokens}")
         if self.dense_precision is not None:
             check_precision(self.dense_precision)
 

@@ -30,12 +30,12 @@ from voicepipe.hardware.system import System
 
 TRTLLM_BENCH_KV_SHARE = 0.95  # calc_engine_setting's kv_cache_gpu_mem_fraction default
 TRTLLM_BENCH_MAX_REQUESTS = 4096  # finetune_setting: "Cap total batch size to avoid decoder buffer size ..."
+TRTLLM_BENCH_MAX_TOKENS = 32768  # finetune_setting: "Cap num tokens to avoid TRT activation buffer becoming too large"
 _WEIGHT_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "fp4": 0.5}  # tuning.py BYTES_PER_ELEM (else 2)
 
 
-def trtllm_bench_max_batch(system: System, input_len: int, output_len: int) -> int:
-    """``max_batch_size`` as trtllm-bench's tuning heuristic sets it for ``system`` and a dataset of
-    ``input_len`` / ``output_len`` tokens (module docstring), times the ranks under attention DP."""
+def _kv_requests(system: System, input_len: int, output_len: int) -> float:
+    """Requests of ``input_len + output_len`` tokens calc_engine_setting estimates fit the KV cache."""
     m = system.model
     per_param = _WEIGHT_BYTES.get(system.precision, 2.0)
     per_kv = _WEIGHT_BYTES.get(system.kv, 2.0)
@@ -45,8 +45,13 @@ def trtllm_bench_max_batch(system: System, input_len: int, output_len: int) -> i
         token = 2 * m.layers * max(system.chips, m.kv_heads) * m.head_dim * per_kv / GIB
     engine = m.total_params * per_param / GIB
     available = system.device.capacity_bytes / GIB * system.chips - engine
-    requests = available * TRTLLM_BENCH_KV_SHARE / (token * (input_len + output_len))
-    raw = min(requests, TRTLLM_BENCH_MAX_REQUESTS)
+    return available * TRTLLM_BENCH_KV_SHARE / (token * (input_len + output_len))
+
+
+def trtllm_bench_max_batch(system: System, input_len: int, output_len: int) -> int:
+    """``max_batch_size`` as trtllm-bench's tuning heuristic sets it for ``system`` and a dataset of
+    ``input_len`` / ``output_len`` tokens (module docstring), times the ranks under attention DP."""
+    raw = min(_kv_requests(system, input_len, output_len), TRTLLM_BENCH_MAX_REQUESTS)
     if raw < 256:
         batch = max(64, 32 * math.ceil(raw / 32))
     elif raw < 1024:
@@ -54,3 +59,16 @@ def trtllm_bench_max_batch(system: System, input_len: int, output_len: int) -> i
     else:
         batch = 256 * math.ceil(raw / 256)
     return batch * (system.chips if system.attention_dp else 1)
+
+
+def trtllm_bench_max_num_tokens(system: System, input_len: int, output_len: int) -> int:
+    """``max_num_tokens`` as trtllm-bench's tuning heuristic sets it (``finetune_setting``): the batch
+    before rounding times ``1 + ISL/OSL``, at most 32,768, rounded up to 256 below 4,096 (at least 2,048),
+    to 512 below 8,192, else to 1,024."""
+    raw_bs = min(_kv_requests(system, input_len, output_len), TRTLLM_BENCH_MAX_REQUESTS)
+    raw = min(raw_bs * (1 + input_len / max(output_len, 1)), TRTLLM_BENCH_MAX_TOKENS)
+    if raw < 4096:
+        return max(2048, 256 * math.ceil(raw / 256))
+    if raw < 8192:
+        return 512 * math.ceil(raw / 512)
+    return 1024 * math.ceil(raw / 1024)

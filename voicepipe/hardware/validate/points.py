@@ -41,7 +41,7 @@ from voicepipe.hardware.model import (
     matmul_params,
     running_sequences,
 )
-from voicepipe.hardware.validate.harness import trtllm_bench_max_batch
+from voicepipe.hardware.validate.harness import trtllm_bench_max_batch, trtllm_bench_max_num_tokens
 
 Metric = Literal[
     "tpot_ms", "ttft_ms", "itl_ms", "itl_median_ms", "tok_s_user", "tok_s_total", "e2e_latency_s", "e2el_ms"
@@ -68,6 +68,9 @@ class Point(BaseModel):
     # max_batch_size; per rank × ranks under attention DP), "trtllm-bench" (left to that harness's tuning
     # heuristic), or None: the stack's documented default
     max_seqs: Annotated[int, Field(ge=1)] | Literal["trtllm-bench"] | None = None
+    # the step token budget as the source (or its harness) ran it (TensorRT-LLM max_num_tokens, vLLM
+    # --max-num-batched-tokens), "trtllm-bench" (that harness's tuning heuristic), or None: the stack's default
+    max_num_tokens: Annotated[int, Field(ge=1)] | Literal["trtllm-bench"] | None = None
     prompt_tokens: int | None = Field(
         default=None, ge=0
     )  # 0: pure decode (llama-bench tg); None: unpublished
@@ -244,6 +247,10 @@ def prepare(p: Point) -> Prepared:
         system = replace(system, block_fp8_gemm=p.block_fp8_gemm)
     if p.max_seqs == TRTLLM_BENCH:
         system = replace(system, max_seqs=trtllm_bench_max_batch(system, prompt, out))
+    if p.max_num_tokens == TRTLLM_BENCH:
+        system = replace(system, max_num_tokens=trtllm_bench_max_num_tokens(system, prompt, out))
+    elif isinstance(p.max_num_tokens, int):
+        system = replace(system, max_num_tokens=p.max_num_tokens)
     # the server's slots: what fits under the engine's cap, at most the published batch
     room = running_sequences(system, prompt, out)
     asked = room if p.batch is None else p.batch
