@@ -208,3 +208,47 @@ def test_a_runs_own_step_budget_beats_the_profile_and_trtllm_bench_sets_it_as_it
     assert x.system is not None and DeviceServer(x.system, max_batch=8).prefill_budget == trtllm_bench_max_num_tokens(x.system, 1000, 1000)
     y = val.prepare(val.Point(**base, max_num_tokens=3584))  # type: ignore[arg-type]
     assert y.system is not None and DeviceServer(y.system, max_batch=8).prefill_budget == 3584
+
+
+def test_a_users_step_budget_reaches_predict_sweep_and_the_agents_backend_and_vllm_chunks_under_it():
+    """`--max-num-tokens` / the backend's `max_num_tokens` is the run's own budget (System.max_num_tokens):
+    vLLM V1 splits a long prompt under it (its profile chunks, it sets no budget itself); a sweep row is
+    `predict` with it; the backend's server and name carry it; vLLM's start-up profile reserves for it."""
+    from voicepipe.hardware import model as hm
+    from voicepipe.hardware.sizing import activation_peak_bytes, make_system
+    from voicepipe.hardware.sweep import SweepJob
+
+    dev, mdl, vllm = cat.device(DEV), cat.model(MDL), cat.stack("vllm")
+    own = make_system(dev, mdl, "bf16", tp=1, stack=vllm, max_num_tokens=2048)
+    s = DeviceServer(own, max_batch=8, prompt_cache=False)
+    assert (s.prefill_budget, s.prefill_chunked) == (2048, True)
+    plain = DeviceServer(make_system(dev, mdl, "bf16", tp=1, stack=vllm), max_batch=8, prompt_cache=False)
+    assert (plain.prefill_budget, plain.prefill_chunked) == (None, False)  # the profile: one prompt a step
+    r = alone(s, LLMRequest("u", 0, 6000, 4))  # 6,000 tokens over three 2,048-token steps
+    assert int((r.steps * (r.prefill > 0)).sum()) == 3
+    assert int((alone(plain, LLMRequest("u", 0, 6000, 4)).prefill > 0).sum()) == 1
+    # the start-up profile's forward runs over the run's budget (vLLM profiles max_num_batched_tokens)
+    few = replace(own, max_seqs=8)  # (the sampler's slots small, so the forward over the tokens is the peak)
+    assert activation_peak_bytes(replace(few, max_num_tokens=65536)) > 8 * activation_peak_bytes(few)
+    p = hm.predict(dev, mdl, batch=8, prompt_tokens=3000, output_tokens=32, tp=1, stack=vllm, max_num_tokens=2048)
+    q = hm.predict(dev, mdl, batch=8, prompt_tokens=3000, output_tokens=32, tp=1, stack=vllm)
+    assert p.ttft_ms != q.ttft_ms
+    row = SweepJob(dev, mdl, 3000, 32, 1, None, None, vllm, 4, 64, max_num_tokens=2048).row(8)
+    assert row["ttft_ms"] == p.ttft_ms and row["per_user_tps"] == p.tokens_per_second
+    b = make_hardware_backend({"hardware": DEV, "model": MDL, "tp": 1, "max_num_tokens": 4096})
+    assert b.system.max_num_tokens == 4096 and "+tok4096" in b.name and b.describe()["max_num_tokens"] == 4096
+    with pytest.raises(ValueError, match="max_num_tokens"):
+        make_hardware_backend({"hardware": DEV, "model": MDL, "max_num_tokens": 0})
+
+
+def test_an_anchored_prediction_refuses_a_step_budget_in_one_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from voicepipe.cli import app
+
+    anchor = tmp_path / "a.yaml"
+    anchor.write_text("ttft_ms: {median: 40, p90: 50}\ntokens_per_s: 80\n")
+    out = CliRunner().invoke(
+        app, ["hardware", "predict", "-H", DEV, "-m", MDL, "--anchor", str(anchor), "--max-num-tokens", "4096"]
+    )
+    assert out.exit_code == 2 and "--max-num-tokens" in out.output and "Traceback" not in out.output

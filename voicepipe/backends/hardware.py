@@ -9,7 +9,9 @@ per sequence the system is sized for, default 4096), ``speculative: {alpha, gamm
 ``fast`` (same model at a small max batch, priced accordingly), ``prompt_cache`` (honour the request's
 ``cached_prompt_tokens``; default true), ``eager`` (no CUDA/HIP graphs: vLLM ``--enforce-eager``,
 SGLang ``--disable-cuda-graph``; default false), ``scheduler_steps`` (vLLM V0 multi-step scheduling,
-``--num-scheduler-steps``; default 1), ``anchor`` (a profile written by ``calibrate --anchor``: the
+``--num-scheduler-steps``; default 1), ``max_num_tokens`` (the engine's step token budget: vLLM
+``--max-num-batched-tokens``, TensorRT-LLM ``--max_num_tokens``, SGLang ``--chunked-prefill-size``; as
+``hardware predict --max-num-tokens``; default the stack's), ``anchor`` (a profile written by ``calibrate --anchor``: the
 device's step times re-anchored on that measurement, :mod:`voicepipe.backends.anchor`; precision, KV
 precision and stack default to the anchor's).
 
@@ -84,6 +86,7 @@ SPEC_KEYS = {
     "prompt_cache",
     "eager",
     "scheduler_steps",
+    "max_num_tokens",
     "anchor",
 }
 
@@ -192,7 +195,8 @@ def deploy(cfg: dict[str, Any]) -> Deployment:
         raise ValueError(f"eager must be true or false, got {eager!r}")
     # run settings of the served system (System.eager, System.scheduler_steps; System.max_seqs: max_batch is
     # the engine's cap on running sequences, so the shared DeviceServer and every predict honour the same one)
-    system = replace(system, eager=eager, scheduler_steps=_int(cfg, "scheduler_steps") or 1, max_seqs=max_batch)
+    system = replace(system, eager=eager, scheduler_steps=_int(cfg, "scheduler_steps") or 1, max_seqs=max_batch,
+                     max_num_tokens=_int(cfg, "max_num_tokens"))  # fmt: skip
     return Deployment(
         system=system,
         max_batch=max_batch,
@@ -337,6 +341,7 @@ class HardwareBackend:
             "prompt_cache": dep.prompt_cache,
             "eager": sys_.eager,
             "scheduler_steps": sys_.scheduler_steps,
+            "max_num_tokens": sys_.max_num_tokens,
             "speculative": None if dep.spec is None else dep.spec.__dict__,
             "modelled": True,
             "anchored": None if self.anchor is None else describe_anchor(*self.anchor),
@@ -381,6 +386,8 @@ def backend_name(cfg: dict[str, Any], dep: Deployment) -> str:
         name += "+eager"
     if sys_.scheduler_steps > 1:
         name += f"+steps{sys_.scheduler_steps}"
+    if sys_.max_num_tokens is not None:
+        name += f"+tok{sys_.max_num_tokens}"
     return name
 
 
@@ -391,8 +398,8 @@ def make_hardware_backend(spec: str | dict[str, Any]) -> HardwareBackend:
         dep = as_client(deploy(cfg))
         return HardwareBackend(dep, backend_name(cfg, dep))
     where = str(cfg.pop("anchor"))
-    # as `hardware predict --anchor` refuses --eager and --scheduler-steps
-    for key, unset in (("eager", (None, False)), ("scheduler_steps", (None, 1))):
+    # as `hardware predict --anchor` refuses --eager, --scheduler-steps and --max-num-tokens
+    for key, unset in (("eager", (None, False)), ("scheduler_steps", (None, 1)), ("max_num_tokens", (None,))):
         if cfg.get(key) is not True and cfg.get(key) in unset:
             continue
         raise ValueError(f"{key}: an anchored backend keeps the run settings of the anchor's own measurement")

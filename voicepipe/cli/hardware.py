@@ -248,6 +248,9 @@ StepsOpt = typer.Option(
 )
 MaxSeqsOpt = typer.Option(None, "--max-seqs", min=1, help="the engine's cap on running sequences (vLLM "
                           "--max-num-seqs, TensorRT-LLM --max_batch_size); default: the stack's")  # fmt: skip
+MaxTokensOpt = typer.Option(None, "--max-num-tokens", min=1, help="the engine's step token budget (vLLM "
+                            "--max-num-batched-tokens, TensorRT-LLM --max_num_tokens, SGLang --chunked-prefill-size): "
+                            "prompts share a step up to it; default: the stack's (one prompt a step where it sets none)")  # fmt: skip
 LEVEL = 0.8  # the ranges' level (voicepipe.hardware.validate.slices.LEVEL; a test keeps them equal)
 RANGED = ("ttft_ms", "step_ms", "tokens_per_second", "aggregate_tokens_per_second")  # metrics with a range
 SWEEP_KEYS = {"ttft_ms": "ttft_ms", "step_ms": "step_ms", "tokens_per_second": "per_user_tps",
@@ -256,14 +259,14 @@ def _predict(
     dev: catalog.Device, mdl: catalog.ModelSpec, batch: int, prompt_tokens: int, output_tokens: int,
     tp: int | None, precision: str | None, kv_precision: str | None, stk: catalog.Stack | None,
     spec: Speculative | None, timing: Literal["client", "engine"] | None = None, eager: bool = False,
-    scheduler_steps: int = 1, max_seqs: int | None = None,
+    scheduler_steps: int = 1, max_seqs: int | None = None, max_num_tokens: int | None = None,
 ) -> Prediction:  # fmt: skip
     """``hardware predict``'s call; a sweep row (:class:`voicepipe.hardware.sweep.SweepJob`) makes the same
     one without ``spec`` (same chips for the same batch)."""
     return model_predict(
         dev, mdl, precision=precision, batch=batch, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
         tp=tp, spec=spec, kv_precision=kv_precision, stack=stk, timing=timing, eager=eager,
-        scheduler_steps=scheduler_steps, max_seqs=max_seqs,
+        scheduler_steps=scheduler_steps, max_seqs=max_seqs, max_num_tokens=max_num_tokens,
     )  # fmt: skip
 
 
@@ -289,6 +292,7 @@ def predict(
     eager: bool = EagerOpt,
     scheduler_steps: int = StepsOpt,
     max_seqs: int | None = MaxSeqsOpt,
+    max_num_tokens: int | None = MaxTokensOpt,
     fmt: str = FormatOpt,
     json_out: Path | None = JsonOpt,
 ) -> None:
@@ -302,8 +306,9 @@ def predict(
     if anchor is not None:  # ANCHORED numbers: voicepipe.cli.anchored
         if timing is not None:
             _fail("--ttft-timing: an anchored TTFT keeps the timing of the anchor's own measurement (client-side)")
-        if eager or scheduler_steps != 1 or max_seqs is not None:
-            flag = "--eager" if eager else "--scheduler-steps" if scheduler_steps != 1 else "--max-seqs"
+        if eager or scheduler_steps != 1 or max_seqs is not None or max_num_tokens is not None:
+            flag = ("--eager" if eager else "--scheduler-steps" if scheduler_steps != 1
+                    else "--max-seqs" if max_seqs is not None else "--max-num-tokens")  # fmt: skip
             _fail(f"{flag}: an anchored prediction keeps the run settings of the anchor's own measurement")
         from voicepipe.cli.anchored import predict_anchored
 
@@ -311,7 +316,7 @@ def predict(
                                 stack, spec, fmt, json_out)  # fmt: skip
     try:
         p = _predict(dev, mdl, batch, prompt_tokens, output_tokens, tp, precision, kv_precision, stk, spec, timing,
-                     eager, scheduler_steps, max_seqs)  # fmt: skip
+                     eager, scheduler_steps, max_seqs, max_num_tokens)  # fmt: skip
     except DoesNotFit as exc:
         if fmt == "json":
             typer.echo(json.dumps({"fits": False, "error": str(exc), "hardware": hardware, "model": model}))
@@ -331,7 +336,7 @@ def predict(
     near = _near(dev, mdl, stk)
     out["validation_near"] = near.model_dump()
     out["speculative"] = None if spec is None else spec.__dict__
-    out["eager"], out["scheduler_steps"] = eager, scheduler_steps
+    out["eager"], out["scheduler_steps"], out["max_num_tokens"] = eager, scheduler_steps, max_num_tokens
     out["sources"] = {"device": dev.sources, "model": mdl.sources, "method": "docs/hardware-model.md"}
     if _emit_json(out, fmt, json_out):
         return
@@ -408,6 +413,7 @@ def sweep(
     eager: bool = EagerOpt,
     scheduler_steps: int = StepsOpt,
     max_seqs: int | None = MaxSeqsOpt,
+    max_num_tokens: int | None = MaxTokensOpt,
     fmt: str = FormatOpt,
     json_out: Path | None = JsonOpt,
     wide: bool = WideOpt,
@@ -429,7 +435,7 @@ def sweep(
     default = dep.max_batch if max_seqs is None else max_seqs
     bs = sorted(set(bs) | {FAST_MAX_BATCH, default})
     job = SweepJob(dev, mdl, prompt_tokens, output_tokens, tp, precision, kv_precision, stk, FAST_MAX_BATCH,
-                   default, eager, scheduler_steps, max_seqs)  # fmt: skip
+                   default, eager, scheduler_steps, max_seqs, max_num_tokens)  # fmt: skip
     rows = _sweep_rows(job, bs, executor)
     rngs = []
     for r in rows:
@@ -441,7 +447,7 @@ def sweep(
     payload = {
         "hardware": dev.key, "model": mdl.key, "precision": dep.system.precision, "kv_precision": dep.system.kv,
         "stack": dep.system.serving.key, "stack_build": dep.system.serving.name, "ttft_timing": dep.system.ttft_timing,
-        "eager": dep.system.eager, "scheduler_steps": dep.system.scheduler_steps,
+        "eager": dep.system.eager, "scheduler_steps": dep.system.scheduler_steps, "max_num_tokens": max_num_tokens,
         "default_max_batch": default, "fast_max_batch": FAST_MAX_BATCH,
         "modelled": True, "validation": _validation(), "interval_level": LEVEL,
         "validation_near": near.model_dump(), "rows": rows,

@@ -290,6 +290,7 @@ def predict(
     eager: bool = False,
     scheduler_steps: int = 1,
     max_seqs: int | None = None,
+    max_num_tokens: int | None = None,
 ) -> Prediction:
     """One request among ``batch`` clients each holding one in flight, as the serving engine runs them
     (:func:`voicepipe.hardware.workload.steady`: the burst that fills the device, then a measured round;
@@ -305,8 +306,10 @@ def predict(
     ``fits`` is False, ``effective_batch`` is what runs, and the timings are for it. Raises DoesNotFit only
     when the weights (plus one sequence) fit at no width. ``timing`` picks the TTFT: "client" (the stack's
     HTTP path included), "engine", or None for the stack's default (``ttft_timing`` says which).
-    ``eager``, ``scheduler_steps`` and ``max_seqs`` are run settings of the served system (:class:`System`:
-    no CUDA/HIP graphs; multi-step scheduling; the cap on running sequences, None: the stack's default).
+    ``eager``, ``scheduler_steps``, ``max_seqs`` and ``max_num_tokens`` are run settings of the served
+    system (:class:`System`: no CUDA/HIP graphs; multi-step scheduling; the cap on running sequences; the
+    step token budget, vLLM ``--max-num-batched-tokens`` / TensorRT-LLM ``--max_num_tokens``; None: the
+    stack's default).
     """
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch}")
@@ -314,7 +317,7 @@ def predict(
     system = make_system(
         device, model, precision, tp=tp, seqs=batch if device.kind == "sram" else 1, context=ctx_max,
         eff=eff, kv_precision=kv_precision, stack=stack, timing=timing, eager=eager,
-        scheduler_steps=scheduler_steps, max_seqs=max_seqs,
+        scheduler_steps=scheduler_steps, max_seqs=max_seqs, max_num_tokens=max_num_tokens,
     )  # fmt: skip
     room = kv_sequences(system, prompt_tokens, output_tokens)
     limit = seq_cap(system)

@@ -97,7 +97,8 @@ def prefill_budget(system: System) -> int | None:
 def profile_shape(system: System) -> tuple[int, int]:
     """(tokens, sequence slots) of the stack's start-up profile on this device: the large-device defaults
     where :func:`large_device`, else the ordinary ones; the slots are the run's own cap where it sets one
-    (``System.max_seqs``: vLLM profiles its sampler over ``max_num_seqs`` sequences)."""
+    (``System.max_seqs``: vLLM profiles its sampler over ``max_num_seqs`` sequences), the tokens the run's
+    own step budget (``System.max_num_tokens``: its forward over ``max_num_batched_tokens``)."""
     mem = system.serving.memory
     if mem is None:
         return 0, 0
@@ -107,6 +108,8 @@ def profile_shape(system: System) -> tuple[int, int]:
         seqs = mem.large_seqs if mem.large_seqs is not None else mem.seqs
     if seqs and system.max_seqs is not None:
         seqs = system.max_seqs
+    if tokens and system.max_num_tokens is not None:  # it profiles a forward over the run's own step budget
+        tokens = system.max_num_tokens
     return tokens, seqs
 
 
@@ -277,6 +280,7 @@ def make_system(
     scheduler_steps: int = 1,
     max_seqs: int | None = None,
     dense_precision: str | None = None,
+    max_num_tokens: int | None = None,
 ) -> System:
     """Size a system that holds the weights and ``seqs`` sequences of ``context`` tokens.
 
@@ -284,8 +288,9 @@ def make_system(
     width holds ``seqs`` sequences, ``strict`` raises :class:`DoesNotFit`; otherwise the widest width
     whose weights fit is returned (the server will run as many sequences as fit). Weights that fit at no
     width always raise. SRAM: the chips/wafers follow from capacity (``tp`` is not accepted). ``eager``,
-    ``scheduler_steps`` and ``max_seqs`` are run settings (:class:`System`); the last changes what vLLM's
-    start-up profile reserves (:func:`profile_shape`), the others do not change the sizing.
+    ``scheduler_steps``, ``max_seqs`` and ``max_num_tokens`` are run settings (:class:`System`); the last
+    two change what vLLM's start-up profile reserves (:func:`profile_shape`), the others do not change the
+    sizing.
     ``dense_precision`` is the checkpoint's own format outside the routed experts (:class:`System`).
     """
     prec = check_precision(precision or model.default_precision)
@@ -295,6 +300,7 @@ def make_system(
         return System(
             device, model, prec, width, eff, kv, stack, timing=timing, eager=eager,
             scheduler_steps=scheduler_steps, max_seqs=max_seqs, dense_precision=dense_precision,
+            max_num_tokens=max_num_tokens,
         )  # fmt: skip
 
     if device.kind == "sram":

@@ -406,7 +406,8 @@ class Stack(BaseModel):
     # max_num_tokens); None: one whole prompt per step, alone with the decoders
     prefill_token_budget: int | None = Field(default=None, ge=1)
     # True: a prompt longer than the room left in a step is split, its rest continuing in the next steps
-    # (chunked prefill); False: it waits for a step with room (one alone in a step always runs)
+    # (chunked prefill); False: it waits for a step with room (one alone in a step always runs). Applies
+    # where the step has a budget: the profile's, or a run's own (System.max_num_tokens)
     prefill_chunked: bool = False
     # False: a step that prefills carries no decoders, who wait for it (SGLang's prefill batches without
     # --enable-mixed-chunk); True: prefill shares the step with the decoders (vLLM V1, TensorRT-LLM)
@@ -469,8 +470,6 @@ class Stack(BaseModel):
             missing.append("prefill_token_budget")
         if not self.prefill_mixed and not self.sources.get("prefill_mixed"):
             missing.append("prefill_mixed")
-        if self.prefill_chunked and self.prefill_token_budget is None:
-            raise ValueError("prefill_chunked needs a prefill_token_budget")
         for f in ("max_seqs", "max_seqs_large"):
             if getattr(self, f) is not None and not self.sources.get(f):
                 missing.append(f)
