@@ -8,6 +8,8 @@ import pytest
 
 from voicepipe.hardware import catalog as cat
 from voicepipe.hardware import model as hm
+from voicepipe.hardware.blockfp8 import block_fp8_experts
+from voicepipe.hardware.specs import DENSE_LAYER_OPS
 
 # Published fused-MoE kernel times per MoE layer (µs) by tokens entering the layer:
 # vLLM PR #24700 (benchmarks/kernels/benchmark_moe.py, H100, Qwen3-30B-A3B fp8_w8a8, TP 1, the PR's configs;
@@ -25,13 +27,19 @@ VLLM_H100_QWEN3_30B_FP8 = {
     128: 247.67,
 }
 TRTLLM_B200_DSV3_TP8_FP4 = {1: 26.78, 8: 57.68, 16: 86.55, 32: 117.20, 64: 141.68, 128: 161.87, 256: 172.17}
+# Block-scaled FP8 experts (DeepSeek-R1's checkpoint; Triton fused MoE with per-token-group activation
+# quantisation): SGLang PR #11816 (tuning_fused_moe_triton.py, B200, DeepSeek-R1, TP 8, w8a8, before it moved
+# to another backend) and vLLM PR #36559 (benchmark_moe.py, H200, DeepSeek-R1, TP 2 shapes, "main" column).
+SGLANG_B200_DSR1_TP8_BLOCK_FP8 = {1: 52.65, 2: 60.35, 4: 79.09, 8: 95.47, 16: 138.68, 24: 175.80}
+VLLM_H200_DSR1_TP2_BLOCK_FP8 = {1: 77.48, 2: 112.15, 4: 190.71, 8: 350.35, 16: 569.30, 24: 743.60, 32: 877.37}
 
 
 def _moe_layer_us(s: hm.System, tokens: int) -> float:
     """One MoE layer's modelled time: its share of the routed-expert stream plus the per-layer fixed cost."""
     p = hm.step_parts(s, tokens, tokens)
     e = s.eff
-    return (float(p.expert_s) / s.model.routed_layers / (e.eta_mem * e.eta_moe) + e.moe_route_s) * 1e6
+    route = e.moe_route_block_s if block_fp8_experts(s) else e.moe_route_s
+    return (float(p.expert_s) / s.model.routed_layers / (e.eta_mem * e.eta_moe) + route) * 1e6
 
 
 @pytest.mark.parametrize(
@@ -39,6 +47,7 @@ def _moe_layer_us(s: hm.System, tokens: int) -> float:
     [
         ("h100-sxm", "qwen3-30b-a3b", "fp8", 1, VLLM_H100_QWEN3_30B_FP8),
         ("b200", "deepseek-v3", "fp4", 8, TRTLLM_B200_DSV3_TP8_FP4),
+        ("b200", "deepseek-r1", "fp8", 8, SGLANG_B200_DSR1_TP8_BLOCK_FP8),
     ],
 )
 def test_moe_layer_follows_published_kernel_times_when_experts_stream_like_dense_weights(
@@ -54,7 +63,34 @@ def test_moe_layer_follows_published_kernel_times_when_experts_stream_like_dense
     for tokens, us in published.items():
         assert _moe_layer_us(s, tokens) == pytest.approx(us, rel=0.25), tokens
     # at 1 token the fixed cost is most of the layer (the "min-latency" regime of the blog)
-    assert s.eff.moe_route_s * 1e6 > 0.5 * _moe_layer_us(s, 1)
+    route = s.eff.moe_route_block_s if block_fp8_experts(s) else s.eff.moe_route_s
+    assert route * 1e6 > 0.5 * _moe_layer_us(s, 1)
+
+
+def test_block_scaled_fp8_experts_pay_the_larger_fixed_cost_of_their_kernels() -> None:
+    # docs §3, nineteenth pass: the intercepts of the two DeepSeek-shape tables, 45.8 and 37.5 us, against
+    # 26.6 / 24.5 us for per-tensor FP8 and NVFP4 experts
+    d, r1, qwen = cat.device("h200-sxm"), cat.model("deepseek-r1"), cat.model("qwen3-30b-a3b")
+    assert block_fp8_experts(hm.System(d, r1, "fp8", 8))
+    assert not block_fp8_experts(hm.System(d, r1, "fp4", 8))  # not the block-scaled checkpoint's format
+    assert not block_fp8_experts(hm.System(d, qwen, "fp8", 1))  # per-tensor scales
+    assert not block_fp8_experts(
+        hm.System(cat.device("a100-80gb"), r1, "fp8", 16)
+    )  # no FP8 math: weight-only
+    e = hm.System(d, r1, "fp8", 8).eff
+    assert e.moe_route_block_s == pytest.approx((45.8e-6 + 37.5e-6) / 2, abs=0.1e-6)
+    # vLLM's TP 2 table streams its 2048-wide halves at 1.02 of the H200's sustained bandwidth, above the
+    # shipped eta_mem: with eta_moe = 1 the model reads that kernel 15-26 % slow at every batch, never fast
+    s2 = hm.System(d, r1, "fp8", 2)
+    s2 = replace(s2, eff=replace(s2.eff, eta_moe=1.0))
+    for tokens, us in VLLM_H200_DSR1_TP2_BLOCK_FP8.items():
+        assert 1.1 < _moe_layer_us(s2, tokens) / us < 1.3, tokens
+    # the same model with per-tensor scales (and the dense GEMMs' tile term off in both) pays t_route only
+    block = hm.step_parts(hm.System(d, r1, "fp8", 8, block_fp8_gemm="none"), 1, 100)
+    tensor = hm.step_parts(hm.System(d, r1.model_copy(update={"fp8_weight_block": None}), "fp8", 8), 1, 100)
+    assert float(block.fixed_s) - float(tensor.fixed_s) == pytest.approx(
+        58 * (e.moe_route_block_s - e.moe_route_s)
+    )
 
 
 def test_shipped_expert_efficiency_is_below_the_kernel_basis() -> None:
@@ -152,6 +188,27 @@ def test_attention_dp_moves_exactly_the_prefill_attention_of_prompts_with_contex
     d, m = cat.device("h200-sxm"), cat.model("deepseek-r1")
     tp, adp = hm.System(d, m, "fp8", 8), hm.System(d, m, "fp8", 8, attention_dp=True)
     for span in (None, 1000 + 500 / 2):
-        kw = {"prefill_tokens": 12 * 500, "prefill_cached": 12 * 1000, "prefill_seqs": 12, "prefill_span": span}
+        kw = {
+            "prefill_tokens": 12 * 500,
+            "prefill_cached": 12 * 1000,
+            "prefill_seqs": 12,
+            "prefill_span": span,
+        }
         a, b = hm.step_parts(tp, 0, 0, **kw), hm.step_parts(adp, 0, 0, **kw)
         assert float(b.attn_s) == pytest.approx(float(a.attn_s) * 8 * 2 / 12)
+
+
+def test_a_layers_fixed_cost_counts_the_operations_it_runs() -> None:
+    # docs §1 and §3, nineteenth pass: attention 6 (GQA) or 12 (MLA with a query down-projection), MLP 4
+    # (dense) or 3 + 3 shared experts (MoE); tau is fitted per ten operations, a dense GQA layer
+    llama, mixtral, r1 = cat.model("llama-3.1-70b"), cat.model("mixtral-8x7b"), cat.model("deepseek-r1")
+    assert llama.layer_ops == DENSE_LAYER_OPS == 10
+    assert mixtral.layer_ops == 9  # no shared experts; the routed chain is t_route's
+    # DeepSeek-R1: 3 dense layers of 16 operations, 58 MoE layers of 18 (shared expert recorded)
+    assert r1.layer_ops == pytest.approx((3 * 16 + 58 * 18) / 61)
+    d = cat.device("h200-sxm")
+    for m in (llama, mixtral, r1):
+        p = hm.step_parts(hm.System(d, m, "fp8", 8), 1, 1000)
+        assert float(p.layers) == pytest.approx(m.layers * m.layer_ops / 10)
+    # so at equal depth an MLA+MoE layer pays 1.8x a Llama layer's share of tau
+    assert r1.layer_ops / llama.layer_ops > 1.75

@@ -121,6 +121,17 @@ def kernel_for(
     return "none" if device.weight_only("fp8") else stated or build
 
 
+def block_fp8_experts(system: System) -> bool:
+    """Whether the routed experts are a block-scaled FP8 checkpoint's (``ModelSpec.fp8_weight_block``) run
+    with FP8 math: a fused-MoE chain that quantises its activations per token group and scales per block,
+    whose fixed cost per layer is ``Efficiency.moe_route_block_s`` (docs/hardware-model.md §3, nineteenth
+    pass) instead of ``moe_route_s``."""
+    m, d = system.model, system.device
+    return (
+        m.is_moe and m.fp8_weight_block is not None and system.precision == "fp8" and not d.weight_only("fp8")
+    )
+
+
 def system_kernel(system: System) -> BlockFp8Gemm:
     """The block-scaled FP8 GEMM kernel a system's dense GEMMs run (:func:`kernel_for`: the run's own
     ``System.block_fp8_gemm``, else its stack build's ``Stack.block_fp8_gemm``)."""

@@ -169,6 +169,10 @@ class PublicPrice(BaseModel):
     source: str
 
 
+DENSE_MLP_OPS = 4.0  # a dense MLP block's operations (ModelSpec.layer_ops)
+DENSE_LAYER_OPS = 10.0  # a dense GQA layer's (the unit the per-layer constant τ is fitted in)
+
+
 class ModelSpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -255,6 +259,20 @@ class ModelSpec(BaseModel):
     def routed_layers(self) -> int:
         """Layers that route tokens to experts (0 for a dense model)."""
         return 0 if not self.is_moe else (self.moe_layers or self.layers)
+
+    @property
+    def layer_ops(self) -> float:
+        """Operations (kernels) a decode step runs per layer, on average over the layers, fused as every
+        serving stack fuses them (residual add + norm, QKV, SiLU-and-mul; docs/hardware-model.md §1 and §3,
+        nineteenth pass): attention GQA/MHA 6 (norm, QKV GEMM, rotary, cache write, attention, output GEMM) or MLA
+        absorbed 12 (norm, q_a GEMM, q_a norm, q_b GEMM, kv_a GEMM, kv_a norm, W_UK batched GEMM, rotary,
+        cache write, attention, W_UV batched GEMM, output GEMM; 10 without a query down-projection); MLP
+        dense 4 (norm, gate-up GEMM, SiLU-and-mul, down GEMM), MoE 3 outside the routed chain that
+        ``moe_route_s`` prices (norm, router GEMM, top-k) and 3 more for shared experts (gate-up, act, down)."""
+        attention = 6.0 if self.kv_dim is None else (12.0 if self.q_lora_rank is not None else 10.0)
+        moe = 3.0 + (3.0 if self.shared_ffn is not None else 0.0)
+        routed = self.routed_layers
+        return attention + (routed * moe + (self.layers - routed) * DENSE_MLP_OPS) / self.layers
 
     @property
     def total_params(self) -> float:

@@ -14,7 +14,7 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from voicepipe.hardware.blockfp8 import system_kernel, tile_bound_extra_params
+from voicepipe.hardware.blockfp8 import block_fp8_experts, system_kernel, tile_bound_extra_params
 from voicepipe.hardware.catalog import (
     ModelSpec,
     Stack,
@@ -22,6 +22,7 @@ from voicepipe.hardware.catalog import (
 )
 from voicepipe.hardware.collective import allreduce_s
 from voicepipe.hardware.sizing import weight_split
+from voicepipe.hardware.specs import DENSE_LAYER_OPS
 from voicepipe.hardware.system import (
     FArray,
     Speculative,
@@ -222,10 +223,10 @@ def step_parts(
             comm_s=comm,
             fixed_s=zero
             + m.layers * (stk.layer_overhead_us + np.where(eager, stk.prefill_layer_overhead_us, 0.0)) * 1e-6
-            + m.routed_layers * eff.moe_route_s
+            + m.routed_layers * (eff.moe_route_block_s if block_fp8_experts(system) else eff.moe_route_s)
             + (small_m_gemm_extra(stk, tokens) * dense_s if sixteen_bit else zero)
             + tile_s,
-            layers=zero + m.layers,
+            layers=zero + m.layers * m.layer_ops / DENSE_LAYER_OPS,
             weight_only=dev.weight_only(dense_prec),
             sram=False,
             # per step, and per running sequence (schedule, prepare inputs, sample, detokenise), done once per

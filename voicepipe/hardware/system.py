@@ -42,15 +42,20 @@ class Efficiency:
     """Efficiency factors, one set for every HBM device (η_mem, MFU, η_wq, η_moe fitted; see docs §2)."""
 
     # fitted on every answerable point of data/validation*.yaml (`voicepipe hardware validate`; docs §2, §3)
-    eta_mem: float = 0.864  # share of the sustained (STREAM-like) bandwidth a native decode step streams
-    mfu: float = 0.782  # share of the sustained (measured maximum) matmul FLOP/s a serving step reaches
+    eta_mem: float = 0.844  # share of the sustained (STREAM-like) bandwidth a native decode step streams
+    mfu: float = 0.783  # share of the sustained (measured maximum) matmul FLOP/s a serving step reaches
     eta_wq: float = 1.0  # weight-only kernels' efficiency relative to native ones (dequant in the loop)
-    eta_moe: float = 0.624  # expert (grouped-GEMM) streaming efficiency relative to dense GEMV + routing
-    layer_s: float = 4.12e-05  # per layer per step on HBM devices beyond the stack's own gaps (launch, sync)
+    eta_moe: float = 0.689  # expert (grouped-GEMM) streaming efficiency relative to dense GEMV + routing
+    layer_s: float = 3.67e-05  # per dense-layer equivalent per step on HBM devices beyond the stack's own
+    # gaps (launch, sync): a layer counts ModelSpec.layer_ops / DENSE_LAYER_OPS of them (an MLA+MoE layer 1.8)
     ar_growth: float = 0.5  # all-reduce latency growth per doubling of the TP group beyond 2
     # per MoE layer per step: router, top-k, alignment, grouped-GEMM launches; the intercept of published
     # fused-MoE kernel times against the expert bytes they touch, 24.5-26.6 µs (docs §2, tenth pass)
     moe_route_s: float = 25e-6
+    # the same for block-scaled FP8 experts (DeepSeek-V3/R1, Kimi K2 at fp8: per-token-group activation
+    # quantisation, block scales): the mean intercept of the two published DeepSeek-shape fused-MoE tables,
+    # SGLang PR #11816 (B200, TP 8) 45.8 µs and vLLM PR #36559 (H200, TP 2) 37.5 µs (docs §3, nineteenth pass)
+    moe_route_block_s: float = 41.7e-6
     link_eff: float = 0.45  # share of link bandwidth NCCL reaches at 0.1-10 MB messages
     usable_memory: float = 0.90  # share of HBM for weights + KV, or of what weights leave (Stack.kv_pool)
     usable_sram: float = 1.0  # SRAM machines map weights and KV directly
