@@ -125,7 +125,9 @@ def block_fp8_experts(system: System) -> bool:
     """Whether the routed experts are a block-scaled FP8 checkpoint's (``ModelSpec.fp8_weight_block``) run
     with FP8 math: a fused-MoE chain that quantises its activations per token group and scales per block,
     whose fixed cost per layer is ``Efficiency.moe_route_block_s`` (docs/hardware-model.md §3, nineteenth
-    pass) instead of ``moe_route_s``."""
+    pass) instead of ``moe_route_s``. Unlike the dense GEMMs' tile term it needs no SM count: the figure is
+    a whole chain's, measured on NVIDIA GPUs and taken for every device with FP8 math (no AMD or Gaudi
+    table was found)."""
     m, d = system.model, system.device
     return (
         m.is_moe and m.fp8_weight_block is not None and system.precision == "fp8" and not d.weight_only("fp8")

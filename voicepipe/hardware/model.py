@@ -26,7 +26,8 @@ HBM devices (GPUs, TPUs), per chip of a tensor-parallel group of ``tp``::
     t_comm = [tp > 1] · 2·L · t_AR(T·hidden·2 B)            (the collective the stack runs for that size:
              its custom one-shot / two-shot kernel at α_c(tp), or NCCL at α(tp); voicepipe.hardware.collective)
     α(tp)  = α_2 · (1 + g·log2(tp/2))                       (α_2: the device's measured-class NCCL latency)
-    t_gpu  = max(t_W, t_GEMM) + max(t_KV, t_attn) + t_comm + L·(t_layer + τ + [eager]·t_eager) + L_moe·t_route
+    t_gpu  = max(t_W, t_GEMM) + max(t_KV, t_attn) + t_comm + L·(t_layer + [eager]·t_eager) + L·(ops/10)·τ
+             + L_moe·t_route   (t_route,block for block-scaled FP8 experts; ops: ModelSpec.layer_ops)
              + x(T)·t_W,dense + t_tile
              (x(T): the build's extra 16-bit dense GEMM time at M = T tokens, small_m_gemm_extra; t_tile: a
               block-scaled FP8 checkpoint's GEMMs with fewer output tiles than SMs, voicepipe.hardware.blockfp8)
@@ -36,7 +37,7 @@ HBM devices (GPUs, TPUs), per chip of a tensor-parallel group of ``tp``::
     t_step ← max(t_step, d·c_chunk) where a client streams the tokens over HTTP (System.ttft_timing
              "client"): the API process sends one chunk per decoder per step beside the engine
              (stack: t_layer, t_eager, t_step_fixed, t_seq, h_layer, cudagraph_mode, async_scheduling,
-              c_chunk = stream_chunk_us; fitted: τ, the per-layer cost beyond the stack's)
+              c_chunk = stream_chunk_us; fitted: τ, the cost of ten operations of a layer beyond the stack's)
              [eager]: the step prefills (graphs are captured for decode only), or System.eager (no graphs)
              N: System.scheduler_steps for a decode-only step (multi-step scheduling), else 1
 

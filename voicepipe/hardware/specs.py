@@ -193,7 +193,8 @@ class ModelSpec(BaseModel):
     q_lora_rank: int | None = Field(default=None, gt=0)
     # intermediate width of the dense layers' MLP (DeepSeek-V3: intermediate_size 18432) and of the shared
     # experts of an MoE layer, all together (moe_intermediate_size x n_shared_experts: 2048); None: not
-    # recorded (only the block-scaled FP8 GEMM term reads them)
+    # recorded, or no shared expert (the block-scaled FP8 GEMM term reads both; layer_ops counts a shared
+    # expert's operations where shared_ffn is set)
     dense_ffn: int | None = Field(default=None, gt=0)
     shared_ffn: int | None = Field(default=None, gt=0)
     # the model's FP8 checkpoint scales its weights in square blocks of this many (DeepSeek-V3/R1, Kimi K2:
@@ -242,6 +243,8 @@ class ModelSpec(BaseModel):
             raise ValueError("window and local_layers go together (local attention needs both)")
         if self.local_layers > self.layers:
             raise ValueError("local_layers > layers")
+        if self.moe_layers is not None and self.moe_layers > self.layers:
+            raise ValueError("moe_layers > layers")
         return self
 
     def held(self, context: Any) -> Any:
@@ -267,10 +270,11 @@ class ModelSpec(BaseModel):
         nineteenth pass): attention GQA/MHA 6 (norm, QKV GEMM, rotary, cache write, attention, output GEMM) or MLA
         absorbed 12 (norm, q_a GEMM, q_a norm, q_b GEMM, kv_a GEMM, kv_a norm, W_UK batched GEMM, rotary,
         cache write, attention, W_UV batched GEMM, output GEMM; 10 without a query down-projection); MLP
-        dense 4 (norm, gate-up GEMM, SiLU-and-mul, down GEMM), MoE 3 outside the routed chain that
-        ``moe_route_s`` prices (norm, router GEMM, top-k) and 3 more for shared experts (gate-up, act, down)."""
+        dense 4 (norm, gate-up GEMM, SiLU-and-mul, down GEMM), MoE 2 outside the routed chain that
+        ``moe_route_s`` prices from top-k on (norm, router GEMM) and 3 more for shared experts where the model
+        records them (``shared_ffn``: gate-up, activation, down)."""
         attention = 6.0 if self.kv_dim is None else (12.0 if self.q_lora_rank is not None else 10.0)
-        moe = 3.0 + (3.0 if self.shared_ffn is not None else 0.0)
+        moe = 2.0 + (3.0 if self.shared_ffn is not None else 0.0)
         routed = self.routed_layers
         return attention + (routed * moe + (self.layers - routed) * DENSE_MLP_OPS) / self.layers
 

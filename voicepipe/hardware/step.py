@@ -57,7 +57,7 @@ class StepParts:
     attn_s: FArray  # attention (scores, values) FLOPs per chip / sustained 16-bit rate
     comm_s: FArray  # all-reduces (latency + bandwidth), set constants
     fixed_s: FArray  # GPU-side fixed costs: per-layer gaps, MoE routing (SRAM: per-layer time, sweep)
-    layers: FArray  # layers whose fitted per-layer cost τ applies (HBM: all; SRAM: none)
+    layers: FArray  # dense-layer equivalents the fitted τ applies to (HBM: L·ops/10; SRAM: none)
     weight_only: bool | NDArray[np.bool_]  # the weights outside the routed experts are dequantised in-kernel
     sram: bool | NDArray[np.bool_]
     serial_s: FArray | float = 0.0  # host work between forwards: per step, per running sequence

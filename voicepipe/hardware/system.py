@@ -43,14 +43,15 @@ class Efficiency:
 
     # fitted on every answerable point of data/validation*.yaml (`voicepipe hardware validate`; docs §2, §3)
     eta_mem: float = 0.844  # share of the sustained (STREAM-like) bandwidth a native decode step streams
-    mfu: float = 0.783  # share of the sustained (measured maximum) matmul FLOP/s a serving step reaches
+    mfu: float = 0.78  # share of the sustained (measured maximum) matmul FLOP/s a serving step reaches
     eta_wq: float = 1.0  # weight-only kernels' efficiency relative to native ones (dequant in the loop)
-    eta_moe: float = 0.689  # expert (grouped-GEMM) streaming efficiency relative to dense GEMV + routing
+    eta_moe: float = 0.684  # expert (grouped-GEMM) streaming efficiency relative to dense GEMV + routing
     layer_s: float = 3.67e-05  # per dense-layer equivalent per step on HBM devices beyond the stack's own
     # gaps (launch, sync): a layer counts ModelSpec.layer_ops / DENSE_LAYER_OPS of them (an MLA+MoE layer 1.8)
     ar_growth: float = 0.5  # all-reduce latency growth per doubling of the TP group beyond 2
-    # per MoE layer per step: router, top-k, alignment, grouped-GEMM launches; the intercept of published
-    # fused-MoE kernel times against the expert bytes they touch, 24.5-26.6 µs (docs §2, tenth pass)
+    # per MoE layer per step: top-k, alignment, grouped-GEMM launches (the router GEMM is one of
+    # ModelSpec.layer_ops); the intercept of published fused-MoE kernel times against the expert bytes
+    # they touch, 24.5-26.6 µs (docs §2, tenth pass)
     moe_route_s: float = 25e-6
     # the same for block-scaled FP8 experts (DeepSeek-V3/R1, Kimi K2 at fp8: per-token-group activation
     # quantisation, block scales): the mean intercept of the two published DeepSeek-shape fused-MoE tables,
