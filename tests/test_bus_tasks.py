@@ -6,6 +6,7 @@ one warning line."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 import pytest
@@ -97,3 +98,37 @@ async def test_an_acknowledgement_nobody_waits_for_is_one_warning_line_not_a_tra
     assert len(late) == 2
     assert all(r.levelno == logging.WARNING and r.exc_info is None and r.exc_text is None for r in late)
     assert "Traceback" not in caplog.text and "KeyError" not in caplog.text
+
+
+@pytest.mark.parametrize("factory", ["Client", "LeanClient", "PlainClient"])
+def test_a_cancel_mid_connect_leaves_no_connection_or_keepalive_task_behind(mosquitto, factory, capfd):
+    """A signal at start-up cancels a client while aiomqtt connects in its executor thread: the connect must
+    not outlive the cancel (an open socket, a keep-alive task destroyed pending when the loop closes)."""
+    import gc
+
+    from voicepipe.bus import mqtt
+    from voicepipe.bus.mqtt import address
+
+    make = getattr(address, factory, None) or getattr(mqtt, factory)
+    addr = BrokerAddress.parse(mosquitto.url)
+    loop_errors: list[str] = []
+    left: list[str] = []
+
+    async def main() -> None:
+        asyncio.get_running_loop().set_exception_handler(lambda _l, ctx: loop_errors.append(ctx["message"]))
+        for i in range(16):
+            client = addr.client(f"vp-cancel-{factory}-{i}", factory=make)
+            entering = asyncio.create_task(client.__aenter__())
+            for _ in range(i % 4):  # cancel at different points of the connect
+                await asyncio.sleep(0)
+            entering.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await entering
+        await asyncio.sleep(0.05)  # a keep-alive task started late would be running by now
+        left.extend(t.get_name() for t in asyncio.all_tasks() if t is not asyncio.current_task())
+
+    asyncio.run(main())
+    gc.collect()
+    assert left == []
+    assert loop_errors == []
+    assert "Traceback" not in capfd.readouterr().err

@@ -7,16 +7,20 @@ every publish once more than 10 are in flight — normal with hundreds of sessio
 (``voicepipe.mqtt``) keeps errors only. An acknowledgement for a subscribe or unsubscribe whose caller has
 already gone (cancelled at shutdown, or timed out) is logged by aiomqtt as an exception with a traceback;
 it is one line at warning here (:class:`LateAck`).
+
+Every client is a :class:`Client`: aiomqtt's, with a connect that a cancel cannot leave half done.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import math
 import socket
 import ssl
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 from urllib.parse import unquote, urlparse
 
 import aiomqtt
@@ -46,6 +50,36 @@ class LateAck(logging.Filter):
 MQTT_LOG = logging.getLogger("voicepipe.mqtt")
 MQTT_LOG.setLevel(logging.ERROR)
 MQTT_LOG.addFilter(LateAck())
+
+UNWIND_S = 5.0  # how long a cancelled connect may take to finish and disconnect before it is left to itself
+
+
+class Client(aiomqtt.Client):
+    """aiomqtt's client whose connect survives a cancel (a signal at start-up, a shutdown mid-connect).
+
+    aiomqtt connects in an executor thread and, once the socket opens, starts its keep-alive task from that
+    thread. A cancel that lands meanwhile ends ``__aenter__`` but not the connect: the connection stays open
+    with nobody to close it, and a keep-alive task started after the loop cancelled its tasks is destroyed
+    pending when the loop closes. Here the connect runs shielded; on a cancel it is let finish (up to
+    :data:`UNWIND_S`), disconnected, and the cancel goes on.
+    """
+
+    async def __aenter__(self) -> Self:
+        entering = asyncio.ensure_future(super().__aenter__())
+        try:
+            await asyncio.shield(entering)
+        except asyncio.CancelledError:
+            await _unwind(self, entering)
+            raise
+        return self
+
+
+async def _unwind(client: aiomqtt.Client, entering: asyncio.Future[Any]) -> None:
+    entering.add_done_callback(lambda f: f.cancelled() or f.exception())  # a late failure: retrieved, quiet
+    with contextlib.suppress(asyncio.CancelledError, TimeoutError, aiomqtt.MqttError, OSError):
+        await asyncio.wait({entering}, timeout=UNWIND_S)
+        if entering.done() and not entering.cancelled() and entering.exception() is None:
+            await asyncio.wait_for(client.__aexit__(None, None, None), UNWIND_S)
 
 @dataclass(frozen=True)
 class BrokerAddress:
@@ -146,13 +180,13 @@ class BrokerAddress:
         self,
         identifier: str | None = None,
         *,
-        factory: type[aiomqtt.Client] = aiomqtt.Client,
+        factory: type[Client] = Client,
         persistent: bool = False,
         protocol: str = "3.1.1",
         session_expiry_s: float | None = None,
         **kw: Any,
-    ) -> aiomqtt.Client:
-        """A ``factory`` client (aiomqtt's, or a subclass) for this address: TCP_NODELAY, TLS as configured.
+    ) -> Client:
+        """A ``factory`` client (:class:`Client` or a subclass) for this address: TCP_NODELAY, TLS as configured.
         ``persistent``: a session the broker keeps across a reconnect; ``protocol`` "5" speaks MQTT 5 (clean
         start on the first connect only, session expiry ``session_expiry_s`` when persistent)."""
         if protocol == "5":

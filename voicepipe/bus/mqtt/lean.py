@@ -23,13 +23,13 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-import aiomqtt
 import structlog
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
 from voicepipe.bus.mqtt import _private
+from voicepipe.bus.mqtt.address import Client
 from voicepipe.clock import now_ns
 
 log = structlog.get_logger("voicepipe.bus")
@@ -104,7 +104,7 @@ class _BufferedSocket:
         return getattr(self.sock, name)
 
 
-class LeanClient(aiomqtt.Client):
+class LeanClient(Client):
     """aiomqtt's client with a lean per-message path (see the module docstring)."""
 
     def __init__(self, *a: Any, socket_options: Any = (), **kw: Any) -> None:

@@ -26,6 +26,7 @@ import aiomqtt
 import structlog
 
 from voicepipe.bus.base import stop_task
+from voicepipe.bus.mqtt.address import Client
 from voicepipe.clock import now_ns
 
 log = structlog.get_logger("voicepipe.bus")
@@ -33,7 +34,7 @@ log = structlog.get_logger("voicepipe.bus")
 MQTT_ERR_NO_CONN = 4  # paho.mqtt.enums.MQTTErrorCode.MQTT_ERR_NO_CONN
 
 
-class PlainClient(aiomqtt.Client):
+class PlainClient(Client):
     """aiomqtt's client, unchanged, behind the link's interface (see the module docstring)."""
 
     def __init__(self, *a: Any, **kw: Any) -> None:
