@@ -7,7 +7,9 @@ the CI script installs mosquitto, so a missing binary there is a broken setup, n
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import tempfile
 
 import pytest
 
@@ -16,6 +18,17 @@ from voicepipe.config import load_config
 from voicepipe.scenario import Scenario, Turn
 
 UNDER_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def pytest_configure(config):
+    """One cache folder for the whole test run (voicepipe.kept), shared by the xdist workers, which inherit
+    the controller's environment: the held-out validation is computed once per run, not once per worker or
+    CLI subprocess, and never read from a folder an earlier run left."""
+    if hasattr(config, "workerinput") or "VOICEPIPE_CACHE_DIR" in os.environ:
+        return
+    folder = tempfile.mkdtemp(prefix="voicepipe-test-cache-")
+    os.environ["VOICEPIPE_CACHE_DIR"] = folder
+    config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
 
 
 @pytest.fixture(autouse=True)

@@ -81,6 +81,7 @@ async def _unwind(client: aiomqtt.Client, entering: asyncio.Future[Any]) -> None
         if entering.done() and not entering.cancelled() and entering.exception() is None:
             await asyncio.wait_for(client.__aexit__(None, None, None), UNWIND_S)
 
+
 @dataclass(frozen=True)
 class BrokerAddress:
     """Where a stage connects and how: ``mqtt://`` (plain TCP, port 1883) or ``mqtts://`` (TLS, port 8883).

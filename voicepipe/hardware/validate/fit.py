@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields, replace
 from functools import cache
+from typing import Any
 
 import numpy as np
 
@@ -39,6 +40,7 @@ from voicepipe.hardware.model import (
 from voicepipe.hardware.serving import DeviceServer
 from voicepipe.hardware.validate.points import Point, Prepared, points, prepare
 from voicepipe.hardware.workload import Figure, Run, static_batch, steady, throughput
+from voicepipe.kept import kept
 
 # search box for each fitted constant: the published range (docs/hardware-model.md §2)
 BOUNDS: dict[str, tuple[float, float]] = {
@@ -238,7 +240,32 @@ def run() -> Report:
     """Fit on all points (the shipped defaults' basis) and held-out predictions by publisher family
     (:attr:`~voicepipe.hardware.validate.points.Point.family`): each point is a run of the engine under
     the constants fitted without every point of its family. A speculative point is predicted (with its
-    stated settings) but never trains the fit, whose re-timing has no speculative term."""
+    stated settings) but never trains the fit, whose re-timing has no speculative term.
+
+    Minutes of work that depend on this package alone: kept on disk between processes (:mod:`voicepipe.kept`,
+    keyed by the package's content)."""
+    return kept("validation", _held_out, _dump, _load)
+
+
+def _dump(rep: Report) -> dict[str, Any]:
+    rows = [[r.point.id, r.predicted, r.reason] for r in rep.rows]
+    return {"rows": rows, "theta_all": rep.theta_all, "sources": rep.sources, "families": rep.families}
+
+
+def _load(data: dict[str, Any]) -> Report:
+    pts = points()
+    rows = data["rows"]
+    if [r[0] for r in rows] != [p.id for p in pts]:
+        raise ValueError("kept for other points")
+    return Report(
+        tuple(Row(p, None if r[1] is None else float(r[1]), str(r[2])) for p, r in zip(pts, rows, strict=True)),
+        {k: float(v) for k, v in data["theta_all"].items()},
+        int(data["sources"]),
+        int(data["families"]),
+    )
+
+
+def _held_out() -> Report:
     prepared = [prepare(p) for p in points()]
     ok = [x for x in prepared if not x.reason]
     trainable = [i for i, x in enumerate(ok) if x.spec is None]
