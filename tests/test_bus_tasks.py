@@ -122,9 +122,15 @@ def test_a_cancel_mid_connect_leaves_no_connection_or_keepalive_task_behind(mosq
             for _ in range(i % 4):  # cancel at different points of the connect
                 await asyncio.sleep(0)
             entering.cancel()
+            if i % 2:  # a second cancel (a stopper that cancels again) must not stop the unwinding
+                await asyncio.sleep(0)
+                entering.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await entering
-        await asyncio.sleep(0.05)  # a keep-alive task started late would be running by now
+        for _ in range(100):  # a keep-alive task started late, or a disconnect under way, ends by now
+            if all(t is asyncio.current_task() or t.done() for t in asyncio.all_tasks()):
+                break
+            await asyncio.sleep(0.05)
         left.extend(t.get_name() for t in asyncio.all_tasks() if t is not asyncio.current_task())
 
     asyncio.run(main())

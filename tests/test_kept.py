@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -104,3 +105,45 @@ def test_the_validation_report_survives_the_round_trip_exactly():
     other["rows"] = other["rows"][1:]
     with pytest.raises(ValueError):
         _load(other)
+
+
+def test_a_file_system_without_locks_still_computes(tmp_path, monkeypatch):
+    import fcntl
+
+    def no_locks(*_a):
+        raise OSError(37, "No locks available")
+
+    monkeypatch.setenv(kp.ENV, str(tmp_path))
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    calls: list[int] = []
+    assert _keep("x", _counting(calls, 6)) == 6
+    assert _keep("x", _counting(calls, 7)) == 6  # kept all the same
+    assert len(calls) == 1
+
+
+def test_a_kept_answer_of_another_shape_is_computed_again(tmp_path, monkeypatch):
+    monkeypatch.setenv(kp.ENV, str(tmp_path))
+    (tmp_path / f"x-{kp.package_digest()}.json").write_text("[]")
+    got = kp.kept("x", lambda: 8, lambda v: {"v": v}, lambda d: d.get("v"))  # [] has no .get: AttributeError
+    assert got == 8
+
+
+def test_a_kept_answer_is_read_while_another_process_computes(tmp_path):
+    import fcntl
+
+    folder = tmp_path / "c"
+    env = {"VOICEPIPE_CACHE_DIR": str(folder), "PATH": "/usr/bin:/bin"}
+    code = "from voicepipe.kept import kept; print(kept('z', lambda: 9, lambda v: v, int))"
+    first = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert first.stdout.strip() == "9"
+    lock = next(folder.glob("z-*.lock"))
+    with open(lock, "a") as held:  # this version's lock held (another process computing): the answer is read
+        fcntl.flock(held, fcntl.LOCK_EX)
+        again = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert again.stdout.strip() == "9"
+
+
+def test_what_the_package_writes_from_a_kept_answer_is_outside_its_digest(monkeypatch):
+    assert kp.OUTPUTS and all((Path(kp.__file__).parent / o).is_file() for o in kp.OUTPUTS)
+    monkeypatch.setattr(kp, "OUTPUTS", ())
+    assert kp.package_digest.__wrapped__() != kp.package_digest()

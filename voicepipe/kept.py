@@ -31,6 +31,9 @@ T = TypeVar("T")
 ENV = "VOICEPIPE_CACHE_DIR"
 OFF = ("off", "0", "no", "false")
 KEEP = 4  # answers kept per name: a few installs or versions side by side
+# files the package writes into itself from kept answers (``update_doc``): outside the digest, or writing them
+# would make the answer they were written from look stale
+OUTPUTS = ("hardware/data/validation-accuracy.json",)
 
 
 def cache_dir() -> Path | None:
@@ -46,13 +49,14 @@ def cache_dir() -> Path | None:
 
 @cache
 def package_digest() -> str:
-    """sha256 over every file of the installed package (relative path and bytes, compiled files excepted)
-    and the Python and numpy versions: what a kept answer was computed by."""
+    """sha256 over every file of the installed package (relative path and bytes; compiled files and
+    :data:`OUTPUTS` excepted) and the Python and numpy versions: what a kept answer was computed by."""
     root = Path(__file__).resolve().parent
     h = hashlib.sha256(f"{platform.python_version()} numpy {np.__version__}\n".encode())
     for p in sorted(root.rglob("*")):
-        if p.is_file() and "__pycache__" not in p.parts and p.suffix not in (".pyc", ".pyo"):
-            h.update(str(p.relative_to(root)).encode() + b"\0")
+        rel = p.relative_to(root).as_posix()
+        if p.is_file() and "__pycache__" not in p.parts and p.suffix not in (".pyc", ".pyo") and rel not in OUTPUTS:
+            h.update(rel.encode() + b"\0")
             h.update(p.read_bytes())
     return h.hexdigest()[:24]
 
@@ -70,7 +74,11 @@ def _locked(path: Path) -> Iterator[None]:
         yield
         return
     with f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX)
+        except OSError:  # no locks on this file system (NFS without lockd, some FUSE mounts): unlocked
+            yield
+            return
         try:
             yield
         finally:
@@ -99,8 +107,8 @@ def _write(path: Path, data: Any) -> None:
 def kept(name: str, compute: Callable[[], T], dump: Callable[[T], Any], load: Callable[[Any], T]) -> T:
     """``compute()``, or the answer an earlier process kept under ``name`` for this package's content.
 
-    ``dump`` turns the answer into JSON-able data, ``load`` turns that back (and may raise ``KeyError``,
-    ``TypeError`` or ``ValueError`` on data it does not recognise: the answer is then computed again)."""
+    ``dump`` turns the answer into JSON-able data, ``load`` turns that back (and may raise on data it does not
+    recognise: the answer is then computed again)."""
     folder = cache_dir()
     if folder is None:
         return compute()
@@ -109,15 +117,28 @@ def kept(name: str, compute: Callable[[], T], dump: Callable[[T], Any], load: Ca
     except OSError:
         return compute()
     path = folder / f"{name}-{package_digest()}.json"
-    with _locked(folder / f"{name}.lock"):
-        data = _read(path)
-        if data is not None:
-            with contextlib.suppress(KeyError, TypeError, ValueError):
-                return load(data)
+    got = _loaded(path, load)
+    if got is not None:
+        return got[0]
+    with _locked(path.with_suffix(".lock")):  # per version: another version's computing never holds this up
+        got = _loaded(path, load)  # computed by the process that held the lock meanwhile
+        if got is not None:
+            return got[0]
         out = compute()
         _write(path, dump(out))
         _prune(folder, name)
         return out
+
+
+def _loaded(path: Path, load: Callable[[Any], T]) -> tuple[T] | None:
+    """(the kept answer,) or None when there is none usable (missing, unreadable, another shape)."""
+    data = _read(path)
+    if data is None:
+        return None
+    try:
+        return (load(data),)
+    except Exception:  # whatever an unexpected shape raises: compute again
+        return None
 
 
 def _prune(folder: Path, name: str, keep: int = KEEP) -> None:
@@ -126,3 +147,4 @@ def _prune(folder: Path, name: str, keep: int = KEEP) -> None:
         files = sorted(folder.glob(f"{name}-*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
         for old in files[keep:]:
             old.unlink(missing_ok=True)
+            old.with_suffix(".lock").unlink(missing_ok=True)

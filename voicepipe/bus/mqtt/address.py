@@ -60,26 +60,36 @@ class Client(aiomqtt.Client):
     aiomqtt connects in an executor thread and, once the socket opens, starts its keep-alive task from that
     thread. A cancel that lands meanwhile ends ``__aenter__`` but not the connect: the connection stays open
     with nobody to close it, and a keep-alive task started after the loop cancelled its tasks is destroyed
-    pending when the loop closes. Here the connect runs shielded; on a cancel it is let finish (up to
-    :data:`UNWIND_S`), disconnected, and the cancel goes on.
+    pending when the loop closes. Here the connect runs shielded; on a cancel an unwinding task of its own
+    waits for the connect to end (aiomqtt bounds it), disconnects if it succeeded, however late, and is not
+    stopped by further cancels; the cancelled caller waits for it up to :data:`UNWIND_S`, then the cancel goes on.
     """
 
     async def __aenter__(self) -> Self:
         entering = asyncio.ensure_future(super().__aenter__())
         try:
             await asyncio.shield(entering)
-        except asyncio.CancelledError:
-            await _unwind(self, entering)
-            raise
+        except asyncio.CancelledError as cancel:
+            unwind = asyncio.ensure_future(_unwind(self, entering))
+            _UNWINDING.add(unwind)  # a strong reference until it ends
+            unwind.add_done_callback(_UNWINDING.discard)
+            with contextlib.suppress(asyncio.CancelledError, TimeoutError):  # a second cancel: stop waiting only
+                await asyncio.wait_for(asyncio.shield(unwind), UNWIND_S)
+            raise cancel
         return self
 
 
+_UNWINDING: set[asyncio.Future[None]] = set()
+
+
 async def _unwind(client: aiomqtt.Client, entering: asyncio.Future[Any]) -> None:
-    entering.add_done_callback(lambda f: f.cancelled() or f.exception())  # a late failure: retrieved, quiet
+    """After a cancelled connect: wait for it to end, then disconnect if it connected."""
+    try:
+        await entering
+    except BaseException:  # it failed or was cancelled: nothing is open
+        return
     with contextlib.suppress(asyncio.CancelledError, TimeoutError, aiomqtt.MqttError, OSError):
-        await asyncio.wait({entering}, timeout=UNWIND_S)
-        if entering.done() and not entering.cancelled() and entering.exception() is None:
-            await asyncio.wait_for(client.__aexit__(None, None, None), UNWIND_S)
+        await asyncio.wait_for(client.__aexit__(None, None, None), UNWIND_S)
 
 
 @dataclass(frozen=True)
