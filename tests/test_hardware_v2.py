@@ -325,10 +325,11 @@ def test_validate_prints_the_per_slice_table_held_out_by_family():
 
 
 def test_trtllm_sizes_its_pool_from_free_memory_and_reserves_full_length():
-    dev, mdl = cat.device("h100-sxm"), cat.model("llama-3.1-70b")
+    dev, mdl = cat.device("h200-sxm"), cat.model("llama-3.1-70b")
     vllm = hm.System(dev, mdl, "fp8", 1, hm.DEFAULT_EFFICIENCY, "fp8", cat.stack("vllm"))
     trt = hm.System(dev, mdl, "fp8", 1, hm.DEFAULT_EFFICIENCY, "fp8", cat.stack("trtllm"))
-    weights = hm.weight_bytes(mdl, "fp8")
+    weights = trt.stored_weight_bytes
+    assert weights == vllm.stored_weight_bytes > hm.weight_bytes(mdl, "fp8")  # the head stays 16-bit
     per_token = hm.kv_bytes_per_token(mdl, "fp8")
     u = hm.DEFAULT_EFFICIENCY.usable_memory
     r_vllm, r_trt = hm.engine_reserve_bytes(vllm), hm.engine_reserve_bytes(trt)
@@ -658,10 +659,11 @@ def test_pipeline_stack_runs_chips_in_turn():
     one = system("rtx-4090", "llama-3.1-8b", tp=1, stack=cat.stack("llama.cpp"), precision="int4")
     two = system("rtx-4090", "llama-3.1-8b", tp=2, stack=cat.stack("llama.cpp"), precision="int4")
     tensor = system("rtx-4090", "llama-3.1-8b", tp=2, stack=cat.stack("vllm"), precision="int4")
+    alone = system("rtx-4090", "llama-3.1-8b", tp=1, stack=cat.stack("vllm"), precision="int4")
     t1, t2 = (float(hm.decode_step_s(s, 1, 512)) for s in (one, two))
     assert t1 < t2 < 1.1 * t1  # no speed-up from a layer split, only a hop more
     assert float(hm.step_parts(tensor, 1, 512).dense_s) == pytest.approx(
-        float(hm.step_parts(one, 1, 512).dense_s) / 2
+        float(hm.step_parts(alone, 1, 512).dense_s) / 2
     )
     assert hm.max_sequences(two, 4096) > 2 * hm.max_sequences(one, 4096)  # but twice the memory
 
@@ -815,7 +817,7 @@ def test_paged_kv_runs_the_sequences_that_fit_at_their_mean_context():
     assert not p.fits and p.effective_batch == p.max_batch_fits == mean
     assert "mean context of 1152 tokens" in p.note
     # nothing runs when not even one whole sequence fits beside the weights
-    big = system("h100-sxm", "llama-3.1-70b", precision="fp8", tp=1)
+    big = system("h200-sxm", "llama-3.1-70b", precision="fp8", tp=1)
     assert hm.max_sequences(big, 1_000_000) == 0
     assert hm.running_sequences(big, 1_000_000, 2) == 0
 
@@ -825,13 +827,14 @@ def test_device_memory_is_read_as_binary_gigabytes():
     h100 = cat.device("h100-sxm")
     assert h100.capacity_bytes > 85e9
     assert cat.device("groq-lpu").capacity_bytes == pytest.approx(0.23e9)
-    # so 70B fp8 weights (70.6 GB) on one H100 leave room for tens of 2,000-token sequences (fp8 cache),
-    # not a handful, on a bare loop that keeps nothing besides weights and KV (stack "none"); vLLM's start-up
-    # profile reserves ~4.9 GiB more (sampler over 1,024 slots of a 128K vocabulary), which leaves a handful
+    # so 70B fp8 weights (72.7 GB with the 16-bit embedding and head) on one H100 leave room for more than
+    # a dozen 2,000-token sequences (fp8 cache), not a handful, on a bare loop that keeps nothing besides
+    # weights and KV (stack "none"); vLLM's start-up profile reserves ~4.9 GiB more (sampler over 1,024 slots
+    # of a 128K vocabulary), which leaves none within its default 0.9 share
     bare = hm.System(h100, cat.model("llama-3.1-70b"), "fp8", 1, kv_precision="fp8", stack=cat.stack("none"))
-    assert hm.running_sequences(bare, 1000, 1000) >= 20
+    assert hm.running_sequences(bare, 1000, 1000) >= 15
     vllm = hm.System(h100, cat.model("llama-3.1-70b"), "fp8", 1, kv_precision="fp8", stack=cat.stack("vllm"))
-    assert 1 <= hm.running_sequences(vllm, 1000, 1000) < 10
+    assert hm.running_sequences(vllm, 1000, 1000) == 0
 
 
 def test_kv_rereads_follow_the_heads_one_read_serves():

@@ -161,7 +161,7 @@ def _weight_split(system: System) -> tuple[float, float]:
     usable HBM for KV and streams the rest of the weights from that tier.
     """
     dev = system.device
-    per_chip = weight_bytes(system.model, system.precision, system.dense_precision) / system.chips
+    per_chip = system.stored_weight_bytes / system.chips
     dense = bytes_per_param(system.dense_format)  # attention and MLA projections are outside the experts
     if system.attention_dp:  # a full copy of the attention weights on every chip
         per_chip += attention_params(system.model) * dense * (1 - 1 / system.chips)
@@ -205,7 +205,7 @@ def kv_capacity_tokens(system: System) -> float:
     else:
         free = (
             system.chips * dev.capacity_bytes * system.eff.usable_sram
-            - weight_bytes(m, system.precision, system.dense_precision)
+            - system.stored_weight_bytes
         )
         per_token = kv_bytes_per_token(m, system.kv)
     return max(0.0, free / per_token)
@@ -252,10 +252,11 @@ def kv_sequences(system: System, prompt_tokens: int, output_tokens: int) -> int:
 
 def sram_units(
     device: Device, model: ModelSpec, precision: str, seqs: int, context: int, eff: Efficiency, kv: str,
-    dense: str | None = None,
+    dense: str | None = None, head: str | None = None,
 ) -> int:  # fmt: skip
-    """Chips/wafers an SRAM machine needs to hold the weights plus ``seqs`` KV caches of ``context``."""
-    need = weight_bytes(model, precision, dense) + seqs * context * kv_bytes_per_token(model, kv)  # every token kept
+    """Chips/wafers an SRAM machine needs to hold the weights plus ``seqs`` KV caches of ``context``
+    (``head``: the embedding's and output head's format, :attr:`System.head_format`)."""
+    need = weight_bytes(model, precision, dense, head) + seqs * context * kv_bytes_per_token(model, kv)  # every token kept
     return math.ceil(need / (device.capacity_bytes * eff.usable_sram))
 
 
@@ -307,7 +308,7 @@ def make_system(
         if tp is not None:
             raise ValueError(f"tp does not apply to {device.key}: its chip count follows from SRAM capacity")
         probe = build(1)
-        return build(sram_units(device, model, prec, seqs, context, eff, probe.kv, dense_precision))
+        return build(sram_units(device, model, prec, seqs, context, eff, probe.kv, dense_precision, probe.head_format))
     if tp is not None:
         if tp < 1 or tp > device.max_tp:
             raise ValueError(f"tp {tp} out of range for {device.key} (1..{device.max_tp})")
@@ -332,7 +333,7 @@ def make_system(
 
 def _no_fit(system: System, seqs: int, context: int) -> str:
     dev, m = system.device, system.model
-    need = weight_bytes(m, system.precision, system.dense_precision) + seqs * kept_tokens(system, context) * kv_bytes_per_token(
+    need = system.stored_weight_bytes + seqs * kept_tokens(system, context) * kv_bytes_per_token(
         m, system.kv
     )
     have = system.chips * weight_room(system)

@@ -292,6 +292,11 @@ class ModelSpec(BaseModel):
         return float(self.vocab * self.hidden)
 
     @property
+    def head_params(self) -> float:
+        """Params of the input embedding and the output head as stored (one table when they are tied)."""
+        return self.embed_params * (1.0 if self.tied_embeddings else 2.0)
+
+    @property
     def gqa_group(self) -> float:
         """Query heads per KV head (1 for MHA and for MLA, whose latent every head reads once)."""
         return 1.0 if self.kv_dim is not None else self.heads / self.kv_heads
@@ -410,6 +415,11 @@ class Stack(BaseModel):
     # manager, TensorRT-LLM's per-window pools, llama.cpp's SWA cache), so a sequence holds ModelSpec.held
     # tokens; False: every token on every layer stays allocated (the kernels still read only the window)
     window_kv: bool = False
+    # True: the stack's quantised formats quantise the output head and the embedding too (GGUF's
+    # output.weight, gpt-fast's every nn.Linear, MLC's quantize_final_fc), so they stream at the weights'
+    # format; False: a quantised run keeps them at 16 bits, as the checkpoint tools and kernels of the
+    # datacenter stacks do (System.head_format)
+    quantized_head: bool = False
     # how the scheduler admits a request into the KV cache: "grow" (paged blocks allocated as the sequence
     # grows, so the running batch is what fits at the mean context: vLLM, SGLang, LMDeploy) or "reserve"
     # (blocks for prompt + maximum output reserved at admission, so a started request is never evicted:
@@ -509,7 +519,7 @@ class Stack(BaseModel):
                 missing.append(f)
         if self.host_layer_us > 0 and not self.sources.get("cudagraph_mode"):
             missing.append("cudagraph_mode")
-        for flag in ("first_token_from_decode", "window_kv", "prefill_chunked", "async_scheduling"):
+        for flag in ("first_token_from_decode", "window_kv", "prefill_chunked", "async_scheduling", "quantized_head"):
             if getattr(self, flag) and not self.sources.get(flag):
                 missing.append(flag)
         for key, default in (("kv_admission", "grow"), ("kv_pool", "total"), ("kv_default", "weights")):

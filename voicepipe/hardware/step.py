@@ -142,9 +142,14 @@ def step_parts(
     bpp = bytes_per_param(system.precision)  # the routed experts
     dense_prec = system.dense_format  # the rest: attention, dense and shared MLPs, router, head
     bpd = bytes_per_param(dense_prec)
+    bph = bytes_per_param(system.head_format)  # the output head (16-bit where the stack does not quantise it)
+    head_p = m.embed_params  # the output head's params, streamed by every forward (tied: the embedding)
     kvb = kv_bytes_per_token(m, system.kv)
     dense_p, expert_p = _read_split(m, tokens)
-    linear = 2.0 * matmul_params(m) * tokens
+    # the output head computes logits only where a token is sampled: every decoder, and the last token of
+    # each prompt (chunk) in the step, not every prompt token (head_p: vocab x hidden)
+    unsampled = np.maximum(n - ps, 0.0)
+    linear = 2.0 * (matmul_params(m) * tokens - head_p * unsampled)
     # local attention: the decoders' cache at their mean context, the prompt's cached prefix, and the
     # span a new prompt token attends to, each capped at the window on the local layers
     cached = c
@@ -173,7 +178,7 @@ def step_parts(
         local = np.where(n > 0, np.ceil(ps / par) / ps, 1.0 / par)
     _, experts = _expert_split(m)
     routed = experts * (m.experts_active / m.experts if m.is_moe else 0.0)
-    pre_linear = 2.0 * (matmul_params(m) - routed) * n
+    pre_linear = 2.0 * ((matmul_params(m) - routed) * n - head_p * unsampled)
     pre_attn = 2.0 * m.layers * m.heads * prefill_attention_width(m) * n * m.held(span)  # attention's own
     # projections every TP rank holds whole (MLA's down-projections) multiply every token on every rank
     rep = 0.0 if system.attention_dp or par == 1 else tp_replicated_params(m) * (1.0 - 1.0 / par)
@@ -204,8 +209,10 @@ def step_parts(
         offload_bw = float(dev.offload_bw_tbs or 1.0) * 1e12
         # attention DP: every chip streams the whole attention weights, not a 1/tp slice of them
         replicated = attention_params(m) * (1.0 - 1.0 / par) if system.attention_dp else rep
-        weights_s = (dense_p / par + replicated) * bpd + expert_p / par * bpp
-        dense_s = (dense_p / par + replicated) * bpd * hbm_share / bw + zero
+        # the output head (vocab x hidden, split over the ranks) streams at its own format (System.head_format)
+        dense_bytes = ((dense_p - head_p) / par + replicated) * bpd + head_p / par * bph
+        weights_s = dense_bytes + expert_p / par * bpp
+        dense_s = dense_bytes * hbm_share / bw + zero
         # a block-scaled FP8 GEMM with fewer output tiles than SMs streams on those SMs only, each at its
         # share of the sustained bandwidth (docs §1): a fixed GPU cost, outside η_mem
         kernel = system_kernel(system)
@@ -242,7 +249,7 @@ def step_parts(
             expert_weight_only=dev.weight_only(system.precision),
         )
     layer_bw = float(dev.layer_bw_tbs or 0) * 1e12
-    sweep = (dense_p * bpd + expert_p * bpp) / layer_bw if layer_bw > 0 else zero
+    sweep = ((dense_p - head_p) * bpd + head_p * bph + expert_p * bpp) / layer_bw if layer_bw > 0 else zero
     return StepParts(
         kv_s=kv_bytes / (system.chips * float(dev.sram_bw_tbs or 0) * 1e12) + zero,
         dense_s=zero,

@@ -42,11 +42,11 @@ class Efficiency:
     """Efficiency factors, one set for every HBM device (η_mem, MFU, η_wq, η_moe fitted; see docs §2)."""
 
     # fitted on every answerable point of data/validation*.yaml (`voicepipe hardware validate`; docs §2, §3)
-    eta_mem: float = 0.857  # share of the sustained (STREAM-like) bandwidth a native decode step streams
-    mfu: float = 0.78  # share of the sustained (measured maximum) matmul FLOP/s a serving step reaches
+    eta_mem: float = 0.856  # share of the sustained (STREAM-like) bandwidth a native decode step streams
+    mfu: float = 0.776  # share of the sustained (measured maximum) matmul FLOP/s a serving step reaches
     eta_wq: float = 1.0  # weight-only kernels' efficiency relative to native ones (dequant in the loop)
     eta_moe: float = 0.665  # expert (grouped-GEMM) streaming efficiency relative to dense GEMV + routing
-    layer_s: float = 3.9e-05  # per dense-layer equivalent per step on HBM devices beyond the stack's own
+    layer_s: float = 3.89e-05  # per dense-layer equivalent per step on HBM devices beyond the stack's own
     # gaps (launch, sync): a layer counts ModelSpec.layer_ops / DENSE_LAYER_OPS of them (an MLA+MoE layer 1.8)
     ar_growth: float = 0.5  # all-reduce latency growth per doubling of the TP group beyond 2
     # per MoE layer per step: top-k, alignment, grouped-GEMM launches (the router GEMM is one of
@@ -177,6 +177,16 @@ class System:
         return dense_weight_precision(self.model, self.precision, self.dense_precision)
 
     @property
+    def head_format(self) -> str:
+        """The precision the embedding and output head are stored and streamed at (:func:`head_weight_precision`)."""
+        return head_weight_precision(self.dense_format, self.serving.quantized_head)
+
+    @property
+    def stored_weight_bytes(self) -> float:
+        """Bytes to hold every weight of the model as this system stores them (:func:`weight_bytes`)."""
+        return weight_bytes(self.model, self.precision, self.dense_precision, self.head_format)
+
+    @property
     def ttft_timing(self) -> Literal["client", "engine"]:
         """The TTFT this system models: its own ``timing``, else its stack's default."""
         return self.timing or self.serving.timing
@@ -227,12 +237,33 @@ def dense_weight_precision(model: ModelSpec, precision: str, stated: str | None 
     return precision
 
 
-def weight_bytes(model: ModelSpec, precision: str, dense: str | None = None) -> float:
-    """Bytes to hold every weight: the routed experts at ``precision``, the rest at
-    :func:`dense_weight_precision` (``dense``: the run's own statement of it)."""
+def head_weight_precision(dense_format: str, quantized_head: bool) -> str:
+    """The precision the input embedding and the output head are stored and streamed at, in a run whose
+    weights outside the routed experts are at ``dense_format``: that format where the stack quantises the
+    head too (``quantized_head``: GGUF, gpt-fast, MLC) or where it is 16-bit already, else 16 bits. The
+    checkpoint tools and kernels of the datacenter stacks leave both out of quantisation: NVIDIA ModelOpt's
+    FP8, INT8, INT4-AWQ and NVFP4 configs all carry ``"*lm_head*": {"enable": False}``
+    (modelopt/torch/quantization/config.py ``_default_disabled_quantizer_cfg``,
+    https://github.com/NVIDIA/TensorRT-Model-Optimizer/blob/09914046803993961dfefe763ba04fffed76aaec/modelopt/torch/quantization/config.py),
+    vLLM's FP8 method quantises ``LinearBase`` layers, MoE experts and the KV cache only (``Fp8Config.
+    get_quant_method`` returns None for the ``ParallelLMHead``, an embedding; vllm/model_executor/layers/
+    quantization/fp8.py), and neither quantises an ``nn.Embedding``."""
+    if quantized_head or bytes_per_param(dense_format) >= 2.0:
+        return dense_format
+    return "bf16"
+
+
+def weight_bytes(model: ModelSpec, precision: str, dense: str | None = None, head: str | None = None) -> float:
+    """Bytes to hold every weight: the routed experts at ``precision``, the embedding and output head at
+    ``head`` (:func:`head_weight_precision`; None: with the rest), the rest at :func:`dense_weight_precision`
+    (``dense``: the run's own statement of it)."""
     rest, experts = _expert_split(model)
-    return rest * bytes_per_param(dense_weight_precision(model, precision, dense)) + experts * bytes_per_param(
-        precision
+    dense_fmt = dense_weight_precision(model, precision, dense)
+    head_bytes = bytes_per_param(head or dense_fmt)
+    return (
+        (rest - model.head_params) * bytes_per_param(dense_fmt)
+        + model.head_params * head_bytes
+        + experts * bytes_per_param(precision)
     )
 
 
