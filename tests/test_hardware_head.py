@@ -56,3 +56,11 @@ def test_prefill_computes_logits_for_the_last_prompt_token_only():
     # a decode step samples every decoder: the head runs for each
     d = hm.step_parts(s, np.array(8.0), 4000)
     assert float(d.flops_s) == pytest.approx(2 * hm.matmul_params(m) * 8 / rate, rel=1e-6)
+
+
+def test_predict_names_a_16_bit_head_beside_quantised_weights():
+    p = hm.predict(cat.device("h100-sxm"), cat.model("llama-3.1-8b"), precision="fp8", stack=cat.stack("vllm"))
+    assert p.head_precision == "bf16" and p.weights_label() == "fp8, bf16 head"
+    gguf = hm.predict(cat.device("rtx-4090"), cat.model("llama-3.1-8b"), precision="int4", stack=cat.stack("llama.cpp"))
+    assert gguf.weights_label() == "int4"
+    assert hm.predict(cat.device("h100-sxm"), cat.model("llama-3.1-8b")).weights_label() == "bf16"

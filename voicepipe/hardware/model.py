@@ -264,15 +264,22 @@ class Prediction:
     # the weights outside the routed experts (attention, dense and shared MLPs, head): ``precision`` unless
     # the checkpoint keeps them otherwise (gpt-oss: MXFP4 experts, bf16 rest; System.dense_format)
     dense_precision: str = ""
+    # the embedding and output head: 16-bit in a quantised run unless the stack quantises them
+    # (System.head_format)
+    head_precision: str = ""
     # the running set outgrows the KV cache before it finishes (fewer fit at full length than run): on a
     # stack that grows its caches the engine evicts the newest and recomputes it (recompute preemption)
     preempts: bool = False
 
     def weights_label(self) -> str:
-        """``int4`` or, where the rest of the checkpoint differs, ``int4 experts, bf16 rest``."""
+        """``int4`` or, where the rest of the checkpoint differs, ``int4 experts, bf16 rest``; ``, bf16 head``
+        where the embedding and output head are kept at another precision than the rest."""
+        label = self.precision
         if self.dense_precision and self.dense_precision != self.precision:
-            return f"{self.precision} experts, {self.dense_precision} rest"
-        return self.precision
+            label = f"{self.precision} experts, {self.dense_precision} rest"
+        if self.head_precision and self.head_precision != (self.dense_precision or self.precision):
+            label += f", {self.head_precision} head"
+        return label
 
     def as_dict(self) -> dict[str, object]:
         return dict(self.__dict__)
@@ -358,6 +365,7 @@ def predict(
         model=model.key,
         precision=system.precision,
         dense_precision=system.dense_format,
+        head_precision=system.head_format,
         kv_precision=system.kv,
         stack=system.serving.key if device.kind == "hbm" else "vendor (SRAM, fitted)",
         stack_build=system.serving.name if device.kind == "hbm" else "the vendor's own (in the fitted layer time)",
