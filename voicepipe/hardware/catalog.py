@@ -17,6 +17,7 @@ from voicepipe.errors import did_you_mean
 from voicepipe.hardware.byo import load_device, load_hf_config
 from voicepipe.hardware.specs import (
     HBM_GB,
+    HEAD_FORMATS,
     KV_PRECISIONS,
     MAMF_SHARE_DEFAULT,
     PRECISIONS,
@@ -33,6 +34,7 @@ from voicepipe.hardware.specs import (
 
 __all__ = [
     "HBM_GB",
+    "HEAD_FORMATS",
     "KV_PRECISIONS",
     "MAMF_SHARE_DEFAULT",
     "PRECISIONS",

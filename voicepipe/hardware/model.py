@@ -18,12 +18,13 @@ HBM devices (GPUs, TPUs), per chip of a tensor-parallel group of ``tp``::
              (dequantised in-kernel), else 1; the dense weights are at the checkpoint's own format where
              it keeps them apart from the experts (System.dense_format: gpt-oss's bf16 beside MXFP4);
              W_dense counts the output head's vocab·hidden at System.head_format (16-bit in a quantised
-             run unless the stack quantises it: Stack.quantized_head)
+             run unless the stack quantises it: Stack.quantized_head, quantized_head_floor)
     t_W    = (W_dense/tp / w + W_exp(T)/tp / (w_e·η_moe)) / (η_mem · BW_s) + W_spill/tp / BW_offload
     t_KV   = KV(r·K/e_kv + m + T)/shards / (η_mem · BW_s)     (e_kv: the build's decode_kv_eff, else 1)
     t_GEMM = 2·T·(P_dense / (F_s(p_dense)·w) + P_exp / (F_s(precision)·w_e)) / (tp · MFU)
-             (the head's vocab·hidden only for sampled rows: the decoders and each prompt's last token,
-              2·vocab·hidden·(n − s) less)
+             (P_dense less the head's vocab·hidden, which runs for the sampled rows only, d·q + s of
+              them, at F_s of System.head_format: 16-bit beside quantised weights unless the stack
+              quantises it)
     t_attn = 2·L·H·(a·q·K + p·n·c̄) / F_s(bf16) / (tp · MFU)
              (a, p = 2·hd; MLA decodes in the absorbed form over its latent, a = 2·kv_dim − rope, and
               prefills per head with its rotary key, p = 2·hd + rope)

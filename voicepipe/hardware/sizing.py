@@ -252,11 +252,12 @@ def kv_sequences(system: System, prompt_tokens: int, output_tokens: int) -> int:
 
 def sram_units(
     device: Device, model: ModelSpec, precision: str, seqs: int, context: int, eff: Efficiency, kv: str,
-    dense: str | None = None, head: str | None = None,
+    dense: str | None = None, head: str | None = None, embedding: str | None = None,
 ) -> int:  # fmt: skip
     """Chips/wafers an SRAM machine needs to hold the weights plus ``seqs`` KV caches of ``context``
-    (``head``: the embedding's and output head's format, :attr:`System.head_format`)."""
-    need = weight_bytes(model, precision, dense, head) + seqs * context * kv_bytes_per_token(model, kv)  # every token kept
+    (``head``, ``embedding``: the output head's and the embedding's formats, :attr:`System.head_format`,
+    :attr:`System.embedding_format`)."""
+    need = weight_bytes(model, precision, dense, head, embedding) + seqs * context * kv_bytes_per_token(model, kv)
     return math.ceil(need / (device.capacity_bytes * eff.usable_sram))
 
 
@@ -308,7 +309,8 @@ def make_system(
         if tp is not None:
             raise ValueError(f"tp does not apply to {device.key}: its chip count follows from SRAM capacity")
         probe = build(1)
-        return build(sram_units(device, model, prec, seqs, context, eff, probe.kv, dense_precision, probe.head_format))
+        return build(sram_units(device, model, prec, seqs, context, eff, probe.kv, dense_precision, probe.head_format,
+                                probe.embedding_format))  # fmt: skip
     if tp is not None:
         if tp < 1 or tp > device.max_tp:
             raise ValueError(f"tp {tp} out of range for {device.key} (1..{device.max_tp})")

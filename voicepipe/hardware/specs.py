@@ -23,6 +23,8 @@ PRECISIONS: dict[str, float] = {
     # fp4: NVFP4 = 4-bit E2M1 values + one FP8 scale per 16 (4.5 bits); MXFP4 (8-bit scale per 32) is 4.25
     "fp4": 4.5 / 8,
 }
+# head-only formats, bytes per weight: GGUF's Q6_K (210 B per 256), llama.cpp's output.weight (llama-quant.cpp)
+HEAD_FORMATS: dict[str, float] = {"q6_k": 6.5625 / 8}
 # share of the datasheet bandwidth a STREAM-like kernel sustains where no measurement is recorded: the
 # median of the devices with a `stream_bw_tbs` in data/devices.yaml (recorded shares 0.72-0.93, median 0.86; docs §2)
 STREAM_SHARE_DEFAULT = 0.86
@@ -210,8 +212,9 @@ class ModelSpec(BaseModel):
     default_precision: str = "bf16"
     # the precision the published checkpoint keeps outside the routed experts where only the experts are
     # stored at ``default_precision`` (gpt-oss: MXFP4 experts; attention, router, embedding and head in
-    # bf16); None: every weight at the run's precision. Applies to a run at ``default_precision`` (the
-    # published checkpoint), not to one quantised otherwise (:func:`voicepipe.hardware.system.dense_weight_precision`)
+    # bf16); None: every weight at the run's precision (a quantised run's embedding and head aside: System.
+    # head_format). Applies to a run at ``default_precision`` (the published checkpoint), not to one
+    # quantised otherwise (:func:`voicepipe.hardware.system.dense_weight_precision`)
     dense_precision: str | None = None
     quality: Quality | None = None
     prices: dict[str, PublicPrice] = Field(default_factory=dict)
@@ -415,11 +418,12 @@ class Stack(BaseModel):
     # manager, TensorRT-LLM's per-window pools, llama.cpp's SWA cache), so a sequence holds ModelSpec.held
     # tokens; False: every token on every layer stays allocated (the kernels still read only the window)
     window_kv: bool = False
-    # True: the stack's quantised formats quantise the output head and the embedding too (GGUF's
-    # output.weight, gpt-fast's every nn.Linear, MLC's quantize_final_fc), so they stream at the weights'
-    # format; False: a quantised run keeps them at 16 bits, as the checkpoint tools and kernels of the
-    # datacenter stacks do (System.head_format)
+    # the output head and the input embedding of a quantised run: 16-bit unless the stack's format quantises
+    # them (GGUF, gpt-fast, MLC), the head then never narrower than quantized_head_floor (a HEAD_FORMATS
+    # key: GGUF's Q6_K); System.head_format, System.embedding_format
     quantized_head: bool = False
+    quantized_head_floor: Literal["q6_k"] | None = None
+    quantized_embedding: bool = False
     # how the scheduler admits a request into the KV cache: "grow" (paged blocks allocated as the sequence
     # grows, so the running batch is what fits at the mean context: vLLM, SGLang, LMDeploy) or "reserve"
     # (blocks for prompt + maximum output reserved at admission, so a started request is never evicted:
@@ -519,7 +523,8 @@ class Stack(BaseModel):
                 missing.append(f)
         if self.host_layer_us > 0 and not self.sources.get("cudagraph_mode"):
             missing.append("cudagraph_mode")
-        for flag in ("first_token_from_decode", "window_kv", "prefill_chunked", "async_scheduling", "quantized_head"):
+        for flag in ("first_token_from_decode", "window_kv", "prefill_chunked", "async_scheduling", "quantized_head",
+                     "quantized_head_floor", "quantized_embedding"):  # fmt: skip
             if getattr(self, flag) and not self.sources.get(flag):
                 missing.append(flag)
         for key, default in (("kv_admission", "grow"), ("kv_pool", "total"), ("kv_default", "weights")):

@@ -37,6 +37,7 @@ from voicepipe.hardware.system import (
     kv_shards,
     matmul_params,
     prefill_attention_width,
+    table_bytes,
     tp_replicated_params,
 )
 
@@ -140,16 +141,18 @@ def step_parts(
     tokens = d * q + n
     zero = 0.0 * (tokens + kv + c)
     bpp = bytes_per_param(system.precision)  # the routed experts
-    dense_prec = system.dense_format  # the rest: attention, dense and shared MLPs, router, head
+    dense_prec = system.dense_format  # the rest: attention, dense and shared MLPs, router (the head: below)
     bpd = bytes_per_param(dense_prec)
-    bph = bytes_per_param(system.head_format)  # the output head (16-bit where the stack does not quantise it)
-    head_p = m.embed_params  # the output head's params, streamed by every forward (tied: the embedding)
+    # the output head (vocab x hidden; tied: the embedding), streamed by every forward at its own format
+    # (System.head_format: 16-bit beside quantised weights unless the stack quantises it)
+    head_fmt = system.head_format
+    bph = table_bytes(head_fmt)
+    head_p = m.embed_params
     kvb = kv_bytes_per_token(m, system.kv)
     dense_p, expert_p = _read_split(m, tokens)
-    # the output head computes logits only where a token is sampled: every decoder, and the last token of
-    # each prompt (chunk) in the step, not every prompt token (head_p: vocab x hidden)
-    unsampled = np.maximum(n - ps, 0.0)
-    linear = 2.0 * (matmul_params(m) * tokens - head_p * unsampled)
+    # the head computes logits only where a token is sampled: every decoder's, and the last token of each
+    # prompt (or chunk) in the step, not every prompt token
+    sampled_prompt = n - np.maximum(n - ps, 0.0)
     # local attention: the decoders' cache at their mean context, the prompt's cached prefix, and the
     # span a new prompt token attends to, each capped at the window on the local layers
     cached = c
@@ -178,15 +181,17 @@ def step_parts(
         local = np.where(n > 0, np.ceil(ps / par) / ps, 1.0 / par)
     _, experts = _expert_split(m)
     routed = experts * (m.experts_active / m.experts if m.is_moe else 0.0)
-    pre_linear = 2.0 * ((matmul_params(m) - routed) * n - head_p * unsampled)
+    body = matmul_params(m) - routed - head_p  # each token's matmuls outside the routed experts and the head
+    pre_linear = 2.0 * body * n
     pre_attn = 2.0 * m.layers * m.heads * prefill_attention_width(m) * n * m.held(span)  # attention's own
     # projections every TP rank holds whole (MLA's down-projections) multiply every token on every rank
     rep = 0.0 if system.attention_dp or par == 1 else tp_replicated_params(m) * (1.0 - 1.0 / par)
     # the routed experts' matmuls at the run's precision; the rest at theirs (gpt-oss: bf16)
     expert_linear = 2.0 * routed * tokens
+    head_flops = 2.0 * head_p * ((tokens - n) / par + sampled_prompt * np.asarray(local))
     flops_s = (
-        (linear - pre_linear - expert_linear) / par + pre_linear * np.asarray(local) + 2.0 * rep * tokens
-    ) / dev.matmul_flops(dense_prec) + zero
+        (2.0 * body * (tokens - n)) / par + pre_linear * np.asarray(local) + 2.0 * rep * tokens
+    ) / dev.matmul_flops(dense_prec) + head_flops / dev.matmul_flops(head_fmt) + zero
     expert_flops_s = expert_linear / par / dev.matmul_flops(system.precision) + zero
     attn_s = ((attention - pre_attn) / par + pre_attn * np.asarray(local)) / dev.matmul_flops("bf16") + zero
     if dev.kind == "hbm":
@@ -219,7 +224,10 @@ def step_parts(
         tile_s = zero if kernel == "none" or pipeline else tile_bound_extra_params(
             m, kernel, tp, int(dev.sms or 1), tokens, system.attention_dp) * bpd * hbm_share / bw  # fmt: skip
         # a build without skinny GEMMs pays extra on its 16-bit dense GEMMs at small M (Stack.small_m_gemm_extra)
-        sixteen_bit = dense_prec in ("bf16", "fp16")
+        # (the head's share of dense_s where only the head is 16-bit)
+        sixteen = dense_s if dense_prec in ("bf16", "fp16") else zero
+        if dense_prec not in ("bf16", "fp16") and head_fmt in ("bf16", "fp16"):
+            sixteen = head_p / par * bph * hbm_share / bw + zero
         return StepParts(
             kv_s=kv_bytes / (1 if pipeline else kv_shards(m, tp, system.attention_dp)) / bw + zero,
             dense_s=dense_s,
@@ -231,7 +239,7 @@ def step_parts(
             fixed_s=zero
             + m.layers * (stk.layer_overhead_us + np.where(eager, stk.prefill_layer_overhead_us, 0.0)) * 1e-6
             + m.routed_layers * (eff.moe_route_block_s if block_fp8_experts(system) else eff.moe_route_s)
-            + (small_m_gemm_extra(stk, tokens) * dense_s if sixteen_bit else zero)
+            + small_m_gemm_extra(stk, tokens) * sixteen
             + tile_s,
             layers=zero + m.layers * m.layer_ops / DENSE_LAYER_OPS,
             weight_only=dev.weight_only(dense_prec),

@@ -19,6 +19,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from voicepipe.errors import UnsupportedSetting
 from voicepipe.hardware.catalog import (
+    HEAD_FORMATS,
     PRECISIONS,
     BlockFp8Gemm,
     Device,
@@ -178,13 +179,20 @@ class System:
 
     @property
     def head_format(self) -> str:
-        """The precision the embedding and output head are stored and streamed at (:func:`head_weight_precision`)."""
-        return head_weight_precision(self.dense_format, self.serving.quantized_head)
+        """The format the output head is stored and streamed at (:func:`head_weight_precision`)."""
+        return head_weight_precision(self.dense_format, self.serving)
+
+    @property
+    def embedding_format(self) -> str:
+        """The format the input embedding table is stored at (:func:`embedding_weight_precision`)."""
+        return embedding_weight_precision(self.dense_format, self.serving)
 
     @property
     def stored_weight_bytes(self) -> float:
         """Bytes to hold every weight of the model as this system stores them (:func:`weight_bytes`)."""
-        return weight_bytes(self.model, self.precision, self.dense_precision, self.head_format)
+        return weight_bytes(
+            self.model, self.precision, self.dense_precision, self.head_format, self.embedding_format
+        )
 
     @property
     def ttft_timing(self) -> Literal["client", "engine"]:
@@ -226,10 +234,11 @@ def kv_bytes_per_token(model: ModelSpec, precision: str) -> float:
 
 
 def dense_weight_precision(model: ModelSpec, precision: str, stated: str | None = None) -> str:
-    """The precision of the weights outside the routed experts (attention, dense and shared MLPs, router,
-    embedding and head) of a run at ``precision``: ``stated`` where the run's checkpoint says (a GGUF's
-    own layout), else the model's published checkpoint's (``ModelSpec.dense_precision``: gpt-oss keeps them
-    in bf16 beside MXFP4 experts) when the run is at that checkpoint's precision, else ``precision``."""
+    """The precision of the weights outside the routed experts (attention, dense and shared MLPs, router;
+    the embedding and output head of a quantised run aside, :func:`head_weight_precision`) of a run at
+    ``precision``: ``stated`` where the run's checkpoint says (a GGUF's own layout), else the model's
+    published checkpoint's (``ModelSpec.dense_precision``: gpt-oss keeps them in bf16 beside MXFP4 experts)
+    when the run is at that checkpoint's precision, else ``precision``."""
     if stated is not None:
         return check_precision(stated)
     if model.dense_precision is not None and precision == model.default_precision:
@@ -237,34 +246,56 @@ def dense_weight_precision(model: ModelSpec, precision: str, stated: str | None 
     return precision
 
 
-def head_weight_precision(dense_format: str, quantized_head: bool) -> str:
-    """The precision the input embedding and the output head are stored and streamed at, in a run whose
-    weights outside the routed experts are at ``dense_format``: that format where the stack quantises the
-    head too (``quantized_head``: GGUF, gpt-fast, MLC) or where it is 16-bit already, else 16 bits. The
-    checkpoint tools and kernels of the datacenter stacks leave both out of quantisation: NVIDIA ModelOpt's
-    FP8, INT8, INT4-AWQ and NVFP4 configs all carry ``"*lm_head*": {"enable": False}``
-    (modelopt/torch/quantization/config.py ``_default_disabled_quantizer_cfg``,
+def table_bytes(fmt: str) -> float:
+    """Bytes per weight of an embedding or head format: a precision, or a head-only one (HEAD_FORMATS)."""
+    return HEAD_FORMATS[fmt] if fmt in HEAD_FORMATS else bytes_per_param(fmt)
+
+
+def head_weight_precision(dense_format: str, stack: Stack) -> str:
+    """The format the output head (``vocab x hidden``) is stored and streamed at, in a run whose weights
+    outside the routed experts are at ``dense_format``: that format where it is 16-bit already; in a
+    quantised run 16 bits, unless the stack quantises the head too (``Stack.quantized_head``: GGUF, gpt-fast,
+    MLC), then the weights' format or the stack's floor where that is wider (``quantized_head_floor``:
+    GGUF's Q6_K). The checkpoint tools and kernels of the datacenter stacks leave the head out of
+    quantisation: NVIDIA ModelOpt's FP8, INT8, INT4-AWQ and NVFP4 configs all carry
+    ``"*lm_head*": {"enable": False}`` (modelopt/torch/quantization/config.py ``_default_disabled_quantizer_cfg``,
     https://github.com/NVIDIA/TensorRT-Model-Optimizer/blob/09914046803993961dfefe763ba04fffed76aaec/modelopt/torch/quantization/config.py),
-    vLLM's FP8 method quantises ``LinearBase`` layers, MoE experts and the KV cache only (``Fp8Config.
-    get_quant_method`` returns None for the ``ParallelLMHead``, an embedding; vllm/model_executor/layers/
-    quantization/fp8.py), and neither quantises an ``nn.Embedding``."""
-    if quantized_head or bytes_per_param(dense_format) >= 2.0:
+    and vLLM's FP8 method quantises ``LinearBase`` layers, MoE experts and the KV cache only
+    (``Fp8Config.get_quant_method`` returns None for the ``ParallelLMHead``, an embedding;
+    vllm/model_executor/layers/quantization/fp8.py)."""
+    dense = bytes_per_param(dense_format)
+    if dense >= 2.0:
+        return dense_format
+    if not stack.quantized_head:
+        return "bf16"
+    floor = stack.quantized_head_floor
+    return floor if floor is not None and HEAD_FORMATS[floor] > dense else dense_format
+
+
+def embedding_weight_precision(dense_format: str, stack: Stack) -> str:
+    """The format the input embedding table is stored at: ``dense_format`` where it is 16-bit or the stack
+    quantises the table (``Stack.quantized_embedding``: GGUF's token_embd, MLC's quantize_embedding), else
+    16 bits (no quantiser replaces an ``nn.Embedding``: ModelOpt, llm-compressor, AWQ/GPTQ, vLLM's FP8,
+    gpt-fast). It is never streamed whole (one row a token), so it weighs only in memory."""
+    if stack.quantized_embedding or bytes_per_param(dense_format) >= 2.0:
         return dense_format
     return "bf16"
 
 
-def weight_bytes(model: ModelSpec, precision: str, dense: str | None = None, head: str | None = None) -> float:
-    """Bytes to hold every weight: the routed experts at ``precision``, the embedding and output head at
-    ``head`` (:func:`head_weight_precision`; None: with the rest), the rest at :func:`dense_weight_precision`
-    (``dense``: the run's own statement of it)."""
+def weight_bytes(
+    model: ModelSpec, precision: str, dense: str | None = None, head: str | None = None, embedding: str | None = None
+) -> float:
+    """Bytes to hold every weight: the routed experts at ``precision``, the output head at ``head``
+    (:func:`head_weight_precision`) and the input embedding at ``embedding`` (one table, the head's, when
+    they are tied), the rest at :func:`dense_weight_precision` (``dense``: the run's own statement of it);
+    None: the head or the embedding with the rest."""
     rest, experts = _expert_split(model)
     dense_fmt = dense_weight_precision(model, precision, dense)
-    head_bytes = bytes_per_param(head or dense_fmt)
-    return (
-        (rest - model.head_params) * bytes_per_param(dense_fmt)
-        + model.head_params * head_bytes
-        + experts * bytes_per_param(precision)
-    )
+    table = float(model.vocab * model.hidden)
+    tables = table * table_bytes(head or dense_fmt)
+    if not model.tied_embeddings:
+        tables += table * table_bytes(embedding or dense_fmt)
+    return (rest - model.head_params) * bytes_per_param(dense_fmt) + tables + experts * bytes_per_param(precision)
 
 
 def _expert_split(model: ModelSpec) -> tuple[float, float]:

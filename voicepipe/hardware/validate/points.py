@@ -260,7 +260,9 @@ def prepare(p: Point) -> Prepared:
     if p.metric == "ttft_ms" and p.prompt_tokens is not None and dev.kind == "hbm":
         # no cold prefill beats the datasheet peak: a TTFT under it was served from a prefix cache (or its
         # lengths are not what was run), so it says nothing about the physics of a prefill
-        floor_ms = 2.0 * matmul_params(mdl) * p.prompt_tokens / (system.chips * dev.peak_flops(p.precision)) * 1e3
+        # (the output head runs for the prompt's last token only)
+        flops = 2.0 * (matmul_params(mdl) * p.prompt_tokens - mdl.embed_params * (p.prompt_tokens - 1))
+        floor_ms = flops / (system.chips * dev.peak_flops(p.precision)) * 1e3
         if p.value < floor_ms:
             return Prepared(p, reason="below peak FLOPs")  # docs §3: a TTFT under its compute floor
     # a per-token mean at concurrency B, and a closed-loop client's throughput, are a loaded server's;
