@@ -127,3 +127,16 @@ def test_every_head_floor_a_stack_may_name_has_a_byte_count():
     floor = cat.Stack.model_fields["quantized_head_floor"].annotation
     named = {a for arg in get_args(floor) for a in (get_args(arg) or (arg,)) if isinstance(a, str)}
     assert named == set(cat.HEAD_FORMATS)
+
+
+def test_weight_only_efficiency_spares_a_16_bit_head_beside_int4_layers():
+    s = system("a100-80gb", "llama-3.1-8b", "vllm", "int4")  # int4 is weight-only on an A100
+    parts = hm.step_parts(s, np.array(1.0), 1000)
+    m = s.model
+    head_s = m.vocab * m.hidden * 2.0 / s.device.stream_bytes_s
+    assert float(parts.native_s) == pytest.approx(head_s)
+    memory_at = lambda wq: float(hm.combine(parts, 1.0, 1.0, wq, 1.0)[0])  # noqa: E731
+    # halving η_wq doubles the int4 layers' bytes' time, not the head's
+    assert memory_at(0.5) - memory_at(1.0) == pytest.approx(float(parts.dense_s) - head_s)
+    # a stack that quantises its head has nothing native there
+    assert float(hm.step_parts(system("a100-80gb", "llama-3.1-8b", "gpt-fast", "int4"), 1, 1000).native_s) == 0.0

@@ -70,6 +70,10 @@ class StepParts:
     # the routed experts are dequantised in-kernel (their precision has no math here); with weight_only it
     # differs only where the experts and the rest are stored apart (ModelSpec.dense_precision: gpt-oss)
     expert_weight_only: bool | NDArray[np.bool_] = False
+    # the parts of dense_s and flops_s in a native format beside weight-only dense weights (a 16-bit head
+    # beside int4 layers): no in-kernel dequantisation, so η_wq does not apply to them
+    native_s: FArray | float = 0.0
+    native_flops_s: FArray | float = 0.0
 
 
 BOOL_PARTS = ("weight_only", "sram", "overlap", "expert_weight_only")  # the StepParts fields that are flags
@@ -189,6 +193,7 @@ def step_parts(
     # the routed experts' matmuls at the run's precision; the rest at theirs (gpt-oss: bf16)
     expert_linear = 2.0 * routed * tokens
     head_flops = 2.0 * head_p * ((tokens - n) / par + sampled_prompt * np.asarray(local))
+    native_head = dev.weight_only(dense_prec) and not dev.weight_only(head_fmt)
     flops_s = (
         (2.0 * body * (tokens - n)) / par + pre_linear * np.asarray(local) + 2.0 * rep * tokens
     ) / dev.matmul_flops(dense_prec) + head_flops / dev.matmul_flops(head_fmt) + zero
@@ -255,6 +260,8 @@ def step_parts(
             stream_s=zero + (stream_s(system, d) if streamed else 0.0),
             expert_flops_s=expert_flops_s,
             expert_weight_only=dev.weight_only(system.precision),
+            native_s=zero + (head_p / par * bph * hbm_share / bw if native_head else 0.0),
+            native_flops_s=zero + (head_flops / dev.matmul_flops(head_fmt) if native_head else 0.0),
         )
     layer_bw = float(dev.layer_bw_tbs or 0) * 1e12
     sweep = ((dense_p - head_p) * bpd + head_p * bph + expert_p * bpp) / layer_bw if layer_bw > 0 else zero
@@ -309,10 +316,12 @@ def combine(
     we = np.where(parts.expert_weight_only, np.asarray(eta_wq, dtype=float), 1.0)  # the routed experts'
     eta = np.asarray(eta_mem, dtype=float)
     u = np.asarray(mfu, dtype=float)
-    weights = (parts.dense_s / w + parts.expert_s / (we * np.asarray(eta_moe))) / eta + parts.spill_s
+    native, native_flops = np.asarray(parts.native_s, dtype=float), np.asarray(parts.native_flops_s, dtype=float)
+    dense = (parts.dense_s - native) / w + native
+    weights = (dense + parts.expert_s / (we * np.asarray(eta_moe))) / eta + parts.spill_s
     cache = parts.kv_s / eta
-    # weight-only kernels dequantise inside the GEMM
-    matmul = parts.flops_s / (u * w) + parts.expert_flops_s / (u * we)
+    # weight-only kernels dequantise inside the GEMM (not the native parts beside them)
+    matmul = ((parts.flops_s - native_flops) / w + native_flops) / u + parts.expert_flops_s / (u * we)
     attention = parts.attn_s / u  # attention math is 16-bit whatever the weight format
     memory, compute = weights + cache, matmul + attention
     # HBM: one roofline per kernel class, run one after the other on the stream: the weight GEMMs
