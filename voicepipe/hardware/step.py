@@ -223,16 +223,15 @@ def step_parts(
         dense_bytes = ((dense_p - head_p) / par + replicated) * bpd + head_p / par * bph
         weights_s = dense_bytes + expert_p / par * bpp
         dense_s = dense_bytes * hbm_share / bw + zero
+        head_s = head_p / par * bph * hbm_share / bw + zero  # the head's share of dense_s
         # a block-scaled FP8 GEMM with fewer output tiles than SMs streams on those SMs only, each at its
         # share of the sustained bandwidth (docs §1): a fixed GPU cost, outside η_mem
         kernel = system_kernel(system)
         tile_s = zero if kernel == "none" or pipeline else tile_bound_extra_params(
             m, kernel, tp, int(dev.sms or 1), tokens, system.attention_dp) * bpd * hbm_share / bw  # fmt: skip
         # a build without skinny GEMMs pays extra on its 16-bit dense GEMMs at small M (Stack.small_m_gemm_extra)
-        # (the head's share of dense_s where only the head is 16-bit)
-        sixteen = dense_s if dense_prec in ("bf16", "fp16") else zero
-        if dense_prec not in ("bf16", "fp16") and head_fmt in ("bf16", "fp16"):
-            sixteen = head_p / par * bph * hbm_share / bw + zero
+        # the 16-bit share of dense_s: all of it, or the head's where only the head is 16-bit
+        sixteen = dense_s if dense_prec in ("bf16", "fp16") else head_s if head_fmt in ("bf16", "fp16") else zero
         return StepParts(
             kv_s=kv_bytes / (1 if pipeline else kv_shards(m, tp, system.attention_dp)) / bw + zero,
             dense_s=dense_s,
@@ -260,7 +259,7 @@ def step_parts(
             stream_s=zero + (stream_s(system, d) if streamed else 0.0),
             expert_flops_s=expert_flops_s,
             expert_weight_only=dev.weight_only(system.precision),
-            native_s=zero + (head_p / par * bph * hbm_share / bw if native_head else 0.0),
+            native_s=head_s if native_head else zero,
             native_flops_s=zero + (head_flops / dev.matmul_flops(head_fmt) if native_head else 0.0),
         )
     layer_bw = float(dev.layer_bw_tbs or 0) * 1e12
