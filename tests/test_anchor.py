@@ -223,6 +223,20 @@ def test_pairs_are_one_harness_on_two_devices_or_chip_counts():
     assert got == {("a", "b"), ("a", "c"), ("b", "c"), ("b", "f"), ("c", "f")}
 
 
+def test_one_publishers_per_device_files_of_one_group_are_one_harness():
+    """An author who ran one script on three devices and kept a result file per device: the files share a
+    group (what the family hold-out holds out together), so their points pair; a file of another publisher
+    in the same group (an MLPerf round's submitters) is another harness and pairs with none of them."""
+    group = "https://example.org/author-repo"
+    h200 = pt("h", "h200-sxm", source="https://example.org/author-repo/H200.json", group=group, publisher="A")
+    b200 = pt("b", "b200", source="https://example.org/author-repo/B200.json", group=group, publisher="A")
+    other = pt("o", "mi300x", source="https://example.org/author-repo/x.json", group=group, publisher="B")
+    got = {(x.id, y.id) for x, y in pairs([h200, b200, other])}
+    assert got == {("h", "b")}
+    (p,) = ratio_pairs([Row(h200, 10.0), Row(b200, 10.0)])
+    assert p.source == group  # the harness, not one of its files
+
+
 def test_a_ratio_is_right_when_both_predictions_are_off_by_the_same_factor():
     a, b = pt("a", value=10.0), pt("b", "a100-80gb", value=20.0)  # times: b is half as fast
     rows = [Row(a, 5.0), Row(b, 10.0)]  # each 2x fast, the ratio exact

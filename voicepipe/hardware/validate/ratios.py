@@ -5,10 +5,12 @@ the user's measured figure on the anchor device times (model on the target / mod
 error is the error of that ratio, which this module measures on sources that measured two devices (or
 two chip counts) with one harness.
 
-**Pairs** (:func:`pairs`): two published points from the same source with the same model, precision, KV
-precision, stack, batch, prompt and output lengths, metric, load shape (closed loop, attention DP),
-speculative settings, engine, engine version and timing, but a different device or chip count. Every two
-such points form one pair. Only points that are evidence are paired: answered, not one of the points an
+**Pairs** (:func:`pairs`): two published points of one harness — the same source, or the same group of
+files one publisher wrote (:attr:`Point.held_out_with`: one author's per-device result files are one
+harness; the publisher family must match too) — with the same model, precision, KV precision, stack,
+batch, prompt and output lengths, metric, load shape (closed loop, attention DP), speculative settings,
+engine, engine version and timing, but a different device or chip count. Every two such points form one
+pair. Only points that are evidence are paired: answered, not one of the points an
 SRAM machine was fitted to, not speculative (as :func:`voicepipe.hardware.validate.slices.residual`).
 
 **Ratio error** (:func:`ratio_pairs`): both points' held-out predictions come from the run with their
@@ -40,8 +42,8 @@ PairKey = tuple[object, ...]
 
 def pair_key(p: Point) -> PairKey:
     """What two points must share to be one harness's measurement of two devices (device and chips aside)."""
-    return (p.source, p.model, p.precision, p.kv_precision, stack_key(p.stack), p.batch, p.prompt_tokens,
-            p.output_tokens, p.metric, p.closed_loop, p.attention_dp, p.eager, p.scheduler_steps, p.max_seqs,
+    return (p.held_out_with, p.family, p.model, p.precision, p.kv_precision, stack_key(p.stack), p.batch,
+            p.prompt_tokens, p.output_tokens, p.metric, p.closed_loop, p.attention_dp, p.eager, p.scheduler_steps, p.max_seqs,
             p.dense_precision, p.block_fp8_gemm, p.speculative or "none", p.engine, p.engine_version,
             p.timing)  # fmt: skip
 
@@ -78,7 +80,7 @@ class RatioPair(BaseModel):
 
     a: str  # point ids
     b: str
-    source: str
+    source: str  # the harness: the source, or the group of files it sits in (Point.held_out_with)
     model: str
     metric: str
     phase: str
@@ -107,7 +109,7 @@ def ratio_pair(a: Point, pred_a: float, b: Point, pred_b: float) -> RatioPair:
     measured = _speed(b, b.value) / _speed(a, a.value)
     predicted = _speed(b, pred_b) / _speed(a, pred_a)
     return RatioPair(
-        a=a.id, b=b.id, source=a.source, model=a.model, metric=a.metric, phase=phase(a.metric),
+        a=a.id, b=b.id, source=a.held_out_with, model=a.model, metric=a.metric, phase=phase(a.metric),
         a_device=_where(a), b_device=_where(b), measured_speed_ratio=round(measured, 6),
         predicted_speed_ratio=round(predicted, 6), log_error=round(math.log(predicted / measured), 6),
     )  # fmt: skip
