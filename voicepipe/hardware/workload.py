@@ -9,6 +9,9 @@ every stretch between events (decoders, their KV, the prompts being prefilled, a
 * :func:`steady` — ``N`` clients each holding one request in flight, sending the next as the last one
   finishes (a max-concurrency benchmark client), for ``rounds`` rounds; the rounds after the first are
   measured (the first is the burst that fills the device). One client for one round is a request alone.
+* :func:`open_loop` — ``N`` requests arriving one every ``1 / rate`` seconds whatever the server does (a
+  benchmark client at a request rate); every job is measured, and a queue grows where the rate outruns
+  the device.
 
 Every figure of a :class:`Run` is a weighted sum of the stretches' step times (:meth:`Run.weights`), so a
 fit can re-time the same step mix under other constants without re-running (``validate.fit``); the run's
@@ -18,7 +21,7 @@ server charges before a request reaches the engine.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
@@ -52,6 +55,7 @@ class Run:
     span: FArray  # mean context a prefill token attends to
     waiting: FArray  # measured jobs arrived and still without their first token
     decoding: FArray  # measured jobs past their first token and not finished
+    idle_s: float = 0.0  # time in the run with nothing on the device (an open loop's gaps between arrivals)
 
     def weights(self, figure: Figure) -> FArray:
         """Per-stretch weights ``w`` with ``figure = Σ w · t_step (+ request_s for ttft, e2e)`` (seconds)."""
@@ -62,11 +66,24 @@ class Run:
             return self.steps * (self.waiting + self.decoding) / n
         if figure == "tpot":
             return self.steps * self.decoding / (n * max(self.output_tokens - 1, 1))
-        if figure == "decode_step":  # the mean decode-only step the measured jobs see
-            w = self.steps * self.decoding * (self.prefill == 0)
-            total = w.sum()
-            return w / total if total > 0 else self.steps * self.decoding / max((self.steps * self.decoding).sum(), 1e-300)
+        if figure == "decode_step":  # the median gap between the measured jobs' tokens
+            return self._median_gap()
         return self.steps.copy()  # duration: the whole run
+
+    def _median_gap(self) -> FArray:
+        """One-hot weights on the stretch whose step is the median inter-token gap of the measured jobs:
+        every step a measured job emits a token in is one gap of that step's length (a step that also
+        prefills a chunk is a longer gap; a prefill step run apart, whose decoders wait, emits none), so
+        the median is the step length at half the weight ``steps × decoding`` ordered by length. A
+        re-timed fit keeps the stretch (the step mix is the run's)."""
+        w = self.steps * self.decoding * (self.decoders > 0)
+        out = np.zeros_like(w)
+        if w.sum() <= 0:
+            return out
+        order = np.argsort(self.step_s(), kind="stable")
+        cum = np.cumsum(w[order])
+        out[order[int(np.searchsorted(cum, 0.5 * cum[-1]))]] = 1.0
+        return out
 
     def step_s(self) -> FArray:
         """The realised step time of each stretch (s)."""
@@ -74,7 +91,14 @@ class Run:
 
     def figure(self, figure: Figure) -> float:
         x = float((self.weights(figure) * self.step_s()).sum())
-        return x + self.request_s if figure in ("ttft", "e2e", "duration") else x
+        return x + self.added_s(figure)
+
+    def added_s(self, figure: Figure) -> float:
+        """What a figure adds to its weighted steps: the per-request cost (TTFT, e2e, duration) and, for
+        the whole run's duration, the time nothing ran."""
+        if figure == "duration":
+            return self.request_s + self.idle_s
+        return self.request_s if figure in ("ttft", "e2e") else 0.0
 
     @property
     def ttft_s(self) -> float:
@@ -129,6 +153,35 @@ class _Driver(_Recorder):
         return _run(self.server, self.state.trace or [], measured, clients, output_tokens)
 
 
+class _Arrivals(_Driver):
+    """Realises an open loop: request ``i`` arrives at ``i / rate`` seconds, as :meth:`DeviceServer.submit`
+    would take it (admitted at once where a slot and its KV are free, else queued)."""
+
+    def __init__(self, server: DeviceServer) -> None:
+        super().__init__(server, rounds=1)
+
+    def arrivals(self, n: int, rate: float, prompt_tokens: int, output_tokens: int) -> Run:
+        self.prompt, self.output = prompt_tokens, output_tokens
+        s = self.state
+        for i in range(n):
+            t = i / rate * 1e9
+            s.run(t, self)
+            self.add(i, 0, t)
+            job = s.queue.pop()
+            if s.can_admit(job):
+                s.move_to(t)
+                s.queue.append(job)
+                s.admit(self)
+            else:
+                s.queue.append(job)
+        s.run(INF, self)
+        measured = [j for j, _ in self.jobs]
+        run = _run(self.server, s.trace or [], measured, n, output_tokens)
+        wall = max((float(j.finish_ns or 0.0) for j in measured), default=0.0) / 1e9
+        busy = float(run.length.sum()) / 1e9
+        return replace(run, idle_s=max(0.0, wall - busy))
+
+
 def _run(server: DeviceServer, trace: list[tuple[float, float, float, int, float, int, int, int, float]],
          measured: list[Job], clients: int, output_tokens: int) -> Run:  # fmt: skip
     cols = np.array(trace, dtype=float).reshape(-1, 9).T
@@ -159,6 +212,12 @@ def steady(
     """``clients`` users each send a request as soon as their previous one finished, ``rounds`` times;
     with more than one round the first (the burst that fills the device) is not measured."""
     return _Driver(server, rounds).run(clients, prompt_tokens, output_tokens, measure_from=min(1, rounds - 1))
+
+
+def open_loop(server: DeviceServer, requests: int, rate: float, prompt_tokens: int, output_tokens: int) -> Run:
+    """``requests`` equal requests arriving one every ``1 / rate`` seconds from t = 0 (an open-loop client
+    at ``rate`` requests a second: the mean spacing of its Poisson draws), all measured."""
+    return _Arrivals(server).arrivals(requests, rate, prompt_tokens, output_tokens)
 
 
 def alone(server: DeviceServer, req: LLMRequest) -> Run:

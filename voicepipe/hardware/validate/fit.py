@@ -39,7 +39,7 @@ from voicepipe.hardware.model import (
 )
 from voicepipe.hardware.serving import DeviceServer
 from voicepipe.hardware.validate.points import Point, Prepared, points, prepare
-from voicepipe.hardware.workload import Figure, Run, static_batch, steady, throughput
+from voicepipe.hardware.workload import Figure, Run, open_loop, static_batch, steady, throughput
 from voicepipe.kept import kept
 
 # search box for each fitted constant: the published range (docs/hardware-model.md §2)
@@ -68,6 +68,8 @@ def engine_run(x: Prepared, theta: FArray | None = None) -> Run:
                           spec=x.spec)  # fmt: skip
     if x.workload == "static":
         return static_batch(server, x.requests, x.prompt, x.out)
+    if x.workload == "open":
+        return open_loop(server, x.requests, x.rate, x.prompt, x.out)
     rounds = 1 if x.requests == 1 else STEADY_ROUNDS
     return steady(server, x.requests, x.prompt, x.out, rounds=rounds)
 
@@ -97,7 +99,7 @@ def metric_of(x: Prepared, r: Run) -> float:
     """The point's metric from its run (the one figure the fit re-times)."""
     fig, scale, inv = form(x)
     if x.point.metric == "tok_s_total":
-        return throughput(r, static=x.workload == "static")
+        return throughput(r, static=x.workload != "steady")
     v = r.figure(fig)
     return scale / v if inv else scale * v
 
@@ -154,7 +156,7 @@ def batch_of(items: list[Prepared], theta: FArray | None = None) -> Batch:
         weights.append(w)
         starts.append(col)
         col += len(w)
-        add.append(r.request_s if fig in ("ttft", "e2e", "duration") else 0.0)
+        add.append(r.added_s(fig))
         scale.append(sc)
         inv.append(iv)
     return Batch(

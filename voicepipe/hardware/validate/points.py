@@ -14,8 +14,13 @@ source states, or ``trtllm-bench`` for a run that left it to that harness's tuni
 :mod:`~voicepipe.hardware.validate.harness`), else the stack's documented default. A saturated server (no
 published batch) runs as many as fit under that cap. A per-token metric at concurrency B,
 and a closed-loop client's throughput, are figures of a steady run (B clients, each holding one request in
-flight); a median inter-token gap (``itl_median_ms``) is that run's mean decode-only step. TTFT, end-to-end
-latency and a burst's throughput are figures of a static batch: B requests arriving together.
+flight); a median inter-token gap (``itl_median_ms``) is the median gap between the measured requests'
+tokens (a step that also prefills is a longer gap). TTFT, end-to-end latency and a burst's throughput are
+figures of a static batch: B requests arriving together. A point whose client sent ``num_prompts``
+requests at ``request_rate`` a second (open loop) runs as that: the requests arrive one every 1/rate
+seconds (the mean spacing of the client's Poisson draws; their clumping is not modelled), the server
+runs what fits, and every figure is of those requests (a throughput over the first arrival to the last
+finish).
 """
 
 from __future__ import annotations
@@ -48,7 +53,7 @@ Metric = Literal[
 ]
 
 # per-token means of a server under steady concurrent load (the others time whole static batches); a
-# median inter-token gap (itl_median_ms) is a decode-only step: newcomers' prefills land in a minority of steps
+# median inter-token gap (itl_median_ms) is of the same run
 STEADY_STATE = ("tpot_ms", "itl_ms", "tok_s_user")
 DEFAULT_PROMPT, DEFAULT_OUTPUT = 1024, 256  # where a source publishes no lengths (as `hardware predict`)
 TRTLLM_BENCH = "trtllm-bench"  # a point's max_seqs: the run left max_batch_size to trtllm-bench's heuristic
@@ -93,6 +98,10 @@ class Point(BaseModel):
     # static batch's one prefill and O decodes. A burst sent all at once (MLPerf Offline, benchmark_throughput,
     # trtllm-bench at infinite rate) is not: the server takes a static batch of what fits
     closed_loop: bool = False
+    # an open-loop client: ``num_prompts`` requests sent at ``request_rate`` a second whatever the server
+    # does (bench_serving --request-rate R --num-prompts N, a QPS sweep); None: not stated as one
+    request_rate: float | None = Field(default=None, gt=0)
+    num_prompts: int | None = Field(default=None, ge=1)
     metric: Metric
     value: float = Field(gt=0)
     date: str
@@ -120,6 +129,10 @@ class Point(BaseModel):
     def _closed_loop_is_a_throughput(self) -> Point:
         if self.closed_loop and self.metric != "tok_s_total":
             raise ValueError("closed_loop applies to tok_s_total only")
+        if (self.request_rate is None) != (self.num_prompts is None):
+            raise ValueError("request_rate and num_prompts go together (an open-loop client's rate and count)")
+        if self.request_rate is not None and self.closed_loop:
+            raise ValueError("request_rate is an open-loop client; closed_loop is the other kind")
         return self
 
     @property
@@ -172,14 +185,16 @@ def points() -> tuple[Point, ...]:
 class Prepared:
     """A point as a run of the serving engine (or the reason it cannot be answered).
 
-    ``workload`` is ``static`` (``requests`` arriving together at t = 0) or ``steady`` (``requests``
-    clients each holding one in flight, :func:`voicepipe.hardware.workload.steady`); ``batch`` is the
-    server's slots (what fits, at most the published batch)."""
+    ``workload`` is ``static`` (``requests`` arriving together at t = 0), ``steady`` (``requests``
+    clients each holding one in flight, :func:`voicepipe.hardware.workload.steady`) or ``open`` (``requests``
+    arriving one every ``1 / rate`` seconds, :func:`voicepipe.hardware.workload.open_loop`); ``batch`` is
+    the server's slots (what fits, at most the published batch)."""
 
     point: Point
     reason: str = ""
     system: System | None = None
-    workload: Literal["static", "steady"] = "static"
+    workload: Literal["static", "steady", "open"] = "static"
+    rate: float = 0.0  # open: requests a second
     requests: int = 0
     batch: int = 0  # the batch that runs (≤ the published one)
     prompt: int = 0
@@ -267,6 +282,12 @@ def prepare(p: Point) -> Prepared:
             return Prepared(p, reason="below peak FLOPs")  # docs §3: a TTFT under its compute floor
     # a per-token mean at concurrency B, and a closed-loop client's throughput, are a loaded server's;
     # the rest time a burst of requests arriving together (as many as published; "saturated": what fits)
+    if p.request_rate is not None and p.num_prompts is not None:
+        # an open-loop client: its requests arrive at its rate whatever the server does; the server runs
+        # as many as fit under its cap (the published batch, a mean concurrency, is an outcome here)
+        return Prepared(p, system=system, workload="open", rate=p.request_rate, requests=p.num_prompts,
+                        batch=min(room, p.num_prompts) if dev.kind == "hbm" else batch, prompt=prompt, out=out,
+                        spec=spec)  # fmt: skip
     steady = p.metric in STEADY_STATE or p.metric == "itl_median_ms" or p.closed_loop
     requests = asked if p.batch is not None else batch
     return Prepared(p, system=system, workload="steady" if steady else "static", requests=requests,

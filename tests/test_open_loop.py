@@ -1,0 +1,92 @@
+"""An open-loop client (requests sent at a rate whatever the server does) runs as one, and a median
+inter-token gap is the median of the gaps the measured requests see."""
+
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+import pytest
+
+from voicepipe.hardware import catalog
+from voicepipe.hardware.model import DEFAULT_EFFICIENCY, System
+from voicepipe.hardware.serving import DeviceServer
+from voicepipe.hardware.workload import Run, open_loop, static_batch
+
+points = importlib.import_module("voicepipe.hardware.validate.points")
+
+
+def server(max_batch: int = 64) -> DeviceServer:
+    s = System(catalog.device("h100-sxm"), catalog.model("llama-3.1-8b"), "bf16", 1, DEFAULT_EFFICIENCY,
+               None, catalog.stack("vllm"))  # fmt: skip
+    return DeviceServer(s, max_batch=max_batch, prompt_cache=False)
+
+
+def test_requests_arrive_at_the_clients_rate_and_a_slow_rate_leaves_the_device_idle_between_them():
+    r = open_loop(server(), 5, 0.5, 256, 64)  # one every 2 s; each takes well under a second alone
+    assert [j.arrive_ns / 1e9 for j in r.jobs] == pytest.approx([0.0, 2.0, 4.0, 6.0, 8.0])
+    alone_e2e = r.jobs[0].finish_ns / 1e9
+    assert alone_e2e < 1.0
+    # the run lasts from the first arrival to the last finish, idle gaps included
+    assert r.figure("duration") == pytest.approx(8.0 + alone_e2e, rel=0.02)
+    assert r.idle_s == pytest.approx(8.0 + alone_e2e - 5 * alone_e2e, rel=0.05)
+    # nobody queued: every request sees the device to itself
+    waits = [j.first_ns - j.arrive_ns for j in r.jobs]
+    assert max(waits) == pytest.approx(min(waits), rel=0.01)
+
+
+def test_a_rate_far_above_the_device_is_a_burst():
+    fast = open_loop(server(), 40, 1e6, 256, 64)
+    burst = static_batch(server(), 40, 256, 64)
+    assert fast.idle_s == 0.0
+    assert fast.figure("duration") == pytest.approx(burst.figure("duration"), rel=0.01)
+
+
+def test_a_queue_grows_where_the_rate_outruns_the_slots():
+    r = open_loop(server(max_batch=4), 16, 50.0, 512, 128)  # 4 slots, requests every 20 ms
+    waits = [(j.first_ns - j.arrive_ns) / 1e9 for j in r.jobs]
+    assert waits[-1] > 5 * waits[0]  # the later ones wait for a slot
+
+
+def run_of(step_ms: list[float], steps: list[float], decoding: list[float], decoders: list[float]) -> Run:
+    n = len(step_ms)
+    z = np.zeros(n)
+    return Run(jobs=(), request_s=0.0, clients=1, output_tokens=10, start=z, length=np.array(step_ms) * 1e6 * steps,
+               steps=np.array(steps, dtype=float), decoders=np.array(decoders, dtype=float), kv=z, prefill=z,
+               cached=z, prompts=z, span=z, waiting=z, decoding=np.array(decoding, dtype=float))  # fmt: skip
+
+
+def test_the_median_gap_is_the_mixed_step_when_most_gaps_carry_a_prefill_chunk():
+    # 70 steps of 500 ms (a chunk beside the decoders) and 30 decode-only steps of 40 ms, 10 decoders each
+    r = run_of([500.0, 40.0], [70, 30], [10, 10], [10, 10])
+    assert r.figure("decode_step") == pytest.approx(0.5)
+    r = run_of([500.0, 40.0], [30, 70], [10, 10], [10, 10])
+    assert r.figure("decode_step") == pytest.approx(0.04)
+
+
+def test_a_prefill_step_run_apart_is_no_gap_of_its_own():
+    # 60 prefill-only steps (the decoders wait: no token) and 40 decode steps: the gaps are the decode steps
+    r = run_of([300.0, 40.0], [60, 40], [10, 10], [0, 10])
+    assert r.figure("decode_step") == pytest.approx(0.04)
+
+
+def pt(**kw: object) -> object:
+    base = {"id": "x", "device": "h100-sxm", "chips": 1, "model": "llama-3.1-8b", "precision": "bf16",
+            "batch": 12, "prompt_tokens": 512, "output_tokens": 128, "stack": "vllm", "metric": "itl_median_ms",
+            "value": 10.0, "date": "2025-01", "source": "https://example.org", "tier": 1}  # fmt: skip
+    return points.Point(**{**base, **kw})
+
+
+def test_a_point_with_a_request_rate_runs_as_an_open_loop_of_its_prompts():
+    x = points.prepare(pt(request_rate=4.0, num_prompts=200))
+    assert (x.workload, x.rate, x.requests) == ("open", 4.0, 200)
+    assert x.batch > 12  # the server's slots, not the published mean concurrency
+    assert points.prepare(pt()).workload == "steady"
+
+
+@pytest.mark.parametrize("kw", [{"request_rate": 2.0}, {"num_prompts": 100},
+                                {"request_rate": 2.0, "num_prompts": 100, "closed_loop": True,
+                                 "metric": "tok_s_total"}])  # fmt: skip
+def test_a_rate_needs_its_count_and_is_not_a_closed_loop(kw: dict[str, object]):
+    with pytest.raises(ValueError, match="request_rate"):
+        pt(**kw)
