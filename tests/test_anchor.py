@@ -237,6 +237,13 @@ def test_one_publishers_per_device_files_of_one_group_are_one_harness():
     assert p.source == group  # the harness, not one of its files
 
 
+def test_open_loop_points_pair_by_their_rate_and_count_not_by_the_concurrency_they_ended_up_with():
+    h100 = pt("h", batch=11, request_rate=2.0, num_prompts=500)
+    h200 = pt("g", "h200-sxm", batch=9, request_rate=2.0, num_prompts=500)  # fewer in flight: faster
+    faster = pt("f", "h200-sxm", batch=11, request_rate=8.0, num_prompts=500)  # another rate, same mean
+    assert {(x.id, y.id) for x, y in pairs([h100, h200, faster])} == {("h", "g")}
+
+
 def test_a_ratio_is_right_when_both_predictions_are_off_by_the_same_factor():
     a, b = pt("a", value=10.0), pt("b", "a100-80gb", value=20.0)  # times: b is half as fast
     rows = [Row(a, 5.0), Row(b, 10.0)]  # each 2x fast, the ratio exact

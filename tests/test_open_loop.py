@@ -42,10 +42,15 @@ def test_a_rate_far_above_the_device_is_a_burst():
     assert fast.figure("duration") == pytest.approx(burst.figure("duration"), rel=0.01)
 
 
-def test_a_queue_grows_where_the_rate_outruns_the_slots():
+def test_a_queue_grows_where_the_rate_outruns_the_slots_and_the_figures_count_the_wait():
     r = open_loop(server(max_batch=4), 16, 50.0, 512, 128)  # 4 slots, requests every 20 ms
+    assert all(j.finish_ns is not None and j.finish_ns > j.arrive_ns for j in r.jobs)
     waits = [(j.first_ns - j.arrive_ns) / 1e9 for j in r.jobs]
     assert waits[-1] > 5 * waits[0]  # the later ones wait for a slot
+    # the run's figures are the jobs' own means, queueing from each arrival instant included
+    assert r.ttft_s == pytest.approx(float(np.mean(waits)) + r.request_s, rel=1e-3)
+    e2e = [(j.finish_ns - j.arrive_ns) / 1e9 for j in r.jobs]
+    assert r.e2e_s == pytest.approx(float(np.mean(e2e)) + r.request_s, rel=1e-3)
 
 
 def run_of(step_ms: list[float], steps: list[float], decoding: list[float], decoders: list[float]) -> Run:
@@ -64,10 +69,17 @@ def test_the_median_gap_is_the_mixed_step_when_most_gaps_carry_a_prefill_chunk()
     assert r.figure("decode_step") == pytest.approx(0.04)
 
 
-def test_a_prefill_step_run_apart_is_no_gap_of_its_own():
-    # 60 prefill-only steps (the decoders wait: no token) and 40 decode steps: the gaps are the decode steps
-    r = run_of([300.0, 40.0], [60, 40], [10, 10], [0, 10])
-    assert r.figure("decode_step") == pytest.approx(0.04)
+def run_with_pauses(pause_steps: float, decode_steps: float) -> Run:
+    """Prefill steps of 300 ms run apart (10 measured decoders wait, no token) and decode steps of 40 ms."""
+    r = run_of([300.0, 40.0], [pause_steps, decode_steps], [10, 10], [0, 10])
+    return Run(**{**r.__dict__, "prefill": np.array([4096.0, 0.0])})
+
+
+def test_a_prefill_step_run_apart_lengthens_the_gap_its_decoders_wait_in():
+    # 30 paused steps among 100 decode steps: 30 of the 100 gaps are 340 ms, the median gap 40 ms
+    assert run_with_pauses(30, 100).figure("decode_step") == pytest.approx(0.04)
+    # 60 among 100: most gaps span a pause, the median gap is the pause plus a decode step
+    assert run_with_pauses(60, 100).figure("decode_step") == pytest.approx(0.34)
 
 
 def pt(**kw: object) -> object:

@@ -71,19 +71,35 @@ class Run:
         return self.steps.copy()  # duration: the whole run
 
     def _median_gap(self) -> FArray:
-        """One-hot weights on the stretch whose step is the median inter-token gap of the measured jobs:
-        every step a measured job emits a token in is one gap of that step's length (a step that also
-        prefills a chunk is a longer gap; a prefill step run apart, whose decoders wait, emits none), so
-        the median is the step length at half the weight ``steps × decoding`` ordered by length. A
-        re-timed fit keeps the stretch (the step mix is the run's)."""
-        w = self.steps * self.decoding * (self.decoders > 0)
-        out = np.zeros_like(w)
-        if w.sum() <= 0:
+        """Weights that pick the median inter-token gap of the measured jobs. Every step a measured job
+        emits a token in is one gap of that step's length (a step that also prefills a chunk is a longer
+        gap). A prefill step run apart (its decoders wait, ``decoders == 0``) emits nothing: it lengthens
+        the gap its waiting jobs are in, to its own length plus an emitting step's (their mean), and that
+        many of the plain gaps are gone. The median is the gap length at half the gaps' weight (``steps ×
+        decoding``), as one-hot weights on its stretch (with a paused step's, the emitting stretches' mean
+        beside it); a re-timed fit keeps the choice (the step mix is the run's)."""
+        step = self.step_s()
+        jobs = self.steps * self.decoding
+        emit = jobs * (self.decoders > 0)
+        paused = jobs * ((self.decoders == 0) & (self.prefill > 0))
+        total_emit, total_paused = float(emit.sum()), float(paused.sum())
+        if total_emit <= 0:  # no measured token after a first one: the mean of whatever the jobs saw
+            return jobs / max(float(jobs.sum()), 1e-300)
+        mean_emit = emit / total_emit  # weights of an emitting step's mean length
+        lengthened = min(total_paused, total_emit)  # gaps a paused step lengthens (at most one each)
+        length = np.concatenate([step, step + float((mean_emit * step).sum())])
+        weight = np.concatenate([emit * (1.0 - lengthened / total_emit),
+                                 paused * (lengthened / total_paused if total_paused > 0 else 0.0)])  # fmt: skip
+        order = np.argsort(length, kind="stable")
+        cum = np.cumsum(weight[order])
+        pick = int(order[int(np.searchsorted(cum, 0.5 * cum[-1]))])
+        n = len(step)
+        out = np.zeros_like(step)
+        if pick < n:
+            out[pick] = 1.0
             return out
-        order = np.argsort(self.step_s(), kind="stable")
-        cum = np.cumsum(w[order])
-        out[order[int(np.searchsorted(cum, 0.5 * cum[-1]))]] = 1.0
-        return out
+        out[pick - n] = 1.0
+        return out + mean_emit
 
     def step_s(self) -> FArray:
         """The realised step time of each stretch (s)."""
@@ -166,14 +182,15 @@ class _Arrivals(_Driver):
         for i in range(n):
             t = i / rate * 1e9
             s.run(t, self)
+            # a stretch starts at every arrival, so a queued request waits from its own instant on (the
+            # run counts a job as arrived from the start of a stretch)
+            s.move_to(t)
             self.add(i, 0, t)
             job = s.queue.pop()
-            if s.can_admit(job):
-                s.move_to(t)
-                s.queue.append(job)
+            admit = s.can_admit(job)  # as DeviceServer.submit: at once, or it waits in the queue
+            s.queue.append(job)
+            if admit:
                 s.admit(self)
-            else:
-                s.queue.append(job)
         s.run(INF, self)
         measured = [j for j, _ in self.jobs]
         run = _run(self.server, s.trace or [], measured, n, output_tokens)

@@ -188,7 +188,8 @@ class Prepared:
     ``workload`` is ``static`` (``requests`` arriving together at t = 0), ``steady`` (``requests``
     clients each holding one in flight, :func:`voicepipe.hardware.workload.steady`) or ``open`` (``requests``
     arriving one every ``1 / rate`` seconds, :func:`voicepipe.hardware.workload.open_loop`); ``batch`` is
-    the server's slots (what fits, at most the published batch)."""
+    the server's slots (what fits, at most the published batch; an open loop's: what fits, at most its
+    requests)."""
 
     point: Point
     reason: str = ""

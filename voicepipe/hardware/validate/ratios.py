@@ -8,7 +8,7 @@ two chip counts) with one harness.
 **Pairs** (:func:`pairs`): two published points of one harness — the same source, or the same group of
 files one publisher wrote (:attr:`Point.held_out_with`: one author's per-device result files are one
 harness; the publisher family must match too) — with the same model, precision, KV precision, stack,
-batch, prompt and output lengths, metric, load shape (closed loop, attention DP), speculative settings,
+batch (an open-loop client's request rate and count instead), prompt and output lengths, metric, load shape (closed loop, attention DP), speculative settings,
 engine, engine version and timing, but a different device or chip count. Every two such points form one
 pair. Only points that are evidence are paired: answered, not one of the points an
 SRAM machine was fitted to, not speculative (as :func:`voicepipe.hardware.validate.slices.residual`).
@@ -42,7 +42,9 @@ PairKey = tuple[object, ...]
 
 def pair_key(p: Point) -> PairKey:
     """What two points must share to be one harness's measurement of two devices (device and chips aside)."""
-    return (p.held_out_with, p.family, p.model, p.precision, p.kv_precision, stack_key(p.stack), p.batch,
+    # an open loop's published concurrency is an outcome of the run; its rate and count are the setting
+    load = (p.request_rate, p.num_prompts) if p.request_rate is not None else p.batch
+    return (p.held_out_with, p.family, p.model, p.precision, p.kv_precision, stack_key(p.stack), load,
             p.prompt_tokens, p.output_tokens, p.metric, p.closed_loop, p.attention_dp, p.eager, p.scheduler_steps, p.max_seqs,
             p.dense_precision, p.block_fp8_gemm, p.speculative or "none", p.engine, p.engine_version,
             p.timing)  # fmt: skip
