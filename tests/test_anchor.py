@@ -272,13 +272,18 @@ def test_a_ratio_is_right_when_both_predictions_are_off_by_the_same_factor():
     )  # an unanswered point pairs with none
 
 
-def test_ratio_bands_use_their_phase_only_with_enough_pairs():
-    few = [("ttft", 0.1), ("ttft", -0.1)]
-    many = [("decode", x) for x in np.linspace(-0.2, 0.2, MIN_RATIOS + 5)]
+def test_ratio_bands_use_their_phase_only_with_enough_pairs_from_enough_families():
+    few = [("ttft", 0.1, "A"), ("ttft", -0.1, "A")]
+    many = [("decode", x, "ABC"[i % 3]) for i, x in enumerate(np.linspace(-0.2, 0.2, MIN_RATIOS + 5))]
     band, basis = ratio_band(few + many, "ttft_ms")
     assert "every phase" in basis and band[0] < 0 < band[1]
     band, basis = ratio_band(few + many, "step_ms")
     assert "decode pairs" in basis and -0.2 <= band[0] < 0 < band[1] <= 0.2
+    # as many pairs from one vendor's harness are one setup's: the phase borrows every pair's band
+    one = [("decode", d, "A") for _, d, _ in many]
+    wide = [("ttft", x, "B") for x in (-1.0, 1.0)] * 10
+    band, basis = ratio_band(one + wide, "step_ms")
+    assert "every phase" in basis and band[0] <= -1.0 and band[1] >= 1.0
     assert ratio_band(few, "ttft_ms") is None  # too few for an 80 % band
     iv, _ = anchored_intervals({"ttft_ms": 100.0, "tokens_per_second": 50.0}, many)
     assert (
@@ -290,7 +295,7 @@ def test_ratio_bands_use_their_phase_only_with_enough_pairs():
 def test_the_shipped_sources_give_cross_device_pairs():
     rp = residual_pairs(points(), shipped_accuracy().residuals)
     assert len(rp) >= 2 * 100  # over a hundred pairs, each in both directions
-    assert {ph for ph, _ in rp} >= {"ttft", "decode", "throughput/e2e"}
+    assert {ph for ph, _, _ in rp} >= {"ttft", "decode", "throughput/e2e"}
 
 
 def test_validate_reports_cross_device_ratios():

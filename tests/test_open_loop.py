@@ -23,7 +23,7 @@ def server(max_batch: int = 64) -> DeviceServer:
 
 
 def test_requests_arrive_at_the_clients_rate_and_a_slow_rate_leaves_the_device_idle_between_them():
-    r = open_loop(server(), 5, 0.5, 256, 64)  # one every 2 s; each takes well under a second alone
+    r = open_loop(server(), 5, 0.5, 256, 64, poisson=False)  # one every 2 s; each well under a second alone
     assert [j.arrive_ns / 1e9 for j in r.jobs] == pytest.approx([0.0, 2.0, 4.0, 6.0, 8.0])
     alone_e2e = r.jobs[0].finish_ns / 1e9
     assert alone_e2e < 1.0
@@ -36,14 +36,14 @@ def test_requests_arrive_at_the_clients_rate_and_a_slow_rate_leaves_the_device_i
 
 
 def test_a_rate_far_above_the_device_is_a_burst():
-    fast = open_loop(server(), 40, 1e6, 256, 64)
+    fast = open_loop(server(), 40, 1e6, 256, 64, poisson=False)
     burst = static_batch(server(), 40, 256, 64)
     assert fast.idle_s == 0.0
     assert fast.figure("duration") == pytest.approx(burst.figure("duration"), rel=0.01)
 
 
 def test_a_queue_grows_where_the_rate_outruns_the_slots_and_the_figures_count_the_wait():
-    r = open_loop(server(max_batch=4), 16, 50.0, 512, 128)  # 4 slots, requests every 20 ms
+    r = open_loop(server(max_batch=4), 16, 50.0, 512, 128, poisson=False)  # 4 slots, one every 20 ms
     assert all(j.finish_ns is not None and j.finish_ns > j.arrive_ns for j in r.jobs)
     waits = [(j.first_ns - j.arrive_ns) / 1e9 for j in r.jobs]
     assert waits[-1] > 5 * waits[0]  # the later ones wait for a slot
@@ -51,6 +51,20 @@ def test_a_queue_grows_where_the_rate_outruns_the_slots_and_the_figures_count_th
     assert r.ttft_s == pytest.approx(float(np.mean(waits)) + r.request_s, rel=1e-3)
     e2e = [(j.finish_ns - j.arrive_ns) / 1e9 for j in r.jobs]
     assert r.e2e_s == pytest.approx(float(np.mean(e2e)) + r.request_s, rel=1e-3)
+
+
+def test_poisson_arrivals_queue_where_even_ones_do_not_and_the_rate_is_kept():
+    # 8B on an H100 at 12 requests a second of 2,048-token prompts: evenly spaced, a prompt hardly waits
+    # behind another (TTFT ~ a prompt alone); Poisson arrivals clump, so prefills queue and the mean TTFT
+    # rises (by ~1.7x here)
+    even = open_loop(server(), 400, 12.0, 2048, 64, poisson=False)
+    clumped = open_loop(server(), 400, 12.0, 2048, 64)
+    assert clumped.ttft_s > 1.3 * even.ttft_s
+    assert len(clumped.jobs) == 400 * 5  # 2,000 requests' worth of draws, read as one run
+    rate = clumped.clients / clumped.figure("duration")
+    assert rate == pytest.approx(12.0, rel=0.1)
+    # fixed seeds: the same figures every time
+    assert open_loop(server(), 400, 12.0, 2048, 64).ttft_s == clumped.ttft_s
 
 
 def run_of(step_ms: list[float], steps: list[float], decoding: list[float], decoders: list[float]) -> Run:

@@ -29,7 +29,7 @@ from voicepipe.backends import build_backend
 from voicepipe.backends.hardware import HardwareBackend
 from voicepipe.config import PipelineConfig
 from voicepipe.hardware.validate import LEVEL, device_maker, points, ranges, shipped_accuracy
-from voicepipe.hardware.validate.ratios import anchored_intervals, residual_pairs
+from voicepipe.hardware.validate.ratios import RatioResidual, anchored_intervals, residual_pairs
 from voicepipe.records import BreakdownPart
 
 RANGED_STAGE = "agent"  # the parts the agent stage adds to a turn's chain
@@ -65,7 +65,7 @@ def spread_of(backend: HardwareBackend, concurrency: int = 1) -> Spread:
 
 
 @cache
-def _ratio_residuals() -> tuple[tuple[str, float], ...]:
+def _ratio_residuals() -> tuple[RatioResidual, ...]:
     """The shipped cross-device ratio residuals an anchored range is built from (read once)."""
     return tuple(residual_pairs(points(), shipped_accuracy().residuals))
 

@@ -9,9 +9,9 @@ every stretch between events (decoders, their KV, the prompts being prefilled, a
 * :func:`steady` — ``N`` clients each holding one request in flight, sending the next as the last one
   finishes (a max-concurrency benchmark client), for ``rounds`` rounds; the rounds after the first are
   measured (the first is the burst that fills the device). One client for one round is a request alone.
-* :func:`open_loop` — ``N`` requests arriving one every ``1 / rate`` seconds whatever the server does (a
-  benchmark client at a request rate); every job is measured, and a queue grows where the rate outruns
-  the device.
+* :func:`open_loop` — ``N`` requests sent at ``rate`` a second whatever the server does (a benchmark client
+  at a request rate: Poisson arrivals from fixed seeds, or evenly spaced); every job is measured, and a
+  queue grows where the rate outruns the device.
 
 Every figure of a :class:`Run` is a weighted sum of the stretches' step times (:meth:`Run.weights`), so a
 fit can re-time the same step mix under other constants without re-running (``validate.fit``); the run's
@@ -21,6 +21,8 @@ server charges before a request reaches the engine.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -170,17 +172,18 @@ class _Driver(_Recorder):
 
 
 class _Arrivals(_Driver):
-    """Realises an open loop: request ``i`` arrives at ``i / rate`` seconds, as :meth:`DeviceServer.submit`
-    would take it (admitted at once where a slot and its KV are free, else queued)."""
+    """Realises an open loop: requests arrive at the given instants whatever the server does, and each is
+    taken as :meth:`DeviceServer.submit` would take it (admitted at once where a slot and its KV are free,
+    else queued)."""
 
     def __init__(self, server: DeviceServer) -> None:
         super().__init__(server, rounds=1)
 
-    def arrivals(self, n: int, rate: float, prompt_tokens: int, output_tokens: int) -> Run:
+    def arrivals(self, times_s: Sequence[float], prompt_tokens: int, output_tokens: int) -> Run:
         self.prompt, self.output = prompt_tokens, output_tokens
         s = self.state
-        for i in range(n):
-            t = i / rate * 1e9
+        for i, at in enumerate(times_s):
+            t = float(at) * 1e9
             s.run(t, self)
             # a stretch starts at every arrival, so a queued request waits from its own instant on (the
             # run counts a job as arrived from the start of a stretch)
@@ -193,7 +196,7 @@ class _Arrivals(_Driver):
                 s.admit(self)
         s.run(INF, self)
         measured = [j for j, _ in self.jobs]
-        run = _run(self.server, s.trace or [], measured, n, output_tokens)
+        run = _run(self.server, s.trace or [], measured, len(measured), output_tokens)
         wall = max((float(j.finish_ns or 0.0) for j in measured), default=0.0) / 1e9
         busy = float(run.length.sum()) / 1e9
         return replace(run, idle_s=max(0.0, wall - busy))
@@ -231,10 +234,39 @@ def steady(
     return _Driver(server, rounds).run(clients, prompt_tokens, output_tokens, measure_from=min(1, rounds - 1))
 
 
-def open_loop(server: DeviceServer, requests: int, rate: float, prompt_tokens: int, output_tokens: int) -> Run:
-    """``requests`` equal requests arriving one every ``1 / rate`` seconds from t = 0 (an open-loop client
-    at ``rate`` requests a second: the mean spacing of its Poisson draws), all measured."""
-    return _Arrivals(server).arrivals(requests, rate, prompt_tokens, output_tokens)
+POISSON_REQUESTS = 2000  # an open loop's Poisson draws: realisations enough for this many requests ...
+POISSON_DRAWS = 16  # ... but at most this many
+
+
+def open_loop(server: DeviceServer, requests: int, rate: float, prompt_tokens: int, output_tokens: int,
+              poisson: bool = True) -> Run:  # fmt: skip
+    """``requests`` equal requests sent at ``rate`` a second from t = 0 whatever the server does (an
+    open-loop benchmark client), all measured. ``poisson``: exponential gaps of mean ``1 / rate`` (what
+    bench_serving, genai-perf and Triton's perf_analyzer send), drawn from fixed seeds 0, 1, ... — as many
+    realisations as give POISSON_REQUESTS requests (at most POISSON_DRAWS), run one after another and read
+    as one run, so a figure is the mean over them (the clumping's queueing included, a single draw's luck
+    not); else one arrival every ``1 / rate`` seconds."""
+    if not poisson:
+        return _Arrivals(server).arrivals([i / rate for i in range(requests)], prompt_tokens, output_tokens)
+    draws = max(1, min(POISSON_DRAWS, math.ceil(POISSON_REQUESTS / max(requests, 1))))
+    runs = []
+    for seed in range(draws):
+        gaps = np.random.default_rng(seed).exponential(1.0 / rate, size=requests)
+        times = np.concatenate([[0.0], np.cumsum(gaps[:-1])])  # the first request goes at once
+        runs.append(_Arrivals(server).arrivals(times.tolist(), prompt_tokens, output_tokens))
+    return _joined(runs)
+
+
+def _joined(runs: list[Run]) -> Run:
+    """Runs read as one: their jobs and stretches together, their idle time summed."""
+    if len(runs) == 1:
+        return runs[0]
+    cat = {f: np.concatenate([getattr(r, f) for r in runs]) for f in
+           ("start", "length", "steps", "decoders", "kv", "prefill", "cached", "prompts", "span", "waiting", "decoding")}  # fmt: skip
+    first = runs[0]
+    return Run(jobs=tuple(j for r in runs for j in r.jobs), request_s=first.request_s,
+               clients=sum(r.clients for r in runs), output_tokens=first.output_tokens,
+               idle_s=sum(r.idle_s for r in runs), **cat)  # fmt: skip
 
 
 def alone(server: DeviceServer, req: LLMRequest) -> Run:

@@ -17,10 +17,10 @@ and a closed-loop client's throughput, are figures of a steady run (B clients, e
 flight); a median inter-token gap (``itl_median_ms``) is the median gap between the measured requests'
 tokens (a step that also prefills is a longer gap). TTFT, end-to-end latency and a burst's throughput are
 figures of a static batch: B requests arriving together. A point whose client sent ``num_prompts``
-requests at ``request_rate`` a second (open loop) runs as that: the requests arrive one every 1/rate
-seconds (the mean spacing of the client's Poisson draws; their clumping is not modelled), the server
-runs what fits, and every figure is of those requests (a throughput over the first arrival to the last
-finish).
+requests at ``request_rate`` a second (open loop) runs as that: Poisson arrivals at that rate, as the
+clients send them (:func:`voicepipe.hardware.workload.open_loop`: fixed seeds, enough draws for ~2,000
+requests), the server runs what fits, and every figure is of those requests (a throughput over the first
+arrival to the last finish).
 """
 
 from __future__ import annotations
@@ -187,7 +187,7 @@ class Prepared:
 
     ``workload`` is ``static`` (``requests`` arriving together at t = 0), ``steady`` (``requests``
     clients each holding one in flight, :func:`voicepipe.hardware.workload.steady`) or ``open`` (``requests``
-    arriving one every ``1 / rate`` seconds, :func:`voicepipe.hardware.workload.open_loop`); ``batch`` is
+    sent at ``rate`` a second, Poisson, :func:`voicepipe.hardware.workload.open_loop`); ``batch`` is
     the server's slots (what fits, at most the published batch; an open loop's: what fits, at most its
     requests)."""
 

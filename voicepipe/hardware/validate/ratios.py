@@ -20,7 +20,7 @@ the predicted speed ratio over the measured one is ``exp(s_b − s_a)``; a pair'
 ``exp(|s_b − s_a|) − 1``, the larger of its two directions (anchored on a, or on b).
 
 :func:`ratio_band` gives the 80 % band of those log ratio residuals (each pair in both directions), per
-phase where a phase has enough pairs, for an anchored prediction's range.
+phase where a phase has enough pairs from enough publisher families, for an anchored prediction's range.
 """
 
 from __future__ import annotations
@@ -34,7 +34,16 @@ from pydantic import BaseModel, ConfigDict
 
 from voicepipe.hardware.validate.fit import Row
 from voicepipe.hardware.validate.points import Point, stack_key
-from voicepipe.hardware.validate.slices import LEVEL, METRIC_PHASE, RATES, SPEED, Residual, phase, speed_band
+from voicepipe.hardware.validate.slices import (
+    LEVEL,
+    METRIC_PHASE,
+    MIN_FAMILIES,
+    RATES,
+    SPEED,
+    Residual,
+    phase,
+    speed_band,
+)
 
 MIN_RATIOS = 15  # a phase with fewer ratio residuals (both directions) takes the band of every pair
 PairKey = tuple[object, ...]
@@ -126,14 +135,18 @@ def ratio_pairs(rows: Sequence[Row]) -> list[RatioPair]:
     ]
 
 
-def residual_pairs(points: Iterable[Point], res: Sequence[Residual]) -> list[tuple[str, float]]:
-    """(phase, log ratio residual) of every pair whose points have shipped residuals (the accuracy file's
-    held-out ``log_speed``), each pair in both directions: what an anchored range is built from."""
+RatioResidual = tuple[str, float, str]  # (phase, log ratio residual, the pair's publisher family)
+
+
+def residual_pairs(points: Iterable[Point], res: Sequence[Residual]) -> list[RatioResidual]:
+    """(phase, log ratio residual, family) of every pair whose points have shipped residuals (the
+    accuracy file's held-out ``log_speed``), each pair in both directions: what an anchored range is
+    built from."""
     by_id = {r.id: r for r in res}
     out = []
     for a, b in pairs(p for p in points if p.id in by_id):
         d = by_id[b.id].log_speed - by_id[a.id].log_speed
-        out += [(phase(a.metric), d), (phase(a.metric), -d)]
+        out += [(phase(a.metric), d, a.family), (phase(a.metric), -d, a.family)]
     return out
 
 
@@ -192,15 +205,18 @@ def ratio_line(s: RatioSummary | None) -> str:
 
 
 def ratio_band(
-    ratios: Sequence[tuple[str, float]], metric: str, level: float = LEVEL
+    ratios: Sequence[RatioResidual], metric: str, level: float = LEVEL
 ) -> tuple[tuple[float, float], str] | None:
     """(low, high) of the log ratio residuals for a prediction's ``metric`` (a key of METRIC_PHASE) and
-    what they came from: its phase's residuals when at least MIN_RATIOS, else every pair's. None: too few."""
+    what they came from: its phase's residuals when at least MIN_RATIOS from at least MIN_FAMILIES
+    publisher families (one family's harness is one setup, as for the interval cells), else every pair's.
+    None: too few."""
     ph = METRIC_PHASE[metric]
-    own = [d for p, d in ratios if p == ph]
-    if len(own) >= MIN_RATIOS and (band := speed_band(own, level)) is not None:
+    own = [d for p, d, _ in ratios if p == ph]
+    families = {f for p, _, f in ratios if p == ph}
+    if len(own) >= MIN_RATIOS and len(families) >= MIN_FAMILIES and (band := speed_band(own, level)) is not None:
         return band, f"{len(own) // 2} {ph} pairs"
-    every = [d for _, d in ratios]
+    every = [d for _, d, _ in ratios]
     band = speed_band(every, level)
     return None if band is None else (band, f"{len(every) // 2} pairs of every phase ({len(own) // 2} {ph})")
 
@@ -233,7 +249,7 @@ def ratio_lines(rows: Sequence[Row], every: bool = False) -> list[str]:
     return lines
 
 
-def anchored_intervals(values: dict[str, float], ratios: Sequence[tuple[str, float]],
+def anchored_intervals(values: dict[str, float], ratios: Sequence[RatioResidual],
                        level: float = LEVEL) -> tuple[dict[str, tuple[float, float]], dict[str, str]]:  # fmt: skip
     """The ``level`` range of each anchored value (keys among METRIC_PHASE) from the cross-device ratio
     residuals (:func:`ratio_band`), and what each range came from. A metric without enough pairs has none."""
@@ -251,9 +267,9 @@ def anchored_intervals(values: dict[str, float], ratios: Sequence[tuple[str, flo
     return out, basis
 
 
-def ratio_accuracy(ratios: Sequence[tuple[str, float]]) -> dict[str, float | int]:
+def ratio_accuracy(ratios: Sequence[RatioResidual]) -> dict[str, float | int]:
     """Pairs and median ratio error (%) of :func:`residual_pairs` (what an anchored prediction prints)."""
-    errs = np.expm1(np.abs([d for _, d in ratios]))  # both directions of a pair have the same |d|
+    errs = np.expm1(np.abs([d for _, d, _ in ratios]))  # both directions of a pair have the same |d|
     return {
         "pairs": len(ratios) // 2,
         "median_error_pct": round(float(np.median(errs)) * 100, 1) if len(errs) else 0.0,
