@@ -116,3 +116,20 @@ def test_a_point_with_a_request_rate_runs_as_an_open_loop_of_its_prompts():
 def test_a_rate_needs_its_count_and_is_not_a_closed_loop(kw: dict[str, object]):
     with pytest.raises(ValueError, match="request_rate"):
         pt(**kw)
+
+
+def test_the_fit_retimes_every_figure_of_an_open_loop_point_as_the_engine_runs_it():
+    # the fit re-times a run's stretches under other constants: at the run's own constants it must give
+    # what the run gives, for a throughput (a realisation's mean duration) as for the per-request figures
+    fit = importlib.import_module("voicepipe.hardware.validate.fit")
+    hm = importlib.import_module("voicepipe.hardware.model")
+    ids = ("skyie-h200x8-dsr1-sglang-5000-1000-n50-thr", "skyie-h200x8-dsr1-sglang-5000-1000-n50-itlmed",
+           "trtllm014-online-h100-llama31-8b-bf16-tp1-202-214-qps8-ttft",
+           "trtllm014-online-h100-llama31-8b-bf16-tp1-202-214-qps8-itl")  # fmt: skip
+    xs = [points.prepare(p) for p in points.points() if p.id in ids]
+    assert len(xs) == 4 and all(x.workload == "open" for x in xs)
+    theta = np.array([[getattr(hm.DEFAULT_EFFICIENCY, k) for k in hm.FITTED]])
+    retimed = fit.predicted(fit.batch_of(xs), theta)[0]
+    engine = [fit.metric_of(x, fit.engine_run(x)) for x in xs]
+    # (the fit merges a long run's stretches into at most MAX_ROWS step shapes: a few per mille)
+    assert retimed == pytest.approx(engine, rel=5e-3)

@@ -43,11 +43,11 @@ class Efficiency:
     """Efficiency factors, one set for every HBM device (η_mem, MFU, η_wq, η_moe fitted; see docs §2)."""
 
     # fitted on every answerable point of data/validation*.yaml (`voicepipe hardware validate`; docs §2, §3)
-    eta_mem: float = 0.869  # share of the sustained (STREAM-like) bandwidth a native decode step streams
-    mfu: float = 0.766  # share of the sustained (measured maximum) matmul FLOP/s a serving step reaches
+    eta_mem: float = 0.868  # share of the sustained (STREAM-like) bandwidth a native decode step streams
+    mfu: float = 0.763  # share of the sustained (measured maximum) matmul FLOP/s a serving step reaches
     eta_wq: float = 1.0  # weight-only kernels' efficiency relative to native ones (dequant in the loop)
     eta_moe: float = 0.662  # expert (grouped-GEMM) streaming efficiency relative to dense GEMV + routing
-    layer_s: float = 4.21e-05  # per dense-layer equivalent per step on HBM devices beyond the stack's own
+    layer_s: float = 4.2e-05  # per dense-layer equivalent per step on HBM devices beyond the stack's own
     # gaps (launch, sync): a layer counts ModelSpec.layer_ops / DENSE_LAYER_OPS of them (an MLA+MoE layer 1.8)
     ar_growth: float = 0.5  # all-reduce latency growth per doubling of the TP group beyond 2
     # per MoE layer per step: top-k, alignment, grouped-GEMM launches (the router GEMM is one of

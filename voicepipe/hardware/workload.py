@@ -58,6 +58,7 @@ class Run:
     waiting: FArray  # measured jobs arrived and still without their first token
     decoding: FArray  # measured jobs past their first token and not finished
     idle_s: float = 0.0  # time in the run with nothing on the device (an open loop's gaps between arrivals)
+    draws: int = 1  # realisations read as one run (an open loop's Poisson draws): a duration is their mean
 
     def weights(self, figure: Figure) -> FArray:
         """Per-stretch weights ``w`` with ``figure = Σ w · t_step (+ request_s for ttft, e2e)`` (seconds)."""
@@ -70,7 +71,7 @@ class Run:
             return self.steps * self.decoding / (n * max(self.output_tokens - 1, 1))
         if figure == "decode_step":  # the median gap between the measured jobs' tokens
             return self._median_gap()
-        return self.steps.copy()  # duration: the whole run
+        return self.steps / self.draws  # duration: the whole run (a realisation's, on the mean)
 
     def _median_gap(self) -> FArray:
         """Weights that pick the median inter-token gap of the measured jobs. Every step a measured job
@@ -115,7 +116,7 @@ class Run:
         """What a figure adds to its weighted steps: the per-request cost (TTFT, e2e, duration) and, for
         the whole run's duration, the time nothing ran."""
         if figure == "duration":
-            return self.request_s + self.idle_s
+            return self.request_s + self.idle_s / self.draws
         return self.request_s if figure in ("ttft", "e2e") else 0.0
 
     @property
@@ -243,9 +244,12 @@ def open_loop(server: DeviceServer, requests: int, rate: float, prompt_tokens: i
     """``requests`` equal requests sent at ``rate`` a second from t = 0 whatever the server does (an
     open-loop benchmark client), all measured. ``poisson``: exponential gaps of mean ``1 / rate`` (what
     bench_serving, genai-perf and Triton's perf_analyzer send), drawn from fixed seeds 0, 1, ... — as many
-    realisations as give POISSON_REQUESTS requests (at most POISSON_DRAWS), run one after another and read
-    as one run, so a figure is the mean over them (the clumping's queueing included, a single draw's luck
-    not); else one arrival every ``1 / rate`` seconds."""
+    realisations as give POISSON_REQUESTS requests (at most POISSON_DRAWS), each run on its own and read as
+    one run: TTFT, end-to-end, time per token and a realisation's duration are means over them, the
+    median gap is over all their gaps pooled (the clumping's queueing included, a single draw's luck not);
+    else one arrival every ``1 / rate`` seconds."""
+    if requests < 1 or rate <= 0:
+        raise ValueError(f"an open loop needs requests >= 1 and a rate > 0, not {requests} at {rate}")
     if not poisson:
         return _Arrivals(server).arrivals([i / rate for i in range(requests)], prompt_tokens, output_tokens)
     draws = max(1, min(POISSON_DRAWS, math.ceil(POISSON_REQUESTS / max(requests, 1))))
@@ -258,15 +262,15 @@ def open_loop(server: DeviceServer, requests: int, rate: float, prompt_tokens: i
 
 
 def _joined(runs: list[Run]) -> Run:
-    """Runs read as one: their jobs and stretches together, their idle time summed."""
+    """Equal runs read as one: their jobs and stretches together, their idle time summed, ``draws`` the
+    count (a duration is a realisation's on the mean; ``clients`` one realisation's)."""
     if len(runs) == 1:
         return runs[0]
     cat = {f: np.concatenate([getattr(r, f) for r in runs]) for f in
            ("start", "length", "steps", "decoders", "kv", "prefill", "cached", "prompts", "span", "waiting", "decoding")}  # fmt: skip
     first = runs[0]
-    return Run(jobs=tuple(j for r in runs for j in r.jobs), request_s=first.request_s,
-               clients=sum(r.clients for r in runs), output_tokens=first.output_tokens,
-               idle_s=sum(r.idle_s for r in runs), **cat)  # fmt: skip
+    return Run(jobs=tuple(j for r in runs for j in r.jobs), request_s=first.request_s, clients=first.clients,
+               output_tokens=first.output_tokens, idle_s=sum(r.idle_s for r in runs), draws=len(runs), **cat)  # fmt: skip
 
 
 def alone(server: DeviceServer, req: LLMRequest) -> Run:
