@@ -252,7 +252,7 @@ def open_loop(server: DeviceServer, requests: int, rate: float, prompt_tokens: i
         raise ValueError(f"an open loop needs requests >= 1 and a rate > 0, not {requests} at {rate}")
     if not poisson:
         return _Arrivals(server).arrivals([i / rate for i in range(requests)], prompt_tokens, output_tokens)
-    draws = max(1, min(POISSON_DRAWS, math.ceil(POISSON_REQUESTS / max(requests, 1))))
+    draws = max(1, min(POISSON_DRAWS, math.ceil(POISSON_REQUESTS / requests)))
     runs = []
     for seed in range(draws):
         gaps = np.random.default_rng(seed).exponential(1.0 / rate, size=requests)

@@ -8,13 +8,14 @@ two chip counts) with one harness.
 **Pairs** (:func:`pairs`): two published points of one harness — the same source, or the same group of
 files one publisher wrote (:attr:`Point.held_out_with`: one author's per-device result files are one
 harness; the publisher family must match too) — with the same model, precision, KV precision, stack,
-batch (an open-loop client's request rate and count instead), prompt and output lengths, metric, load shape (closed loop, attention DP), speculative settings,
-engine, engine version and timing, but a different device or chip count. Every two such points form one
-pair. Only points that are evidence are paired: answered, not one of the points an
-SRAM machine was fitted to, not speculative (as :func:`voicepipe.hardware.validate.slices.residual`).
+batch (an open-loop client's request rate and count instead), prompt and output lengths, metric, load
+shape (closed loop, attention DP), speculative settings, engine, engine version and timing, but a
+different device or chip count. Every two such points form one pair. Only points that are evidence are
+paired: answered, not one of the points an SRAM machine was fitted to, not speculative (as
+:func:`voicepipe.hardware.validate.slices.residual`).
 
 **Ratio error** (:func:`ratio_pairs`): both points' held-out predictions come from the run with their
-publisher family left out of the fit (one source is one family, so both under the same constants), so the
+publisher family left out of the fit (a harness is one family, so both under the same constants), so the
 ratio is out of sample. With ``s`` a point's log speed residual (log of modelled over published speed),
 the predicted speed ratio over the measured one is ``exp(s_b − s_a)``; a pair's error is
 ``exp(|s_b − s_a|) − 1``, the larger of its two directions (anchored on a, or on b).
@@ -54,7 +55,8 @@ def pair_key(p: Point) -> PairKey:
     # an open loop's published concurrency is an outcome of the run; its rate and count are the setting
     load = (p.request_rate, p.num_prompts) if p.request_rate is not None else p.batch
     return (p.held_out_with, p.family, p.model, p.precision, p.kv_precision, stack_key(p.stack), load,
-            p.prompt_tokens, p.output_tokens, p.metric, p.closed_loop, p.attention_dp, p.eager, p.scheduler_steps, p.max_seqs,
+            p.prompt_tokens, p.output_tokens, p.metric, p.closed_loop, p.attention_dp, p.eager, p.scheduler_steps,
+            p.max_seqs,
             p.dense_precision, p.block_fp8_gemm, p.speculative or "none", p.engine, p.engine_version,
             p.timing)  # fmt: skip
 
