@@ -17,6 +17,7 @@ answers that many requests with 429 before behaving. Every request is recorded (
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import threading
@@ -65,7 +66,9 @@ class SpeechServer:
                 pass
 
             def do_POST(self) -> None:
-                srv._handle(self)
+                # the client may hang up mid-stream: one that rejects a malformed chunk does
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                    srv._handle(self)
 
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._httpd.daemon_threads = True

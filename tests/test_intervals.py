@@ -154,7 +154,7 @@ def test_the_range_is_the_band_of_the_configurations_own_cell():
     acc = val.shipped_accuracy()
     mdl = catalog.model("llama-3.1-8b")
     members = {r.id for r in val.cell_members(acc.residuals, query("step_ms", "vllm"))}
-    assert 15 <= len(members) < len(acc.residuals)
+    assert val.MIN_POINTS <= len(members) < len(acc.residuals)
     shifted = [r.model_copy(update={"log_speed": r.log_speed + 0.5}) if r.id in members else r
                for r in acc.residuals]  # fmt: skip
     a = val.ranges(acc, VALUES, "h100-sxm", "hbm", "vllm", mdl, 8, "bf16").intervals["step_ms"]

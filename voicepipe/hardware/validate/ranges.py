@@ -14,7 +14,7 @@ reads the TTFT residuals; ``step_ms`` and ``tokens_per_second`` the decode ones;
    SRAM machines: Cerebras, Groq) speak for it: the two physics miss in different ways.
 1. **Its cell (Mondrian).** Among those, the residuals sharing the configuration's phase, device maker,
    stack profile (its version era with it: vllm-v0 vs vllm), architecture, batch regime and precision
-   class; while fewer than ``MIN_POINTS`` (15) share them, or they come from fewer than ``MIN_FAMILIES``
+   class; while fewer than ``MIN_POINTS`` (19) share them, or they come from fewer than ``MIN_FAMILIES``
    (3) publisher families, the last key is dropped (precision, then stack, batch, architecture, maker).
    The conformal ranks ⌊(n+1)·0.1⌋ and ⌈(n+1)·0.9⌉ of the cell's residuals give the band; a cell's
    signed bias is in it (the ranks are of signed residuals, themselves held out).
