@@ -221,3 +221,11 @@ def test_coverage_scores_the_same_interval_ranges_prints():
 
 def test_the_cli_level_is_the_slices_level():
     assert hw.LEVEL == val.LEVEL
+
+
+def test_a_cell_just_large_enough_stands_at_the_level_not_at_its_extremes():
+    """MIN_POINTS is the smallest cell whose conformal ranks are not its minimum and maximum (fewer
+    residuals would give a band wider than the level says); one fewer falls back to the extremes."""
+    n = val.MIN_POINTS
+    assert val.speed_band([float(i) for i in range(n)]) == (1.0, float(n - 2))
+    assert val.speed_band([float(i) for i in range(n - 1)]) == (0.0, float(n - 2))

@@ -192,7 +192,8 @@ def speed_band(values: Sequence[float], level: float = LEVEL) -> tuple[float, fl
     s = np.sort(np.asarray(values, dtype=float))
     n = len(s)
     tail = (1 - level) / 2
-    lo, hi = math.floor((n + 1) * tail), math.ceil((n + 1) * (1 - tail))
+    # rounded first: (1 − 0.8) / 2 is 0.09999… in binary, which would put 20 · 0.1 at rank 1, not 2
+    lo, hi = math.floor(round((n + 1) * tail, 9)), math.ceil(round((n + 1) * (1 - tail), 9))
     if lo < 1 or hi > n:
         return None
     return float(s[lo - 1]), float(s[hi - 1])
