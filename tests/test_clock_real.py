@@ -13,10 +13,20 @@ from voicepipe import clock
 from voicepipe.clock import realtime
 
 
-async def _sleepers(n: int) -> list[tuple[int, int, int, bool]]:
+async def _sleepers(n: int, tries: int = 5) -> list[tuple[int, int, int, bool]]:
     """n concurrent sleepers with shuffled deadlines 200-205 ms ahead: (deadline, woke, order of waking,
     whether it started waiting before its deadline). On a stalled box a sleeper may start after its own
-    deadline; it then returns at once, so it is not one of the sleepers whose order is checked."""
+    deadline; it then returns at once, so it is not one of the sleepers whose order is checked. A round in
+    which most sleepers started late (the process stalled for 200 ms) is checked for earliness and run again."""
+    for _ in range(tries - 1):
+        woke = await _round(n)
+        if sum(w[3] for w in woke) >= n // 2:
+            return woke
+        assert all(t >= d for d, t, _, _ in woke), "a deadline sleeper woke before its deadline"
+    return await _round(n)
+
+
+async def _round(n: int) -> list[tuple[int, int, int, bool]]:
     base = time.monotonic_ns() + 200_000_000
     woke: list[tuple[int, int, int, bool]] = []
 

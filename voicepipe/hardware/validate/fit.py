@@ -277,7 +277,7 @@ def _held_out() -> Report:
     held: dict[str, float] = {}
     for fam in families:
         train = [j for j, i in enumerate(trainable) if ok[i].point.family != fam]
-        theta = fit(_subset(full, train)) if train else theta_all
+        theta = fit(subset(full, train)) if train else theta_all
         for x in ok:
             if x.point.family == fam:
                 held[x.point.id] = metric_of(x, engine_run(x, theta))
@@ -287,7 +287,7 @@ def _held_out() -> Report:
     return Report(rows, shipped, sources, len(families))
 
 
-def _subset(b: Batch, keep: list[int]) -> Batch:
+def subset(b: Batch, keep: list[int]) -> Batch:
     """The batch of the points at ``keep`` (their stretches, re-indexed)."""
     ends = np.append(b.starts[1:], len(b.weights))
     cols = np.concatenate([np.arange(b.starts[i], ends[i]) for i in keep]) if keep else np.zeros(0, dtype=int)
