@@ -21,6 +21,7 @@ values so constants no training point constrains stay there.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from functools import cache
 from typing import Any
@@ -246,7 +247,7 @@ def run() -> Report:
 
     Minutes of work that depend on this package alone: kept on disk between processes (:mod:`voicepipe.kept`,
     keyed by the package's content)."""
-    return kept("validation", _held_out, _dump, _load)
+    return kept("validation", held_out, _dump, _load)
 
 
 def _dump(rep: Report) -> dict[str, Any]:
@@ -267,8 +268,10 @@ def _load(data: dict[str, Any]) -> Report:
     )
 
 
-def _held_out() -> Report:
-    prepared = [prepare(p) for p in points()]
+def held_out(pts: Sequence[Point] | None = None) -> Report:
+    """:func:`run`'s work, uncached, on ``pts`` (default: every published point): the fit on all of them,
+    and each point predicted by the engine under the constants fitted without its publisher family."""
+    prepared = [prepare(p) for p in (points() if pts is None else pts)]
     ok = [x for x in prepared if not x.reason]
     trainable = [i for i, x in enumerate(ok) if x.spec is None]
     full = batch_of([ok[i] for i in trainable])
