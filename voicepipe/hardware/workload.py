@@ -13,6 +13,11 @@ every stretch between events (decoders, their KV, the prompts being prefilled, a
   at a request rate: Poisson arrivals from fixed seeds, or evenly spaced); every job is measured, and a
   queue grows where the rate outruns the device.
 
+Requests are equal (``lengths="fixed"``) or draw their own prompt and output lengths around the stated
+means (:func:`request_lengths`: ``uniform``, a benchmark client's random dataset at range ratio 0;
+``exponential``, a dataset whose per-request lengths are not published), so the cache holds what such a
+mix holds and a burst ends with its longest requests; the figures then use the stated mean output.
+
 Every figure of a :class:`Run` is a weighted sum of the stretches' step times (:meth:`Run.weights`), so a
 fit can re-time the same step mix under other constants without re-running (``validate.fit``); the run's
 own figures use its own step times. Times include the stack's per-request cost (``request_s``), which the
@@ -36,6 +41,36 @@ from voicepipe.hardware.system import FArray
 from voicepipe.llm import LLMRequest
 
 Figure = Literal["ttft", "e2e", "tpot", "decode_step", "duration"]
+Lengths = Literal["fixed", "uniform", "exponential"]
+LENGTH_SEEDS = (1, 2)  # the fixed shuffles of the prompt and the output lengths (a run is deterministic)
+
+
+def request_lengths(kind: Lengths, n: int, prompt_tokens: int, output_tokens: int) -> list[tuple[int, int]]:
+    """``n`` requests' (prompt, output) lengths around the stated means.
+
+    ``fixed``: every request the means. ``uniform``: each length uniform over 1 … 2·mean − 1, what a
+    benchmark client's random dataset draws at range ratio 0 (SGLang ``bench_serving --dataset-name random``:
+    ``np.random.randint(max(int(L · ratio), 1), L + 1)`` per request, mean ≈ L / 2). ``exponential``: the
+    maximum-entropy distribution of a positive length with a known mean, for a dataset sampled per request
+    whose per-request lengths the source does not publish (ShareGPT under ``vllm bench serve``): an
+    assumption, not a measured shape (docs/hardware-model.md §3, "Lengths that vary"). Deterministic:
+    stratified quantiles ``(i + ½) / n`` rescaled to the stated mean, prompt and output each shuffled with
+    a fixed seed (so long prompts are not paired with long outputs)."""
+    if kind == "fixed" or n < 1:
+        return [(prompt_tokens, output_tokens)] * max(n, 0)
+    u = (np.arange(n) + 0.5) / n
+
+    def draw(mean: int, seed: int, floor: int) -> list[int]:
+        if mean <= floor:
+            return [mean] * n
+        v = 1.0 + u * (2.0 * mean - 2.0) if kind == "uniform" else -np.log1p(-u)
+        v = v * (mean / float(v.mean()))
+        out = np.maximum(floor, np.rint(v)).astype(int)
+        return [int(x) for x in np.random.default_rng(seed).permutation(out)]
+
+    prompts = draw(prompt_tokens, LENGTH_SEEDS[0], 1)
+    outputs = draw(output_tokens, LENGTH_SEEDS[1], 2)  # at least one token after the first
+    return list(zip(prompts, outputs, strict=True))
 
 
 @dataclass(frozen=True)
@@ -144,15 +179,17 @@ class _Driver(_Recorder):
         self.rounds = rounds
         self.jobs: list[tuple[Job, int]] = []  # (job, round)
         self.prompt = self.output = self.cached = 0
+        self.lengths: list[tuple[int, int]] = []  # per request in submission order (empty: all equal)
 
     def mark(self, t: float, v: float, r: float) -> None:
         pass  # the run reads its stretches from the trace, not the curve
 
     def add(self, client: int, k: int, t: float) -> None:
-        req = LLMRequest(f"u{client}", k, self.prompt, self.output, self.cached)
+        p, o = self.lengths[len(self.jobs) % len(self.lengths)] if self.lengths else (self.prompt, self.output)
+        req = LLMRequest(f"u{client}", k, p, o, self.cached)
         n, m = prefill_split(req, self.server.prompt_cache)
         job = Job(id=len(self.jobs) + 1, req=req, arrive_ns=t, prefill_tokens=n, cached_tokens=m,
-                  context=mean_context(self.prompt, self.output), outputs=max(self.output, 1))  # fmt: skip
+                  context=mean_context(p, o), outputs=max(o, 1))  # fmt: skip
         self.jobs.append((job, k))
         self.state.queue.append(job)
 
@@ -162,8 +199,11 @@ class _Driver(_Recorder):
         if k + 1 < self.rounds:
             self.add(int(job.req.session[1:]), k + 1, t)
 
-    def run(self, clients: int, prompt_tokens: int, output_tokens: int, measure_from: int, cached: int = 0) -> Run:
+    def run(self, clients: int, prompt_tokens: int, output_tokens: int, measure_from: int, cached: int = 0,
+            lengths: Lengths = "fixed") -> Run:  # fmt: skip
         self.prompt, self.output, self.cached = prompt_tokens, output_tokens, cached
+        if lengths != "fixed":  # every request this run submits (a steady run's rounds too) has its own
+            self.lengths = request_lengths(lengths, clients * self.rounds, prompt_tokens, output_tokens)
         for c in range(clients):
             self.add(c, 0, 0.0)
         self.state.admit(self)
@@ -180,8 +220,11 @@ class _Arrivals(_Driver):
     def __init__(self, server: DeviceServer) -> None:
         super().__init__(server, rounds=1)
 
-    def arrivals(self, times_s: Sequence[float], prompt_tokens: int, output_tokens: int) -> Run:
+    def arrivals(self, times_s: Sequence[float], prompt_tokens: int, output_tokens: int,
+                 lengths: Lengths = "fixed") -> Run:  # fmt: skip
         self.prompt, self.output = prompt_tokens, output_tokens
+        if lengths != "fixed":
+            self.lengths = request_lengths(lengths, len(times_s), prompt_tokens, output_tokens)
         s = self.state
         for i, at in enumerate(times_s):
             t = float(at) * 1e9
@@ -222,17 +265,21 @@ def _run(server: DeviceServer, trace: list[tuple[float, float, float, int, float
     )  # fmt: skip
 
 
-def static_batch(server: DeviceServer, batch: int, prompt_tokens: int, output_tokens: int) -> Run:
-    """``batch`` equal requests arriving together at t = 0; the server admits what its slots allow."""
-    return _Driver(server, rounds=1).run(batch, prompt_tokens, output_tokens, measure_from=0)
+def static_batch(server: DeviceServer, batch: int, prompt_tokens: int, output_tokens: int,
+                 lengths: Lengths = "fixed") -> Run:  # fmt: skip
+    """``batch`` requests (equal, or of ``lengths`` around the means) arriving together at t = 0; the server
+    admits what its slots allow."""
+    return _Driver(server, rounds=1).run(batch, prompt_tokens, output_tokens, measure_from=0, lengths=lengths)
 
 
 def steady(
-    server: DeviceServer, clients: int, prompt_tokens: int, output_tokens: int, rounds: int = 2
+    server: DeviceServer, clients: int, prompt_tokens: int, output_tokens: int, rounds: int = 2,
+    lengths: Lengths = "fixed",
 ) -> Run:
     """``clients`` users each send a request as soon as their previous one finished, ``rounds`` times;
     with more than one round the first (the burst that fills the device) is not measured."""
-    return _Driver(server, rounds).run(clients, prompt_tokens, output_tokens, measure_from=min(1, rounds - 1))
+    return _Driver(server, rounds).run(clients, prompt_tokens, output_tokens, measure_from=min(1, rounds - 1),
+                                       lengths=lengths)  # fmt: skip
 
 
 POISSON_REQUESTS = 2000  # an open loop's Poisson draws: realisations enough for this many requests ...
@@ -240,7 +287,7 @@ POISSON_DRAWS = 16  # ... but at most this many
 
 
 def open_loop(server: DeviceServer, requests: int, rate: float, prompt_tokens: int, output_tokens: int,
-              poisson: bool = True) -> Run:  # fmt: skip
+              poisson: bool = True, lengths: Lengths = "fixed") -> Run:  # fmt: skip
     """``requests`` equal requests sent at ``rate`` a second from t = 0 whatever the server does (an
     open-loop benchmark client), all measured. ``poisson``: exponential gaps of mean ``1 / rate`` (what
     bench_serving, genai-perf and Triton's perf_analyzer send), drawn from fixed seeds 0, 1, ... — as many
@@ -251,13 +298,14 @@ def open_loop(server: DeviceServer, requests: int, rate: float, prompt_tokens: i
     if requests < 1 or rate <= 0:
         raise ValueError(f"an open loop needs requests >= 1 and a rate > 0, not {requests} at {rate}")
     if not poisson:
-        return _Arrivals(server).arrivals([i / rate for i in range(requests)], prompt_tokens, output_tokens)
+        return _Arrivals(server).arrivals([i / rate for i in range(requests)], prompt_tokens, output_tokens,
+                                          lengths)  # fmt: skip
     draws = max(1, min(POISSON_DRAWS, math.ceil(POISSON_REQUESTS / requests)))
     runs = []
     for seed in range(draws):
         gaps = np.random.default_rng(seed).exponential(1.0 / rate, size=requests)
         times = np.concatenate([[0.0], np.cumsum(gaps[:-1])])  # the first request goes at once
-        runs.append(_Arrivals(server).arrivals(times.tolist(), prompt_tokens, output_tokens))
+        runs.append(_Arrivals(server).arrivals(times.tolist(), prompt_tokens, output_tokens, lengths))
     return _joined(runs)
 
 

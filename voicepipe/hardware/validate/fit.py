@@ -68,11 +68,11 @@ def engine_run(x: Prepared, theta: FArray | None = None) -> Run:
     server = DeviceServer(replace(x.system, eff=efficiency(theta)), max_batch=max(x.batch, 1), prompt_cache=False,
                           spec=x.spec)  # fmt: skip
     if x.workload == "static":
-        return static_batch(server, x.requests, x.prompt, x.out)
+        return static_batch(server, x.requests, x.prompt, x.out, lengths=x.lengths)
     if x.workload == "open":
-        return open_loop(server, x.requests, x.rate, x.prompt, x.out)
+        return open_loop(server, x.requests, x.rate, x.prompt, x.out, lengths=x.lengths)
     rounds = 1 if x.requests == 1 else STEADY_ROUNDS
-    return steady(server, x.requests, x.prompt, x.out, rounds=rounds)
+    return steady(server, x.requests, x.prompt, x.out, rounds=rounds, lengths=x.lengths)
 
 
 def form(x: Prepared) -> tuple[Figure, float, bool]:

@@ -47,6 +47,7 @@ from voicepipe.hardware.model import (
     running_sequences,
 )
 from voicepipe.hardware.validate.harness import trtllm_bench_max_batch, trtllm_bench_max_num_tokens
+from voicepipe.hardware.workload import Lengths
 
 Metric = Literal[
     "tpot_ms", "ttft_ms", "itl_ms", "itl_median_ms", "tok_s_user", "tok_s_total", "e2e_latency_s", "e2el_ms"
@@ -102,6 +103,11 @@ class Point(BaseModel):
     # does (bench_serving --request-rate R --num-prompts N, a QPS sweep); None: not stated as one
     request_rate: float | None = Field(default=None, gt=0)
     num_prompts: int | None = Field(default=None, ge=1)
+    # how the client drew each request's lengths around the recorded means (workload.request_lengths):
+    # fixed (every request the same), uniform (a random dataset at range ratio 0: 1 … 2·mean − 1), or
+    # exponential (a dataset sampled per request whose per-request lengths are not published: ShareGPT).
+    # A burst of varied lengths runs its ``num_prompts`` requests where stated (its tail is its longest)
+    lengths: Literal["fixed", "uniform", "exponential"] = "fixed"
     metric: Metric
     value: float = Field(gt=0)
     date: str
@@ -129,8 +135,10 @@ class Point(BaseModel):
     def _closed_loop_is_a_throughput(self) -> Point:
         if self.closed_loop and self.metric != "tok_s_total":
             raise ValueError("closed_loop applies to tok_s_total only")
-        if (self.request_rate is None) != (self.num_prompts is None):
-            raise ValueError("request_rate and num_prompts go together (an open-loop client's rate and count)")
+        if self.request_rate is not None and self.num_prompts is None:
+            raise ValueError("request_rate needs num_prompts (an open-loop client's rate and count)")
+        if self.num_prompts is not None and self.request_rate is None and self.lengths == "fixed":
+            raise ValueError("num_prompts without request_rate is a burst of varied lengths (set lengths)")
         if self.request_rate is not None and self.closed_loop:
             raise ValueError("request_rate is an open-loop client; closed_loop is the other kind")
         return self
@@ -201,6 +209,7 @@ class Prepared:
     prompt: int = 0
     out: int = 0  # output tokens (DEFAULT_OUTPUT where unpublished)
     spec: Speculative | None = None  # the stated speculative settings the run decodes with
+    lengths: Lengths = "fixed"  # the requests' lengths around prompt / out (Point.lengths)
 
 
 def stack_key(name: str) -> str:
@@ -288,8 +297,11 @@ def prepare(p: Point) -> Prepared:
         # as many as fit under its cap (the published batch, a mean concurrency, is an outcome here)
         return Prepared(p, system=system, workload="open", rate=p.request_rate, requests=p.num_prompts,
                         batch=min(room, p.num_prompts) if dev.kind == "hbm" else batch, prompt=prompt, out=out,
-                        spec=spec)  # fmt: skip
+                        spec=spec, lengths=p.lengths)  # fmt: skip
     steady = p.metric in STEADY_STATE or p.metric == "itl_median_ms" or p.closed_loop
     requests = asked if p.batch is not None else batch
+    if not steady and p.lengths != "fixed" and p.num_prompts is not None:
+        # equal requests in waves of what fits read as one wave; varied ones do not (the mix, the tail)
+        requests = p.num_prompts
     return Prepared(p, system=system, workload="steady" if steady else "static", requests=requests,
-                    batch=batch, prompt=prompt, out=out, spec=spec)  # fmt: skip
+                    batch=batch, prompt=prompt, out=out, spec=spec, lengths=p.lengths)  # fmt: skip

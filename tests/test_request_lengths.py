@@ -1,0 +1,64 @@
+"""Requests of varied lengths in the engine's workloads: a benchmark client's random dataset (uniform at range
+ratio 0) or a dataset sampled per request (exponential at the stated means) keeps the stated means, is the
+same on every run, and changes what a cache-bound server holds at once; a point states how its client drew
+them, and a burst of varied lengths runs the requests it sent, not one wave of what fits."""
+
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+import pytest
+
+from voicepipe.backends.hardware import make_hardware_backend
+from voicepipe.hardware.workload import request_lengths, static_batch, throughput
+
+points = importlib.import_module("voicepipe.hardware.validate.points")
+
+
+@pytest.mark.parametrize("kind", ["uniform", "exponential"])
+def test_varied_lengths_keep_the_stated_means_and_are_the_same_every_run(kind):
+    got = request_lengths(kind, 1000, 500, 200)
+    prompts, outputs = np.array(got).T
+    assert abs(prompts.mean() / 500 - 1) < 0.01 and abs(outputs.mean() / 200 - 1) < 0.01
+    assert got == request_lengths(kind, 1000, 500, 200)
+    assert prompts.min() >= 1 and outputs.min() >= 2  # every request emits past its first token
+    assert np.corrcoef(prompts, outputs)[0, 1] < 0.1  # a long prompt does not come with a long output
+
+
+def test_a_random_dataset_at_range_ratio_zero_spans_one_to_twice_the_mean():
+    prompts, _ = np.array(request_lengths("uniform", 1000, 500, 200)).T
+    assert prompts.min() <= 5 and 990 <= prompts.max() <= 1000
+    assert abs(np.median(prompts) / 500 - 1) < 0.02  # flat: median at the mean
+
+
+def test_an_unpublished_dataset_is_spread_like_a_maximum_entropy_one():
+    _, outputs = np.array(request_lengths("exponential", 1000, 500, 200)).T
+    assert 0.9 < outputs.std() / outputs.mean() < 1.1  # an exponential's spread equals its mean
+    assert np.median(outputs) < 0.8 * outputs.mean()  # most requests are short, a few long
+
+
+def test_fixed_lengths_are_every_request_the_means():
+    assert request_lengths("fixed", 3, 500, 200) == [(500, 200)] * 3
+
+
+def test_a_cache_bound_burst_of_varied_lengths_serves_fewer_tokens_a_second_than_equal_ones():
+    # a pool for ~24 requests at their mean context: the long ones hold more of it for longer
+    server = make_hardware_backend({"hardware": "h100-sxm", "model": "llama-3.1-8b", "max_batch": 64}).server
+    server.kv_pool = 24 * (300 + 100)
+    equal = throughput(static_batch(server, 200, 300, 200), static=True)
+    varied = throughput(static_batch(server, 200, 300, 200, lengths="exponential"), static=True)
+    assert varied < 0.9 * equal
+
+
+def test_a_point_with_a_prompt_count_but_no_rate_must_say_its_lengths_vary():
+    base = dict(id="x", device="h100-sxm", chips=1, model="llama-3.1-8b", precision="bf16", batch=8,
+                prompt_tokens=300, output_tokens=200, stack="vllm", metric="tok_s_total", value=100.0,
+                date="2025-01", source="https://example.org", tier=2)  # fmt: skip
+    with pytest.raises(ValueError, match="num_prompts without request_rate"):
+        points.Point(**base, num_prompts=100)
+    p = points.Point(**base, num_prompts=100, lengths="uniform")
+    x = points.prepare(p)
+    assert (x.workload, x.requests, x.lengths) == ("static", 100, "uniform")  # the requests it sent
+    fixed = points.prepare(points.Point(**base))
+    assert (fixed.requests, fixed.lengths) == (8, "fixed")
