@@ -6,6 +6,7 @@ them, and a burst of varied lengths runs the requests it sent, not one wave of w
 from __future__ import annotations
 
 import importlib
+import json
 
 import numpy as np
 import pytest
@@ -62,3 +63,22 @@ def test_a_point_with_a_prompt_count_but_no_rate_must_say_its_lengths_vary():
     assert (x.workload, x.requests, x.lengths) == ("static", 100, "uniform")  # the requests it sent
     fixed = points.prepare(points.Point(**base))
     assert (fixed.requests, fixed.lengths) == (8, "fixed")
+
+
+def test_hardware_predict_runs_the_lengths_it_is_given_and_refuses_others():
+    from typer.testing import CliRunner
+
+    from voicepipe.cli.hardware import app
+
+    def agg(lengths: str) -> float:
+        res = CliRunner().invoke(app, ["predict", "-H", "h100-sxm", "-m", "qwen3-32b", "--batch", "200",
+                                       "--prompt-tokens", "217", "--output-tokens", "201", "--lengths", lengths,
+                                       "--format", "json"])  # fmt: skip
+        assert res.exit_code == 0, res.output
+        out = json.loads(res.output)
+        assert out["lengths"] == lengths
+        return float(out["aggregate_tokens_per_second"])
+
+    assert agg("exponential") < 0.9 * agg("fixed")  # the cache holds fewer of a mixed set at once
+    bad = CliRunner().invoke(app, ["predict", "-H", "h100-sxm", "-m", "qwen3-32b", "--lengths", "weird"])
+    assert bad.exit_code == 2 and "--lengths" in bad.output and "Traceback" not in bad.output

@@ -35,6 +35,7 @@ from voicepipe.hardware import catalog
 from voicepipe.hardware.model import DoesNotFit, Prediction, Speculative
 from voicepipe.hardware.model import predict as model_predict
 from voicepipe.hardware.sweep import SweepJob, sweep_rows
+from voicepipe.hardware.workload import Lengths
 from voicepipe.parallel import ItemFailed
 from voicepipe.report.term import Col, print_fitted
 
@@ -251,6 +252,9 @@ MaxSeqsOpt = typer.Option(None, "--max-seqs", min=1, help="the engine's cap on r
 MaxTokensOpt = typer.Option(None, "--max-num-tokens", min=1, help="the engine's step token budget (vLLM "
                             "--max-num-batched-tokens, TensorRT-LLM --max_num_tokens, SGLang --chunked-prefill-size): "
                             "prompts share a step up to it; default: the stack's (one prompt a step where it sets none)")  # fmt: skip
+LengthsOpt = typer.Option("fixed", "--lengths", help="the requests' lengths: fixed (every one the stated lengths), "
+                          "uniform (1 … twice the stated, a random dataset at range ratio 0) or exponential (a "
+                          "dataset like ShareGPT: most short, a few long, at the stated means)")  # fmt: skip
 LEVEL = 0.8  # the ranges' level (voicepipe.hardware.validate.slices.LEVEL; a test keeps them equal)
 RANGED = ("ttft_ms", "step_ms", "tokens_per_second", "aggregate_tokens_per_second")  # metrics with a range
 SWEEP_KEYS = {"ttft_ms": "ttft_ms", "step_ms": "step_ms", "tokens_per_second": "per_user_tps",
@@ -260,13 +264,14 @@ def _predict(
     tp: int | None, precision: str | None, kv_precision: str | None, stk: catalog.Stack | None,
     spec: Speculative | None, timing: Literal["client", "engine"] | None = None, eager: bool = False,
     scheduler_steps: int = 1, max_seqs: int | None = None, max_num_tokens: int | None = None,
+    lengths: Lengths = "fixed",
 ) -> Prediction:  # fmt: skip
     """``hardware predict``'s call; a sweep row (:class:`voicepipe.hardware.sweep.SweepJob`) makes the same
     one without ``spec`` (same chips for the same batch)."""
     return model_predict(
         dev, mdl, precision=precision, batch=batch, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
         tp=tp, spec=spec, kv_precision=kv_precision, stack=stk, timing=timing, eager=eager,
-        scheduler_steps=scheduler_steps, max_seqs=max_seqs, max_num_tokens=max_num_tokens,
+        scheduler_steps=scheduler_steps, max_seqs=max_seqs, max_num_tokens=max_num_tokens, lengths=lengths,
     )  # fmt: skip
 
 
@@ -293,10 +298,13 @@ def predict(
     scheduler_steps: int = StepsOpt,
     max_seqs: int | None = MaxSeqsOpt,
     max_num_tokens: int | None = MaxTokensOpt,
+    lengths: str = LengthsOpt,
     fmt: str = FormatOpt,
     json_out: Path | None = JsonOpt,
 ) -> None:
     """One configuration, a request alone or among --batch clients: TTFT, step time, tok/s, chips, bound."""
+    if lengths not in ("fixed", "uniform", "exponential"):
+        _fail(f"--lengths: use fixed, uniform or exponential, got {lengths!r}")
     dev, mdl = _check_lookup(hardware, model)
     stk = _options(precision, kv_precision, stack)
     spec = _speculative(speculative)
@@ -306,9 +314,10 @@ def predict(
     if anchor is not None:  # ANCHORED numbers: voicepipe.cli.anchored
         if timing is not None:
             _fail("--ttft-timing: an anchored TTFT keeps the timing of the anchor's own measurement (client-side)")
-        if eager or scheduler_steps != 1 or max_seqs is not None or max_num_tokens is not None:
+        if eager or scheduler_steps != 1 or max_seqs is not None or max_num_tokens is not None or lengths != "fixed":
             flag = ("--eager" if eager else "--scheduler-steps" if scheduler_steps != 1
-                    else "--max-seqs" if max_seqs is not None else "--max-num-tokens")  # fmt: skip
+                    else "--max-seqs" if max_seqs is not None
+                    else "--max-num-tokens" if max_num_tokens is not None else "--lengths")  # fmt: skip
             _fail(f"{flag}: an anchored prediction keeps the run settings of the anchor's own measurement")
         from voicepipe.cli.anchored import predict_anchored
 
@@ -316,7 +325,7 @@ def predict(
                                 stack, spec, fmt, json_out)  # fmt: skip
     try:
         p = _predict(dev, mdl, batch, prompt_tokens, output_tokens, tp, precision, kv_precision, stk, spec, timing,
-                     eager, scheduler_steps, max_seqs, max_num_tokens)  # fmt: skip
+                     eager, scheduler_steps, max_seqs, max_num_tokens, cast(Lengths, lengths))  # fmt: skip
     except DoesNotFit as exc:
         if fmt == "json":
             typer.echo(json.dumps({"fits": False, "error": str(exc), "hardware": hardware, "model": model}))
@@ -337,6 +346,7 @@ def predict(
     out["validation_near"] = near.model_dump()
     out["speculative"] = None if spec is None else spec.__dict__
     out["eager"], out["scheduler_steps"], out["max_num_tokens"] = eager, scheduler_steps, max_num_tokens
+    out["lengths"] = lengths
     out["sources"] = {"device": dev.sources, "model": mdl.sources, "method": "docs/hardware-model.md"}
     if _emit_json(out, fmt, json_out):
         return

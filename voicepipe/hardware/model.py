@@ -157,7 +157,7 @@ from voicepipe.hardware.system import (
     weight_bytes,
     weight_read_params,
 )
-from voicepipe.hardware.workload import steady, throughput
+from voicepipe.hardware.workload import Lengths, steady, throughput
 
 __all__ = [
     "BOOL_PARTS",
@@ -304,6 +304,7 @@ def predict(
     scheduler_steps: int = 1,
     max_seqs: int | None = None,
     max_num_tokens: int | None = None,
+    lengths: Lengths = "fixed",
 ) -> Prediction:
     """One request among ``batch`` clients each holding one in flight, as the serving engine runs them
     (:func:`voicepipe.hardware.workload.steady`: the burst that fills the device, then a measured round;
@@ -322,7 +323,8 @@ def predict(
     ``eager``, ``scheduler_steps``, ``max_seqs`` and ``max_num_tokens`` are run settings of the served
     system (:class:`System`: no CUDA/HIP graphs; multi-step scheduling; the cap on running sequences; the
     step token budget, vLLM ``--max-num-batched-tokens`` / TensorRT-LLM ``--max_num_tokens``; None: the
-    stack's default).
+    stack's default). ``lengths``: the clients' requests all at the stated lengths ("fixed"), or drawn
+    around them (:func:`voicepipe.hardware.workload.request_lengths`: "uniform", "exponential").
     """
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch}")
@@ -357,7 +359,7 @@ def predict(
         note = f"{note}; {grows}" if note else grows
     st = step_time(system, run, run * ctx)
     server = DeviceServer(system, max_batch=max(run, 1), spec=spec, prompt_cache=False)
-    engine = steady(server, batch, prompt_tokens, output_tokens, rounds=1 if batch == 1 else 2)
+    engine = steady(server, batch, prompt_tokens, output_tokens, rounds=1 if batch == 1 else 2, lengths=lengths)
     per_user = 1.0 / engine.tpot_s
     step = engine.tpot_s * tokens_per_step(spec)
     cap = system.chips * device.capacity_bytes
