@@ -441,8 +441,10 @@ def test_accuracy_groups_every_answered_row_once_per_kind():
              acc.by_architecture, acc.by_device, acc.by_stack)  # fmt: skip
     for groups in kinds:
         assert sum(g.points for g in groups.values()) == acc.summary.points
-    # DeepSeek-R1 is the catalog's MLA model: its group and the MLA group are the same points
-    assert acc.by_architecture["mla"] == acc.by_model["deepseek-r1"]
+    # the MLA group is the points of the catalog's MLA models (DeepSeek-R1, -V3), no more, no fewer
+    mla = [m for m in acc.by_model if cat.model(m).kv_dim is not None]
+    assert sorted(mla) == ["deepseek-r1", "deepseek-v3"]
+    assert acc.by_architecture["mla"].points == sum(acc.by_model[m].points for m in mla)
 
 
 def _near(*args: str) -> dict:
@@ -564,7 +566,7 @@ def test_hardware_validate_filters_by_exact_device_model_and_stack():
     assert ids("--model", "llama-3.1-8b", "--device", "h100-sxm") == {
         p.id for p in val.points() if p.model == "llama-3.1-8b" and p.device == "h100-sxm"
     }
-    assert ids("--architecture", "mla") == {p.id for p in val.points() if p.model == "deepseek-r1"}
+    assert ids("--architecture", "mla") == {p.id for p in val.points() if p.model in ("deepseek-r1", "deepseek-v3")}
     assert ids("--stack", "tensorrt-llm") == ids("--stack", "trtllm")  # the data's own alias
     # the rows shown get their own figures under the table
     r = runner.invoke(app, ["validate", "--model", "deepseek-r1"], env={"COLUMNS": "200"})
