@@ -424,6 +424,7 @@ def sweep(
     scheduler_steps: int = StepsOpt,
     max_seqs: int | None = MaxSeqsOpt,
     max_num_tokens: int | None = MaxTokensOpt,
+    lengths: str = LengthsOpt,
     fmt: str = FormatOpt,
     json_out: Path | None = JsonOpt,
     wide: bool = WideOpt,
@@ -432,6 +433,8 @@ def sweep(
     """Batching trade-off: step time, per-user and aggregate tok/s, $/Mtok; marks fast mode vs default.
 
     Each row is exactly `hardware predict --batch B` (same chips, same numbers)."""
+    if lengths not in ("fixed", "uniform", "exponential"):
+        _fail(f"--lengths: use fixed, uniform or exponential, got {lengths!r}")
     dev, mdl = _check_lookup(hardware, model)
     stk = _options(precision, kv_precision, stack)
     bs = _batches(batches)
@@ -445,7 +448,7 @@ def sweep(
     default = dep.max_batch if max_seqs is None else max_seqs
     bs = sorted(set(bs) | {FAST_MAX_BATCH, default})
     job = SweepJob(dev, mdl, prompt_tokens, output_tokens, tp, precision, kv_precision, stk, FAST_MAX_BATCH,
-                   default, eager, scheduler_steps, max_seqs, max_num_tokens)  # fmt: skip
+                   default, eager, scheduler_steps, max_seqs, max_num_tokens, cast(Lengths, lengths))  # fmt: skip
     rows = _sweep_rows(job, bs, executor)
     rngs = []
     for r in rows:
@@ -458,7 +461,7 @@ def sweep(
         "hardware": dev.key, "model": mdl.key, "precision": dep.system.precision, "kv_precision": dep.system.kv,
         "stack": dep.system.serving.key, "stack_build": dep.system.serving.name, "ttft_timing": dep.system.ttft_timing,
         "eager": dep.system.eager, "scheduler_steps": dep.system.scheduler_steps, "max_num_tokens": max_num_tokens,
-        "default_max_batch": default, "fast_max_batch": FAST_MAX_BATCH,
+        "lengths": lengths, "default_max_batch": default, "fast_max_batch": FAST_MAX_BATCH,
         "modelled": True, "validation": _validation(), "interval_level": LEVEL,
         "validation_near": near.model_dump(), "rows": rows,
     }  # fmt: skip
@@ -477,7 +480,8 @@ def sweep(
         for r, g in zip(rows, rngs, strict=True)
     ]  # fmt: skip
     con = _console()
-    title = f"{dev.key}/{mdl.key} @ {dep.system.precision}, {prompt_tokens} in / {output_tokens} out"
+    title = f"{dev.key}/{mdl.key} @ {dep.system.precision}, {prompt_tokens} in / {output_tokens} out" + (
+        "" if lengths == "fixed" else f" ({lengths} lengths around them)")
     print_fitted(con, cols, cells, wide=wide, title=title)
     con.print(
         f"{_modelled()}. B→N: B sequences do not fit (their KV, or the engine's cap), the server runs N at a time. "

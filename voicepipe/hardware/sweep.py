@@ -16,6 +16,7 @@ from typing import Any
 
 from voicepipe.hardware.catalog import Device, ModelSpec, Stack
 from voicepipe.hardware.model import predict
+from voicepipe.hardware.workload import Lengths
 from voicepipe.parallel import Executor, LocalExecutor, Report
 
 
@@ -37,6 +38,7 @@ class SweepJob:
     scheduler_steps: int = 1  # multi-step scheduling (System.scheduler_steps)
     max_seqs: int | None = None  # the engine's cap on running sequences (System.max_seqs; None: the stack's)
     max_num_tokens: int | None = None  # the step token budget (System.max_num_tokens; None: the stack's)
+    lengths: Lengths = "fixed"  # the clients' request lengths around the stated ones (workload.request_lengths)
 
     def row(self, batch: int) -> dict[str, Any]:
         """The sweep's row at ``batch`` (raises ValueError, e.g. DoesNotFit, as ``predict`` does)."""
@@ -44,7 +46,7 @@ class SweepJob:
             self.device, self.model, precision=self.precision, batch=batch, prompt_tokens=self.prompt_tokens,
             output_tokens=self.output_tokens, tp=self.tp, spec=None, kv_precision=self.kv_precision,
             stack=self.stack, eager=self.eager, scheduler_steps=self.scheduler_steps, max_seqs=self.max_seqs,
-            max_num_tokens=self.max_num_tokens,
+            max_num_tokens=self.max_num_tokens, lengths=self.lengths,
         )  # fmt: skip
         cost = p.chips * self.device.price_per_chip_hour / (p.aggregate_tokens_per_second * 3600) * 1e6
         modes = (("fast", batch == self.fast_max_batch), ("default", batch == self.default_max_batch))
