@@ -82,3 +82,35 @@ def test_hardware_predict_runs_the_lengths_it_is_given_and_refuses_others():
     assert agg("exponential") < 0.9 * agg("fixed")  # the cache holds fewer of a mixed set at once
     bad = CliRunner().invoke(app, ["predict", "-H", "h100-sxm", "-m", "qwen3-32b", "--lengths", "weird"])
     assert bad.exit_code == 2 and "--lengths" in bad.output and "Traceback" not in bad.output
+
+
+def test_a_sweep_row_with_varied_lengths_is_the_predict_of_the_same_lengths():
+    from typer.testing import CliRunner
+
+    from voicepipe.cli.hardware import app
+
+    args = ["-H", "h100-sxm", "-m", "qwen3-32b", "--prompt-tokens", "217", "--output-tokens", "201",
+            "--lengths", "exponential", "--format", "json"]  # fmt: skip
+    sw = CliRunner().invoke(app, ["sweep", "--batches", "64", *args])
+    assert sw.exit_code == 0, sw.output
+    sweep = json.loads(sw.output)
+    row = next(r for r in sweep["rows"] if r["batch"] == 64)
+    pr = CliRunner().invoke(app, ["predict", "--batch", "64", *args])
+    one = json.loads(pr.output)
+    assert sweep["lengths"] == "exponential"
+    assert row["aggregate_tps"] == pytest.approx(one["aggregate_tokens_per_second"], rel=1e-9)
+    fixed = CliRunner().invoke(app, ["sweep", "--batches", "64", *args[:-4], "--format", "json"])
+    fixed_row = next(r for r in json.loads(fixed.output)["rows"] if r["batch"] == 64)
+    assert abs(fixed_row["aggregate_tps"] / row["aggregate_tps"] - 1) > 0.01  # the option reaches the engine
+
+
+def test_a_closed_loop_of_varied_lengths_is_measured_at_full_load_not_in_its_drain():
+    from voicepipe.hardware.workload import _Driver, steady
+
+    def server():  # a fresh engine each run
+        return make_hardware_backend({"hardware": "h100-sxm", "model": "llama-3.1-8b", "max_batch": 32}).server
+
+    got = throughput(steady(server(), 16, 500, 300, lengths="exponential"), static=False)
+    # the reference: many rounds, a long warm-up left out, so neither the burst nor the drain weighs
+    ref = throughput(_Driver(server(), 256).run(16, 500, 300, measure_from=64, lengths="exponential"), static=False)
+    assert abs(got / ref - 1) < 0.1

@@ -209,6 +209,12 @@ class _Driver(_Recorder):
         self.state.admit(self)
         self.state.run(INF, self)
         measured = [j for j, k in self.jobs if k >= measure_from]
+        if lengths != "fixed" and self.rounds > 1:
+            # varied lengths fall out of step: once the first client has sent its last request the load
+            # drains and the long requests left run alone, faster. Only requests done while every client
+            # still had one in flight count (equal requests stay in step: they all end together)
+            end = min(float(j.finish_ns or 0.0) for j, k in self.jobs if k == self.rounds - 1)
+            measured = [j for j in measured if float(j.finish_ns or 0.0) <= end] or measured
         return _run(self.server, self.state.trace or [], measured, clients, output_tokens)
 
 
@@ -272,13 +278,25 @@ def static_batch(server: DeviceServer, batch: int, prompt_tokens: int, output_to
     return _Driver(server, rounds=1).run(batch, prompt_tokens, output_tokens, measure_from=0, lengths=lengths)
 
 
+# a steady run of varied lengths: at least this many rounds and requests, the first quarter of the rounds
+# not measured (the clients leave the burst's lock-step only over several requests each)
+VARIED_ROUNDS, VARIED_REQUESTS = 32, 2000
+
+
 def steady(
     server: DeviceServer, clients: int, prompt_tokens: int, output_tokens: int, rounds: int = 2,
     lengths: Lengths = "fixed",
 ) -> Run:
     """``clients`` users each send a request as soon as their previous one finished, ``rounds`` times;
-    with more than one round the first (the burst that fills the device) is not measured."""
-    return _Driver(server, rounds).run(clients, prompt_tokens, output_tokens, measure_from=min(1, rounds - 1),
+    with more than one round the first (the burst that fills the device) is not measured. Requests of
+    varied lengths run at least VARIED_ROUNDS rounds and VARIED_REQUESTS requests, the first quarter of
+    the rounds unmeasured, and count while every client is still sending (:meth:`_Driver.run`): the load
+    a benchmark client holds, not the burst's lock-step nor the drain at its end."""
+    warm = min(1, rounds - 1)
+    if lengths != "fixed" and rounds > 1:
+        rounds = max(rounds, VARIED_ROUNDS, math.ceil(VARIED_REQUESTS / max(clients, 1)))
+        warm = rounds // 4
+    return _Driver(server, rounds).run(clients, prompt_tokens, output_tokens, measure_from=warm,
                                        lengths=lengths)  # fmt: skip
 
 
