@@ -136,10 +136,12 @@ def _validate_ids(out: str) -> list[str]:
         if not ln.strip() or ln.startswith("─"):
             break
         cell, rest = ln[:w].strip(), ln[w:].strip()
-        if ids and ids[-1].endswith("-") and not rest:
+        if ids and ids[-1].endswith("-") and cell and not rest[:1].isdigit():  # (a long reason wraps beside it)
             ids[-1] += cell
         elif rest[:1].isdigit():  # a row: the tier follows the id
             ids.append(cell)
+        elif ids and not cell and rest:  # a long reason wrapping under a finished id
+            continue
         else:
             break  # the table is over
     return ids
