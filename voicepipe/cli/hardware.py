@@ -13,7 +13,7 @@ import json
 from collections.abc import Sequence
 from contextlib import closing
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast, get_args
 
 import typer
 from rich.console import Console
@@ -117,6 +117,13 @@ def ttft_label(timing: str, batch: int) -> str:
     includes the prefills it waits behind (and, past what fits or runs at once, the queue)."""
     where = "idle, no queue" if batch == 1 else f"mean over {batch} clients, queueing included"
     return f"TTFT ({timing}-side, {where})"
+
+
+def _lengths(text: str) -> Lengths:
+    """``--lengths`` as the engine's workload takes it (one-line error otherwise)."""
+    if text not in get_args(Lengths):
+        _fail(f"--lengths: use {', '.join(get_args(Lengths))}, got {text!r}")
+    return cast(Lengths, text)
 
 
 def _speculative(text: str | None) -> Speculative | None:
@@ -303,8 +310,7 @@ def predict(
     json_out: Path | None = JsonOpt,
 ) -> None:
     """One configuration, a request alone or among --batch clients: TTFT, step time, tok/s, chips, bound."""
-    if lengths not in ("fixed", "uniform", "exponential"):
-        _fail(f"--lengths: use fixed, uniform or exponential, got {lengths!r}")
+    kind = _lengths(lengths)
     dev, mdl = _check_lookup(hardware, model)
     stk = _options(precision, kv_precision, stack)
     spec = _speculative(speculative)
@@ -325,7 +331,7 @@ def predict(
                                 stack, spec, fmt, json_out)  # fmt: skip
     try:
         p = _predict(dev, mdl, batch, prompt_tokens, output_tokens, tp, precision, kv_precision, stk, spec, timing,
-                     eager, scheduler_steps, max_seqs, max_num_tokens, cast(Lengths, lengths))  # fmt: skip
+                     eager, scheduler_steps, max_seqs, max_num_tokens, kind)  # fmt: skip
     except DoesNotFit as exc:
         if fmt == "json":
             typer.echo(json.dumps({"fits": False, "error": str(exc), "hardware": hardware, "model": model}))
@@ -357,7 +363,7 @@ def predict(
         *([("weight-only", f"no {p.precision} math here: bf16 matmuls")] if out["weight_only"] else []),
         ("stack", p.stack),
         ("stack build", p.stack_build),
-        ("batch", f"{p.batch}"),
+        ("batch", f"{p.batch}" + ("" if lengths == "fixed" else f" ({lengths} lengths around {prompt_tokens} in / {output_tokens} out)")),
         ("fits", fits),
         ("max batch at this context", f"{p.max_batch_fits}" + (f" (engine cap {p.max_seqs})" if p.max_seqs else "")),
         *([("as they grow", GROWS)] if p.preempts else []),
@@ -433,8 +439,7 @@ def sweep(
     """Batching trade-off: step time, per-user and aggregate tok/s, $/Mtok; marks fast mode vs default.
 
     Each row is exactly `hardware predict --batch B` (same chips, same numbers)."""
-    if lengths not in ("fixed", "uniform", "exponential"):
-        _fail(f"--lengths: use fixed, uniform or exponential, got {lengths!r}")
+    kind = _lengths(lengths)
     dev, mdl = _check_lookup(hardware, model)
     stk = _options(precision, kv_precision, stack)
     bs = _batches(batches)
@@ -448,7 +453,7 @@ def sweep(
     default = dep.max_batch if max_seqs is None else max_seqs
     bs = sorted(set(bs) | {FAST_MAX_BATCH, default})
     job = SweepJob(dev, mdl, prompt_tokens, output_tokens, tp, precision, kv_precision, stk, FAST_MAX_BATCH,
-                   default, eager, scheduler_steps, max_seqs, max_num_tokens, cast(Lengths, lengths))  # fmt: skip
+                   default, eager, scheduler_steps, max_seqs, max_num_tokens, kind)  # fmt: skip
     rows = _sweep_rows(job, bs, executor)
     rngs = []
     for r in rows:
