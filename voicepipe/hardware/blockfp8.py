@@ -23,9 +23,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
 from numpy.typing import ArrayLike
 
+from voicepipe.hardware.num import arr, ceil, maximum, minimum
 from voicepipe.hardware.specs import BlockFp8Gemm, Device, ModelSpec
 from voicepipe.hardware.system import MLA_ROPE_DIM, FArray, System
 
@@ -87,11 +87,11 @@ def block_fp8_gemms(model: ModelSpec, tp: int, attention_dp: bool = False) -> tu
 def stream_share(n: int, tokens: ArrayLike, kernel: BlockFp8Gemm, sms: int) -> FArray:
     """Share of the bandwidth a GEMM with ``n`` output columns over ``tokens`` rows streams its weight at
     under ``kernel``: its output tiles over the device's SMs, at most 1 (1 for kernel "none")."""
-    m = np.maximum(np.asarray(tokens, dtype=float), 1.0)
+    m = maximum(arr(tokens), 1.0)
     if kernel == "none":
         return 0.0 * m + 1.0
     tile_m, tile_n = TILE[kernel]
-    return np.minimum(1.0, np.ceil(m / tile_m) * math.ceil(n / tile_n) / sms)
+    return minimum(1.0, ceil(m / tile_m) * math.ceil(n / tile_n) / sms)
 
 
 def tile_bound_extra_params(
@@ -100,12 +100,12 @@ def tile_bound_extra_params(
     """Weight params per rank whose streaming time (at the sustained bandwidth) a step of ``tokens`` tokens
     (M) pays on top of its modelled stream because its block-scaled GEMMs have fewer output tiles than the
     device has SMs (module doc); 0 for kernel "none". Under attention DP the attention-side GEMMs run over a rank's own ``tokens / tp``."""
-    tokens_arr = np.maximum(np.asarray(tokens, dtype=float), 1.0)
+    tokens_arr = maximum(arr(tokens), 1.0)
     out = 0.0 * tokens_arr
     if kernel == "none":
         return out
     for g in block_fp8_gemms(model, tp, attention_dp):
-        m = np.ceil(tokens_arr / tp) if attention_dp and g.attention else tokens_arr
+        m = ceil(tokens_arr / tp) if attention_dp and g.attention else tokens_arr
         out = out + g.layers * g.n * g.k * (1.0 / stream_share(g.n, m, kernel, sms) - 1.0)
     return out
 

@@ -31,6 +31,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from voicepipe.hardware.catalog import Device, Stack
+from voicepipe.hardware.num import arr, where
 from voicepipe.hardware.system import DEFAULT_EFFICIENCY, Efficiency, FArray
 
 Path = Literal["oneshot", "twoshot", "nccl"]
@@ -79,13 +80,15 @@ def _limit(limits: dict[int, int], tp: int) -> int | None:
 def allreduce_path(stack: Stack, device: Device, tp: int, message_bytes: ArrayLike) -> np.ndarray:
     """Which collective ``stack`` runs for an all-reduce of ``message_bytes`` over ``tp`` ``device``s:
     "oneshot" / "twoshot" (its custom kernel) or "nccl" (vectorised over the message size)."""
-    s = np.asarray(message_bytes, dtype=float)
-    nccl = np.full(s.shape, "nccl", dtype="<U7")
+    s = arr(message_bytes)
+    nccl = "nccl" if isinstance(s, float) else np.full(s.shape, "nccl", dtype="<U7")
     if tp <= 1 or stack.allreduce != "custom" or not device.custom_allreduce_us:
         return nccl
     oneshot, most = _limit(stack.allreduce_oneshot_bytes, tp), _limit(stack.allreduce_max_bytes, tp)
     if oneshot is None or most is None:
         return nccl
+    if isinstance(s, float):  # one message (the engine's hot path): the same choice as below
+        return "oneshot" if s < min(oneshot, most) else "twoshot" if s < most else "nccl"
     return np.where(s < min(oneshot, most), "oneshot", np.where(s < most, "twoshot", "nccl"))
 
 
@@ -94,7 +97,7 @@ def allreduce_s(
 ) -> FArray:
     """Seconds for one all-reduce of ``message_bytes`` over ``tp`` chips of ``device`` as ``stack`` runs it
     (module docstring): latency plus the bytes each chip moves over its link at η_link; 0 at tp 1."""
-    s = np.asarray(message_bytes, dtype=float)
+    s = arr(message_bytes)
     if tp <= 1:
         return 0.0 * s
     link = float(device.link_gbs or 0) * 1e9 * eff.link_eff
@@ -102,7 +105,8 @@ def allreduce_s(
     nccl = allreduce_latency_s(device, tp, eff) + ring
     path = allreduce_path(stack, device, tp, s)
     alpha = custom_allreduce_latency_s(device, tp)
-    if alpha is None or not np.any(path != "nccl"):
+    custom = path != "nccl" if isinstance(path, str) else bool(np.any(path != "nccl"))
+    if alpha is None or not custom:
         return nccl + 0.0 * s
     oneshot = alpha + (tp - 1) * s / link
-    return np.where(path == "oneshot", oneshot, np.where(path == "twoshot", 2.0 * alpha + ring, nccl))
+    return where(path == "oneshot", oneshot, where(path == "twoshot", 2.0 * alpha + ring, nccl))

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+
+from voicepipe.hardware.num import maximum
 
 PRECISIONS: dict[str, float] = {
     # bytes per weight; int4 carries one 8-bit scale per 32 weights (MXFP4 / group-wise int4) = 4.25 bits
@@ -253,9 +254,8 @@ class ModelSpec(BaseModel):
     def held(self, context: Any) -> Any:
         """KV-cache tokens a sequence of ``context`` tokens holds, counted as full tokens (all layers): the
         local layers keep at most ``window`` of them. ``context`` may be a numpy array."""
-        if self.window is None:
-            return context
-        return context - self.local_layers / self.layers * np.maximum(context - self.window, 0)
+        w = self.window
+        return context if w is None else context - self.local_layers / self.layers * maximum(context - w, 0)
 
     @property
     def is_moe(self) -> bool:

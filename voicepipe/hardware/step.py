@@ -21,6 +21,7 @@ from voicepipe.hardware.catalog import (
     kv_rereads,
 )
 from voicepipe.hardware.collective import allreduce_s
+from voicepipe.hardware.num import arr, ceil, maximum, where
 from voicepipe.hardware.sizing import weight_split
 from voicepipe.hardware.specs import DENSE_LAYER_OPS
 from voicepipe.hardware.system import (
@@ -107,11 +108,11 @@ def allreduces_per_step(model: ModelSpec, tp: int) -> int:
 def held_total(model: ModelSpec, tokens: ArrayLike, seqs: ArrayLike) -> FArray:
     """Full-token equivalent of ``tokens`` of cache spread over ``seqs`` sequences, each at their mean
     context (:meth:`ModelSpec.held`); the tokens themselves without local attention."""
-    t = np.asarray(tokens, dtype=float)
+    t = arr(tokens)
     if model.window is None:
         return t
-    return t - model.local_layers / model.layers * np.maximum(
-        t - np.asarray(seqs, dtype=float) * model.window, 0.0
+    return t - model.local_layers / model.layers * maximum(
+        t - arr(seqs) * model.window, 0.0
     )
 
 
@@ -135,13 +136,13 @@ def step_parts(
     over the prompts); None: prompts of equal length, ``(c + n/2) / s``. ``streamed`` False leaves out
     the API process's floor (:func:`stream_s`; a speculative step applies it once to draft and verify)."""
     dev, m, eff = system.device, system.model, system.eff
-    d = np.asarray(decode_seqs, dtype=float)
-    kv = np.asarray(kv_tokens, dtype=float)
-    q = np.asarray(tokens_per_seq, dtype=float)
-    n = np.asarray(prefill_tokens, dtype=float)
-    c = np.asarray(prefill_cached, dtype=float)
-    ps = np.maximum(np.asarray(prefill_seqs, dtype=float), 1.0)
-    span = (c + n / 2.0) / ps if prefill_span is None else np.asarray(prefill_span, dtype=float)
+    d = arr(decode_seqs)
+    kv = arr(kv_tokens)
+    q = arr(tokens_per_seq)
+    n = arr(prefill_tokens)
+    c = arr(prefill_cached)
+    ps = maximum(arr(prefill_seqs), 1.0)
+    span = (c + n / 2.0) / ps if prefill_span is None else arr(prefill_span)
     tokens = d * q + n
     zero = 0.0 * (tokens + kv + c)
     bpp = bytes_per_param(system.precision)  # the routed experts
@@ -156,7 +157,7 @@ def step_parts(
     dense_p, expert_p = _read_split(m, tokens)
     # the head computes logits only where a token is sampled: every decoder's, and the last token of each
     # prompt (or chunk) in the step, not every prompt token
-    sampled_prompt = n - np.maximum(n - ps, 0.0)
+    sampled_prompt = n - maximum(n - ps, 0.0)
     # local attention: the decoders' cache at their mean context, the prompt's cached prefix, and the
     # span a new prompt token attends to, each capped at the window on the local layers
     cached = c
@@ -169,7 +170,7 @@ def step_parts(
     # a decode kernel that does not share a GQA group's KV head reads it once per query head
     reread = kv_rereads(stk, m.gqa_group, local=m.window is not None)
     # the decode kernel may also stream what it reads below the modelled rate (Stack.decode_kv_eff)
-    kv_bytes = (reread * kv / stk.decode_kv_eff + np.where(n > 0, cached, 0.0) + tokens) * kvb
+    kv_bytes = (reread * kv / stk.decode_kv_eff + where(n > 0, cached, 0.0) + tokens) * kvb
     # tensor parallelism splits every step's work over the chips; a pipeline (llama.cpp's layer split)
     # runs the chips in turn, so a step costs one chip's time for all the work plus the hops between
     pipeline = dev.kind == "hbm" and stk.multi_chip == "pipeline" and system.chips > 1
@@ -180,9 +181,9 @@ def step_parts(
     # runs on the rank that owns it, so with s prompts the busiest rank holds ceil(s/chips) of them
     # (TensorRT-LLM ADP blog: "the iteration time is dominated by the slowest rank"); the routed
     # experts and the decoders (spread over the ranks) still split over the group
-    local: ArrayLike = 1.0 / par
+    local: FArray | float = 1.0 / par
     if system.attention_dp and par > 1:
-        local = np.where(n > 0, np.ceil(ps / par) / ps, 1.0 / par)
+        local = where(n > 0, ceil(ps / par) / ps, 1.0 / par)
     _, experts = _expert_split(m)
     routed = experts * (m.experts_active / m.experts if m.is_moe else 0.0)
     body = matmul_params(m) - routed - head_p  # each token's matmuls outside the routed experts and the head
@@ -192,20 +193,20 @@ def step_parts(
     rep = 0.0 if system.attention_dp or par == 1 else tp_replicated_params(m) * (1.0 - 1.0 / par)
     # the routed experts' matmuls at the run's precision; the rest at theirs (gpt-oss: bf16)
     expert_linear = 2.0 * routed * tokens
-    head_flops = 2.0 * head_p * ((tokens - n) / par + sampled_prompt * np.asarray(local))
+    head_flops = 2.0 * head_p * ((tokens - n) / par + sampled_prompt * local)
     native_head = dev.weight_only(dense_prec) and not dev.weight_only(head_fmt)
     flops_s = (
-        (2.0 * body * (tokens - n)) / par + pre_linear * np.asarray(local) + 2.0 * rep * tokens
+        (2.0 * body * (tokens - n)) / par + pre_linear * local + 2.0 * rep * tokens
     ) / dev.matmul_flops(dense_prec) + head_flops / dev.matmul_flops(head_fmt) + zero
     expert_flops_s = expert_linear / par / dev.matmul_flops(system.precision) + zero
-    attn_s = ((attention - pre_attn) / par + pre_attn * np.asarray(local)) / dev.matmul_flops("bf16") + zero
+    attn_s = ((attention - pre_attn) / par + pre_attn * local) / dev.matmul_flops("bf16") + zero
     if dev.kind == "hbm":
         # kernels launched from the host without a CUDA/HIP graph: a step that prefills (stacks capture
         # graphs for decode batches only), or every step under eager execution (System.eager)
         eager = (n > 0) | system.eager
         # multi-step scheduling (System.scheduler_steps): a decode-only step's host work is done once per
         # N steps; a step that prefills is scheduled alone (vLLM V0 runs prefills as single steps)
-        host_steps = np.where(n > 0, 1.0, float(system.scheduler_steps))
+        host_steps = where(n > 0, 1.0, float(system.scheduler_steps))
         bw = dev.stream_bytes_s  # sustained (microbenchmarked) bandwidth; η_mem is the kernels' share of it
         tp = system.chips
         link = float(dev.link_gbs or 0) * 1e9 * eff.link_eff
@@ -241,7 +242,7 @@ def step_parts(
             attn_s=attn_s,
             comm_s=comm,
             fixed_s=zero
-            + m.layers * (stk.layer_overhead_us + np.where(eager, stk.prefill_layer_overhead_us, 0.0)) * 1e-6
+            + m.layers * (stk.layer_overhead_us + where(eager, stk.prefill_layer_overhead_us, 0.0)) * 1e-6
             + m.routed_layers * (eff.moe_route_block_s if block_fp8_experts(system) else eff.moe_route_s)
             + small_m_gemm_extra(stk, tokens) * sixteen
             + tile_s,
@@ -251,7 +252,7 @@ def step_parts(
             # per step, and per running sequence (schedule, prepare inputs, sample, detokenise), done once per
             # `scheduler_steps` decode steps under multi-step scheduling
             serial_s=zero
-            + (stk.step_overhead_us + (d + np.where(n > 0, ps, 0.0)) * stk.seq_overhead_us) * 1e-6 / host_steps,
+            + (stk.step_overhead_us + (d + where(n > 0, ps, 0.0)) * stk.seq_overhead_us) * 1e-6 / host_steps,
             # eager execution launches every kernel from the host, charged above per layer (no graph pieces)
             launch_s=zero + (0.0 if system.eager else launch_host_s(stk, m.layers, n)),
             overlap=stk.async_scheduling,
@@ -284,10 +285,11 @@ def small_m_gemm_extra(stack: Stack, tokens: ArrayLike) -> FArray:
     """The stack's extra 16-bit dense GEMM time for a step of ``tokens`` tokens (M), as a multiple of the
     dense weights' streaming time at the sustained bandwidth: ``small_m_gemm_extra[M − 1]`` for M up to its
     length, else 0 (vectorised over ``tokens``)."""
-    m = np.rint(np.asarray(tokens, dtype=float))
+    m = arr(tokens)
+    m = float(round(m)) if isinstance(m, float) else np.rint(m)  # half to even, as np.rint
     out = 0.0 * m
     for i, extra in enumerate(stack.small_m_gemm_extra):
-        out = np.where(m == i + 1, extra, out)
+        out = where(m == i + 1, extra, out)
     return out
 
 
@@ -295,10 +297,10 @@ def launch_host_s(stack: Stack, layers: int, prefill_tokens: ArrayLike) -> FArra
     """Host seconds to launch one step's forward: ``layers × host_layer_us`` where the step runs
     piecewise CUDA graphs (every step under ``cudagraph_mode`` "piecewise"; under "full_and_piecewise" only
     a step that prefills, a decode-only step replaying one full graph), else 0."""
-    piecewise = np.asarray(prefill_tokens, dtype=float) > 0
+    piecewise = arr(prefill_tokens) > 0
     if stack.cudagraph_mode == "piecewise":
-        piecewise = np.ones_like(piecewise)
-    return np.where(piecewise, layers * stack.host_layer_us * 1e-6, 0.0)
+        piecewise = piecewise | True  # every step (an array stays one)
+    return where(piecewise, layers * stack.host_layer_us * 1e-6, 0.0)
 
 
 def combine(
@@ -311,13 +313,13 @@ def combine(
 ) -> tuple[FArray, FArray, FArray]:
     """(memory, compute, total) seconds from raw parts and efficiencies (arrays broadcast: the fit
     passes a column of candidate constants against a row of points)."""
-    w = np.where(parts.weight_only, np.asarray(eta_wq, dtype=float), 1.0)
-    we = np.where(parts.expert_weight_only, np.asarray(eta_wq, dtype=float), 1.0)  # the routed experts'
-    eta = np.asarray(eta_mem, dtype=float)
-    u = np.asarray(mfu, dtype=float)
-    native, native_flops = np.asarray(parts.native_s, dtype=float), np.asarray(parts.native_flops_s, dtype=float)
+    w = where(parts.weight_only, arr(eta_wq), 1.0)
+    we = where(parts.expert_weight_only, arr(eta_wq), 1.0)  # the routed experts'
+    eta = arr(eta_mem)
+    u = arr(mfu)
+    native, native_flops = arr(parts.native_s), arr(parts.native_flops_s)
     dense = (parts.dense_s - native) / w + native
-    weights = (dense + parts.expert_s / (we * np.asarray(eta_moe))) / eta + parts.spill_s
+    weights = (dense + parts.expert_s / (we * arr(eta_moe))) / eta + parts.spill_s
     cache = parts.kv_s / eta
     # weight-only kernels dequantise inside the GEMM (not the native parts beside them)
     matmul = ((parts.flops_s - native_flops) / w + native_flops) / u + parts.expert_flops_s / (u * we)
@@ -326,10 +328,10 @@ def combine(
     # HBM: one roofline per kernel class, run one after the other on the stream: the weight GEMMs
     # (weight bytes vs matmul FLOPs) and attention (KV bytes vs attention FLOPs) do not overlap.
     # SRAM: the token walks layers, so its parts add up.
-    busy = np.where(parts.sram, memory + compute, np.maximum(weights, matmul) + np.maximum(cache, attention))
-    gpu = busy + parts.comm_s + parts.fixed_s + parts.layers * np.asarray(layer_s, dtype=float)
+    busy = where(parts.sram, memory + compute, maximum(weights, matmul) + maximum(cache, attention))
+    gpu = busy + parts.comm_s + parts.fixed_s + parts.layers * arr(layer_s)
     engine = host_bound(gpu, parts.launch_s, parts.serial_s, parts.overlap, parts.gap_s)
-    return memory, compute, np.maximum(engine, np.asarray(parts.stream_s, dtype=float))
+    return memory, compute, maximum(engine, arr(parts.stream_s))
 
 
 def stream_s(system: System, decoders: ArrayLike) -> FArray:
@@ -338,7 +340,7 @@ def stream_s(system: System, decoders: ArrayLike) -> FArray:
     "client"); else 0. The process runs beside the engine, so a step takes at least this long (the engine
     cannot hand out tokens faster than they are streamed) and below it costs nothing: a serial
     per-chunk cost caps the server at ``1 / stream_chunk_us`` chunks a second across all clients."""
-    d = np.asarray(decoders, dtype=float)
+    d = arr(decoders)
     if system.device.kind != "hbm" or system.ttft_timing != "client":
         return 0.0 * d
     return d * system.serving.stream_chunk_us * 1e-6
@@ -353,8 +355,8 @@ def host_bound(
     processing) adds to it, unless the stack schedules the next step while the GPU runs this one
     (``overlap``), when the step is the longer of the GPU time and all the host work, plus the ``gap``
     that overlaps nothing."""
-    g, lh, sh = (np.asarray(v, dtype=float) for v in (gpu, launch, serial))
-    return np.where(overlap, np.maximum(g, lh + sh) + np.asarray(gap, dtype=float), sh + np.maximum(g, lh))
+    g, lh, sh = (arr(v) for v in (gpu, launch, serial))
+    return where(overlap, maximum(g, lh + sh) + arr(gap), sh + maximum(g, lh))
 
 
 def total_s(system: System, parts: StepParts) -> FArray:
@@ -415,7 +417,7 @@ def mixed_step_s(
     the target verifies γ + 1 tokens per sequence: ``γ·c·t(d, q=1) + t(d, q=γ+1, n)``. Either way the step
     lasts at least the API process's time to stream its chunks (:func:`stream_s`; one a decoder).
     """
-    d = np.asarray(decode_seqs, dtype=float)
+    d = arr(decode_seqs)
     verify = total_s(system, step_parts(
         system, d, kv_tokens, tokens_per_seq=1 if spec is None else spec.gamma + 1, prefill_tokens=prefill_tokens,
         prefill_cached=prefill_cached, prefill_seqs=prefill_seqs, prefill_span=prefill_span, streamed=spec is None,
@@ -423,7 +425,7 @@ def mixed_step_s(
     if spec is None:
         return verify
     draft = spec.gamma * spec.draft_cost * total_s(system, step_parts(system, d, kv_tokens, streamed=False))
-    return np.maximum(verify + np.where(d > 0, draft, 0.0), stream_s(system, d))
+    return maximum(verify + where(d > 0, draft, 0.0), stream_s(system, d))
 
 
 def tokens_per_step(spec: Speculative | None) -> float:

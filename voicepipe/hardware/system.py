@@ -30,6 +30,7 @@ from voicepipe.hardware.catalog import (
 )
 from voicepipe.hardware.catalog import stack as catalog_stack
 from voicepipe.hardware.catalog import stacks as catalog_stacks
+from voicepipe.hardware.num import arr, maximum
 
 FArray = NDArray[np.float64]
 
@@ -309,7 +310,7 @@ def _expert_split(model: ModelSpec) -> tuple[float, float]:
 
 def _read_split(model: ModelSpec, tokens: ArrayLike) -> tuple[FArray, FArray]:
     """(dense params streamed, routed-expert params streamed) by one step over ``tokens`` tokens."""
-    t = np.maximum(np.asarray(tokens, dtype=float), 1.0)
+    t = maximum(arr(tokens), 1.0)
     dense, experts = _expert_split(model)
     touched = 1.0 - (1.0 - model.experts_active / model.experts) ** t if model.is_moe else 0.0 * t
     not_streamed = 0.0 if model.tied_embeddings else model.embed_params
