@@ -96,12 +96,14 @@ def test_under_attention_dp_a_prompts_sampled_row_stays_on_its_rank():
     dp = hm.System(cat.device("h200-sxm"), mdl, "fp8", 8, stack=cat.stack("sglang"), attention_dp=True)
     two = float(hm.step_parts(dp, 0, 0, prefill_tokens=2000, prefill_seqs=2).flops_s)
     # two prompts on two of the 8 ranks: the busiest rank multiplies one prompt's tokens (half the step's)
-    # through the matmuls outside the routed experts, and one sampled row through the 16-bit head
+    # through the attention's projections, and one sampled row through the 16-bit head; SGLang splits the
+    # MLPs outside the routed experts over the group on both prompts' tokens (Stack.attention_dp_mlp)
     _, experts = _expert_split(mdl)
     head = mdl.vocab * mdl.hidden
     body = hm.matmul_params(mdl) - experts * mdl.experts_active / mdl.experts - head
+    attn = hm.attention_params(mdl)
     dev = dp.device
-    want = 2 * body * 1000 / dev.matmul_flops("fp8") + 2 * head * 1 / dev.matmul_flops("bf16")
+    want = 2 * (attn * 1000 + (body - attn) * 2000 / 8) / dev.matmul_flops("fp8") + 2 * head * 1 / dev.matmul_flops("bf16")
     assert two == pytest.approx(want, rel=1e-6)
 
 

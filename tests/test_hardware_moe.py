@@ -176,8 +176,9 @@ def test_mla_down_projections_are_read_whole_by_every_tp_rank() -> None:
     q1, q8 = hm.step_parts(one, 0, 0, prefill_tokens=4000), hm.step_parts(eight, 0, 0, prefill_tokens=4000)
     gain = 2 * hm.tp_replicated_params(r1) * (1 - 1 / 8) * 4000 / d.matmul_flops("fp8")
     assert float(q8.flops_s) == pytest.approx(float(q1.flops_s) / 8 + gain)
-    # attention DP holds every attention weight already: nothing added on top
-    adp = hm.step_parts(hm.System(d, r1, "fp8", 8, attention_dp=True), 1, 1000)
+    # attention DP holds every attention weight already: nothing added on top (a stack that splits the MLPs
+    # over the group, SGLang; one that keeps them on the rank holds them whole too: test_attention_dp_mlp)
+    adp = hm.step_parts(hm.System(d, r1, "fp8", 8, stack=cat.stack("sglang"), attention_dp=True), 1, 1000)
     whole = hm.attention_params(r1) * (1 - 1 / 8) / d.stream_bytes_s
     assert float(adp.dense_s) == pytest.approx(float(p1.dense_s) / 8 + whole)
 

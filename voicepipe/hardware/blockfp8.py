@@ -38,20 +38,23 @@ TILE: dict[str, tuple[int, int]] = {"tile_bound": (128, 128), "deepgemm": (64, 1
 @dataclass(frozen=True)
 class Gemm:
     """One block-scaled FP8 GEMM of a rank: ``n`` output columns, ``k`` inner width, in ``layers`` layers;
-    ``attention``: on the attention side (under attention DP a rank runs it over its own tokens only)."""
+    ``own``: a rank's own (under attention DP it runs it whole, over its own tokens only)."""
 
     n: int
     k: int
     layers: int
-    attention: bool
+    own: bool
 
 
-def block_fp8_gemms(model: ModelSpec, tp: int, attention_dp: bool = False) -> tuple[Gemm, ...]:
+def block_fp8_gemms(
+    model: ModelSpec, tp: int, attention_dp: bool = False, mlp_own: bool = False
+) -> tuple[Gemm, ...]:
     """The dense GEMMs one rank of a ``tp``-wide group runs per step (vLLM/SGLang tensor-parallel layouts).
 
     MLA (``kv_dim``): the query's and the latent's down-projections (replicated on every rank), the query's
     up-projection (``heads/tp · (head_dim + rope)`` columns) and the output projection (``heads/tp ·
-    head_dim`` deep); under attention DP the attention projections are whole on every rank. The latent's
+    head_dim`` deep); under attention DP the attention projections are whole on every rank (the MLPs too
+    with ``mlp_own``: Stack.attention_dp_mlp "own"). The latent's
     up-projection is absorbed at decode (not a GEMM over the tokens) and is left out. Other attention:
     the fused QKV (KV heads replicated below one per rank) and the output projection. MLP: the dense layers'
     gate/up (``2 · dense_ffn / tp`` columns) and down projection, and an MoE layer's shared experts
@@ -75,12 +78,14 @@ def block_fp8_gemms(model: ModelSpec, tp: int, attention_dp: bool = False) -> tu
     gemms.append(Gemm(m.hidden, m.heads * hd // t, m.layers, True))
     moe = m.routed_layers
     dense_layers = m.layers - moe
+    own = attention_dp and mlp_own
+    tm = 1 if own else tp
     if dense_layers and m.dense_ffn:
-        gemms.append(Gemm(2 * m.dense_ffn // tp, m.hidden, dense_layers, False))
-        gemms.append(Gemm(m.hidden, m.dense_ffn // tp, dense_layers, False))
+        gemms.append(Gemm(2 * m.dense_ffn // tm, m.hidden, dense_layers, own))
+        gemms.append(Gemm(m.hidden, m.dense_ffn // tm, dense_layers, own))
     if moe and m.shared_ffn:
-        gemms.append(Gemm(2 * m.shared_ffn // tp, m.hidden, moe, False))
-        gemms.append(Gemm(m.hidden, m.shared_ffn // tp, moe, False))
+        gemms.append(Gemm(2 * m.shared_ffn // tm, m.hidden, moe, own))
+        gemms.append(Gemm(m.hidden, m.shared_ffn // tm, moe, own))
     return tuple(g for g in gemms if g.n > 0 and g.k > 0)
 
 
@@ -95,17 +100,19 @@ def stream_share(n: int, tokens: ArrayLike, kernel: BlockFp8Gemm, sms: int) -> F
 
 
 def tile_bound_extra_params(
-    model: ModelSpec, kernel: BlockFp8Gemm, tp: int, sms: int, tokens: ArrayLike, attention_dp: bool = False
-) -> FArray:
+    model: ModelSpec, kernel: BlockFp8Gemm, tp: int, sms: int, tokens: ArrayLike, attention_dp: bool = False,
+    mlp_own: bool = False,
+) -> FArray:  # fmt: skip
     """Weight params per rank whose streaming time (at the sustained bandwidth) a step of ``tokens`` tokens
     (M) pays on top of its modelled stream because its block-scaled GEMMs have fewer output tiles than the
-    device has SMs (module doc); 0 for kernel "none". Under attention DP the attention-side GEMMs run over a rank's own ``tokens / tp``."""
+    device has SMs (module doc); 0 for kernel "none". Under attention DP a rank's own GEMMs (:class:`Gemm`) run
+    over its own ``tokens / tp``."""
     tokens_arr = maximum(arr(tokens), 1.0)
     out = 0.0 * tokens_arr
     if kernel == "none":
         return out
-    for g in block_fp8_gemms(model, tp, attention_dp):
-        m = ceil(tokens_arr / tp) if attention_dp and g.attention else tokens_arr
+    for g in block_fp8_gemms(model, tp, attention_dp, mlp_own):
+        m = ceil(tokens_arr / tp) if attention_dp and g.own else tokens_arr
         out = out + g.layers * g.n * g.k * (1.0 / stream_share(g.n, m, kernel, sms) - 1.0)
     return out
 

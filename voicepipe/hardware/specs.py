@@ -252,8 +252,7 @@ class ModelSpec(BaseModel):
         return self
 
     def held(self, context: Any) -> Any:
-        """KV-cache tokens a sequence of ``context`` tokens holds, counted as full tokens (all layers): the
-        local layers keep at most ``window`` of them. ``context`` may be a numpy array."""
+        """Full-token KV a sequence of ``context`` tokens (or an array) holds: local layers keep ``window``."""
         w = self.window
         return context if w is None else context - self.local_layers / self.layers * maximum(context - w, 0)
 
@@ -387,14 +386,15 @@ class Stack(BaseModel):
     # which steps launch piecewise: "piecewise" (every step: vLLM V1 before v0.11) or
     # "full_and_piecewise" (decode-only steps replay one full graph, steps that prefill run piecewise)
     cudagraph_mode: Literal["piecewise", "full_and_piecewise"] = "full_and_piecewise"
-    # True: the host schedules step n+1 while the GPU runs step n (vLLM's async scheduling, SGLang's
-    # overlap scheduler), so the per-step and per-sequence host work overlaps the forward instead of
-    # adding to it
+    # True: the host schedules step n+1 while the GPU runs step n (vLLM's async scheduling, SGLang's overlap
+    # scheduler): the per-step and per-sequence host work overlaps the forward instead of adding to it
     async_scheduling: bool = False
-    # with async scheduling, the host time per step that still does not overlap the GPU (the hand-over
-    # of the sampled tokens to the next step's inputs)
+    # with async scheduling, the host time a step that overlaps nothing (sampled tokens to the next inputs)
     async_gap_us: float = Field(default=0.0, ge=0)
     multi_chip: Literal["tensor", "pipeline"] = "tensor"  # how it spreads a model over several chips
+    # under attention DP the dense MLPs and shared experts run "own" (whole on each rank, over its own
+    # tokens: replicated like the attention) or "split" (over the group, on every rank's tokens gathered)
+    attention_dp_mlp: Literal["own", "split"] = "own"
     # False: the decode attention kernel reads a GQA group's shared KV head once per query head
     gqa_kv_shared: bool = True
     # False: as gqa_kv_shared False, but only for a model with local (sliding-window) attention, which the stack

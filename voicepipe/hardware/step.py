@@ -30,13 +30,13 @@ from voicepipe.hardware.system import (
     System,
     _expert_split,
     _read_split,
-    attention_params,
+    body_params,
     bytes_per_param,
     decode_attention_width,
+    dp_own_params,
     expected_tokens_per_step,
     kv_bytes_per_token,
     kv_shards,
-    matmul_params,
     prefill_attention_width,
     table_bytes,
     tp_replicated_params,
@@ -177,17 +177,19 @@ def step_parts(
     par = 1 if pipeline else system.chips
     # weights' matmuls run at the precision's rate; attention (scores, values) in 16-bit math
     # sustained (microbenchmarked) matmul rates; MFU is the share of them a serving step reaches
-    # attention DP: a prompt's attention-side work (its attention and every non-routed-expert matmul)
-    # runs on the rank that owns it, so with s prompts the busiest rank holds ceil(s/chips) of them
-    # (TensorRT-LLM ADP blog: "the iteration time is dominated by the slowest rank"); the routed
-    # experts and the decoders (spread over the ranks) still split over the group
+    # attention DP: a prompt's work on the weights its rank keeps to itself (dp_own_params: the
+    # attention's, and the MLPs' where the stack keeps them on the rank) and its attention run on the rank
+    # that owns it, so with s prompts the busiest rank holds ceil(s/chips) of them (TensorRT-LLM ADP
+    # blog: "the iteration time is dominated by the slowest rank"); the rest (the routed experts, the
+    # MLPs a stack splits over the group) and the decoders (spread over the ranks) split over the group
     local: FArray | float = 1.0 / par
     if system.attention_dp and par > 1:
         local = where(n > 0, ceil(ps / par) / ps, 1.0 / par)
     _, experts = _expert_split(m)
     routed = experts * (m.experts_active / m.experts if m.is_moe else 0.0)
-    body = matmul_params(m) - routed - head_p  # each token's matmuls outside the routed experts and the head
-    pre_linear = 2.0 * body * n
+    body = body_params(m)  # each token's matmuls outside the routed experts and the head
+    own = dp_own_params(system) if par > 1 else 0.0
+    pre_linear = 2.0 * n * (own * local + (body - own) / par)
     pre_attn = 2.0 * m.layers * m.heads * prefill_attention_width(m) * n * m.held(span)  # attention's own
     # projections every TP rank holds whole (MLA's down-projections) multiply every token on every rank
     rep = 0.0 if system.attention_dp or par == 1 else tp_replicated_params(m) * (1.0 - 1.0 / par)
@@ -196,7 +198,7 @@ def step_parts(
     head_flops = 2.0 * head_p * ((tokens - n) / par + sampled_prompt * local)
     native_head = dev.weight_only(dense_prec) and not dev.weight_only(head_fmt)
     flops_s = (
-        (2.0 * body * (tokens - n)) / par + pre_linear * local + 2.0 * rep * tokens
+        (2.0 * body * (tokens - n)) / par + pre_linear + 2.0 * rep * tokens
     ) / dev.matmul_flops(dense_prec) + head_flops / dev.matmul_flops(head_fmt) + zero
     expert_flops_s = expert_linear / par / dev.matmul_flops(system.precision) + zero
     attn_s = ((attention - pre_attn) / par + pre_attn * local) / dev.matmul_flops("bf16") + zero
@@ -218,8 +220,8 @@ def step_parts(
         elif tp > 1:  # two all-reduces a layer of the step's activations, as the stack runs them
             comm = allreduces_per_step(m, tp) * allreduce_s(stk, dev, tp, tokens * m.hidden * 2.0, eff) + zero
         offload_bw = float(dev.offload_bw_tbs or 1.0) * 1e12
-        # attention DP: every chip streams the whole attention weights, not a 1/tp slice of them
-        replicated = attention_params(m) * (1.0 - 1.0 / par) if system.attention_dp else rep
+        # attention DP: every chip streams the whole of the weights it keeps (dp_own_params), not a 1/tp slice
+        replicated = own * (1.0 - 1.0 / par) if system.attention_dp else rep
         # the output head (vocab x hidden, split over the ranks) streams at its own format (System.head_format)
         dense_bytes = ((dense_p - head_p) / par + replicated) * bpd + head_p / par * bph
         weights_s = dense_bytes + expert_p / par * bpp
@@ -229,7 +231,8 @@ def step_parts(
         # share of the sustained bandwidth (docs §1): a fixed GPU cost, outside η_mem
         kernel = system_kernel(system)
         tile_s = zero if kernel == "none" or pipeline else tile_bound_extra_params(
-            m, kernel, tp, int(dev.sms or 1), tokens, system.attention_dp) * bpd * hbm_share / bw  # fmt: skip
+            m, kernel, tp, int(dev.sms or 1), tokens, system.attention_dp, stk.attention_dp_mlp == "own",
+        ) * bpd * hbm_share / bw  # fmt: skip
         # a build without skinny GEMMs pays extra on its 16-bit dense GEMMs at small M (Stack.small_m_gemm_extra)
         # the 16-bit share of dense_s: all of it, or the head's where only the head is 16-bit
         sixteen = dense_s if dense_prec in ("bf16", "fp16") else head_s if head_fmt in ("bf16", "fp16") else zero

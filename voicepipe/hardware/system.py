@@ -354,6 +354,24 @@ def matmul_params(model: ModelSpec) -> float:
     return model.active_params - (0.0 if model.tied_embeddings else model.embed_params)
 
 
+def body_params(model: ModelSpec) -> float:
+    """Params each token multiplies through outside the routed experts and the output head: attention,
+    dense MLPs, shared experts, routers."""
+    _, experts = _expert_split(model)
+    routed = experts * (model.experts_active / model.experts if model.is_moe else 0.0)
+    return matmul_params(model) - routed - model.embed_params
+
+
+def dp_own_params(system: System) -> float:
+    """Params an attention-DP rank holds whole and runs over its own tokens only (0 without attention DP):
+    the attention's, and where the stack keeps the MLPs on the rank too (``Stack.attention_dp_mlp`` "own")
+    every param outside the routed experts and the head (:func:`body_params`)."""
+    if not system.attention_dp:
+        return 0.0
+    own = system.serving.attention_dp_mlp == "own"
+    return body_params(system.model) if own else attention_params(system.model)
+
+
 # ---------------------------------------------------------------- capacity
 
 
