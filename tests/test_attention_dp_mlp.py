@@ -4,6 +4,8 @@ The attention itself is every rank's own either way."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 import voicepipe.hardware.model as hm
@@ -61,3 +63,69 @@ def test_block_fp8_mlp_gemms_are_whole_on_the_rank_where_it_keeps_them():
     assert Gemm(512, 7168, 58, False) in split and Gemm(4096, 7168, 58, True) in own  # shared expert gate_up
     assert Gemm(7168, 18432, 3, True) in own  # the dense layers' down projection, whole
     assert [g for g in own if g.n == 24576] == [g for g in split if g.n == 24576]  # attention: the same
+
+
+# ---------------------------------------------------------------- attention DP as a run setting of predict,
+# sweep and the agent's backend (it was a validation-point field only: one engine behind every entry point)
+
+ADP = ["-H", "h200-sxm", "-m", "deepseek-r1", "--tp", "8", "--stack", "sglang", "--prompt-tokens", "2000",
+       "--output-tokens", "200", "--format", "json"]  # fmt: skip
+
+
+def cli(*args: str):
+    from typer.testing import CliRunner
+
+    from voicepipe.cli.hardware import app
+
+    return CliRunner().invoke(app, list(args))
+
+
+def test_predict_with_attention_dp_is_the_engines_run_of_that_system():
+    got = cli("predict", "--batch", "64", "--attention-dp", *ADP)
+    assert got.exit_code == 0, got.output
+    out = json.loads(got.output)
+    want = hm.predict(cat.device("h200-sxm"), cat.model("deepseek-r1"), batch=64, prompt_tokens=2000,
+                      output_tokens=200, tp=8, stack=cat.stack("sglang"), attention_dp=True)  # fmt: skip
+    plain = json.loads(cli("predict", "--batch", "64", *ADP).output)
+    assert out["attention_dp"] is True and plain["attention_dp"] is False
+    for key in ("ttft_ms", "step_ms", "aggregate_tokens_per_second"):
+        assert out[key] == pytest.approx(getattr(want, key), rel=1e-12)
+        assert out[key] != pytest.approx(plain[key], rel=1e-6)  # the setting reaches the engine
+
+
+def test_a_sweep_row_with_attention_dp_is_the_predict_with_it():
+    sw = cli("sweep", "--batches", "32", "--attention-dp", *ADP)
+    assert sw.exit_code == 0, sw.output
+    sweep = json.loads(sw.output)
+    row = next(r for r in sweep["rows"] if r["batch"] == 32)
+    one = json.loads(cli("predict", "--batch", "32", "--attention-dp", *ADP).output)
+    assert sweep["attention_dp"] is True
+    assert row["aggregate_tps"] == pytest.approx(one["aggregate_tokens_per_second"], rel=1e-12)
+
+
+@pytest.mark.parametrize(("args", "why"), [
+    (["-H", "h200-sxm", "-m", "llama-3.1-8b", "--tp", "1"], "needs --tp 2 or more"),
+    (["-H", "h200-sxm", "-m", "deepseek-r1", "--stack", "vllm-v0"], "has no attention data parallelism"),
+    (["-H", "cerebras-wse3", "-m", "llama-3.1-8b"], "SRAM machine"),
+])  # fmt: skip
+def test_attention_dp_where_no_run_has_it_is_one_line_exit_2(args, why):
+    r = cli("predict", "--attention-dp", *args)
+    assert r.exit_code == 2
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: --attention-dp: ") and why in lines[0]
+
+
+def test_without_a_width_attention_dp_takes_the_smallest_group_of_two_or_more():
+    out = json.loads(cli("predict", "--attention-dp", "-H", "h200-sxm", "-m", "llama-3.1-8b", "--format", "json").output)
+    assert out["chips"] == 2 and out["attention_dp"] is True
+
+
+def test_the_agents_backend_takes_attention_dp_as_a_key():
+    from voicepipe.backends.hardware import make_hardware_backend
+
+    spec = {"hardware": "h200-sxm", "model": "deepseek-r1", "tp": 8, "stack": "sglang"}
+    b = make_hardware_backend({**spec, "attention_dp": True})
+    assert b.system.attention_dp and b.name.endswith("+adp") and b.describe()["attention_dp"] is True
+    assert not make_hardware_backend(spec).system.attention_dp
+    with pytest.raises(ValueError, match="attention_dp must be true or false"):
+        make_hardware_backend({**spec, "attention_dp": "yes"})

@@ -11,7 +11,9 @@ per sequence the system is sized for, default 4096), ``speculative: {alpha, gamm
 SGLang ``--disable-cuda-graph``; default false), ``scheduler_steps`` (vLLM V0 multi-step scheduling,
 ``--num-scheduler-steps``; default 1), ``max_num_tokens`` (the engine's step token budget: vLLM
 ``--max-num-batched-tokens``, TensorRT-LLM ``--max_num_tokens``, SGLang ``--chunked-prefill-size``; as
-``hardware predict --max-num-tokens``; default the stack's), ``anchor`` (a profile written by ``calibrate --anchor``: the
+``hardware predict --max-num-tokens``; default the stack's), ``attention_dp`` (each chip runs the attention of
+its own share of the sequences: SGLang ``--enable-dp-attention``, TensorRT-LLM ``enable_attention_dp``, vLLM
+``--data-parallel-size``; two chips or more; default false), ``anchor`` (a profile written by ``calibrate --anchor``: the
 device's step times re-anchored on that measurement, :mod:`voicepipe.backends.anchor`; precision, KV
 precision and stack default to the anchor's).
 
@@ -87,6 +89,7 @@ SPEC_KEYS = {
     "eager",
     "scheduler_steps",
     "max_num_tokens",
+    "attention_dp",
     "anchor",
 }
 
@@ -160,15 +163,18 @@ def deploy(cfg: dict[str, Any]) -> Deployment:
     asked_batch = _int(cfg, "max_batch")
     context = _int(cfg, "context") or DEFAULT_CONTEXT
     fast = bool(cfg.get("fast", False))
+    adp = cfg.get("attention_dp", False)
+    if not isinstance(adp, bool):
+        raise ValueError(f"attention_dp must be true or false, got {adp!r}")
     notes: list[str] = []
     if asked_batch is not None:
         system = make_system(
             dev, mdl, prec, tp=tp, seqs=asked_batch, context=context, kv_precision=kv, stack=stk,
-            max_seqs=asked_batch,
+            max_seqs=asked_batch, attention_dp=adp,
         )
         max_batch = asked_batch
     elif dev.kind == "sram":
-        one = make_system(dev, mdl, prec, seqs=1, context=context, kv_precision=kv, stack=stk)
+        one = make_system(dev, mdl, prec, seqs=1, context=context, kv_precision=kv, stack=stk, attention_dp=adp)
         leftover = max_sequences(one, context)
         max_batch = max(SRAM_MIN_BATCH, min(DEFAULT_MAX_BATCH, leftover))
         system = make_system(dev, mdl, prec, seqs=max_batch, context=context, kv_precision=kv, stack=stk)
@@ -177,13 +183,13 @@ def deploy(cfg: dict[str, Any]) -> Deployment:
         try:
             system = make_system(
                 dev, mdl, prec, tp=tp, seqs=DEFAULT_MAX_BATCH, context=context, kv_precision=kv, stack=stk,
-                max_seqs=DEFAULT_MAX_BATCH,
+                max_seqs=DEFAULT_MAX_BATCH, attention_dp=adp,
             )
             max_batch = DEFAULT_MAX_BATCH
         except DoesNotFit:
-            system = _widest_useful(make_system(dev, mdl, prec, tp=1 if tp is None else tp, seqs=0,
+            system = _widest_useful(make_system(dev, mdl, prec, tp=(2 if adp else 1) if tp is None else tp, seqs=0,
                                                 context=context, kv_precision=kv, stack=stk, strict=False,
-                                                max_seqs=DEFAULT_MAX_BATCH),
+                                                max_seqs=DEFAULT_MAX_BATCH, attention_dp=adp),
                                     tp, context)  # fmt: skip
             max_batch = _most_that_fit(system, context)
             notes.append(f"max_batch {max_batch}: KV memory left at tp {system.chips}")
@@ -228,7 +234,7 @@ def _most_that_fit(system: System, context: int) -> int:
 
 def _widest_useful(probe: System, tp: int | None, context: int) -> System:
     """Fallback when 64 sequences don't fit: the first TP width holding 8 sequences, else the widest."""
-    widths = [tp] if tp is not None else tp_options(probe.device)
+    widths = [tp] if tp is not None else [w for w in tp_options(probe.device) if w >= (2 if probe.attention_dp else 1)]
     last: System | None = None
     for width in widths:
         system = replace(probe, chips=width)
@@ -240,7 +246,7 @@ def _widest_useful(probe: System, tp: int | None, context: int) -> System:
     if last is None:  # raises DoesNotFit
         return make_system(
             probe.device, probe.model, probe.precision, tp=tp, seqs=1, context=context,
-            kv_precision=probe.kv_precision, stack=probe.stack,
+            kv_precision=probe.kv_precision, stack=probe.stack, attention_dp=probe.attention_dp,
         )  # fmt: skip
     return last
 
@@ -342,6 +348,7 @@ class HardwareBackend:
             "eager": sys_.eager,
             "scheduler_steps": sys_.scheduler_steps,
             "max_num_tokens": sys_.max_num_tokens,
+            "attention_dp": sys_.attention_dp,
             "speculative": None if dep.spec is None else dep.spec.__dict__,
             "modelled": True,
             "anchored": None if self.anchor is None else describe_anchor(*self.anchor),
@@ -388,6 +395,8 @@ def backend_name(cfg: dict[str, Any], dep: Deployment) -> str:
         name += f"+steps{sys_.scheduler_steps}"
     if sys_.max_num_tokens is not None:
         name += f"+tok{sys_.max_num_tokens}"
+    if sys_.attention_dp:
+        name += "+adp"
     return name
 
 
@@ -398,8 +407,9 @@ def make_hardware_backend(spec: str | dict[str, Any]) -> HardwareBackend:
         dep = as_client(deploy(cfg))
         return HardwareBackend(dep, backend_name(cfg, dep))
     where = str(cfg.pop("anchor"))
-    # as `hardware predict --anchor` refuses --eager, --scheduler-steps and --max-num-tokens
-    for key, unset in (("eager", (None, False)), ("scheduler_steps", (None, 1)), ("max_num_tokens", (None,))):
+    # as `hardware predict --anchor` refuses --eager, --scheduler-steps, --max-num-tokens and --attention-dp
+    for key, unset in (("eager", (None, False)), ("scheduler_steps", (None, 1)), ("max_num_tokens", (None,)),
+                       ("attention_dp", (None, False))):  # fmt: skip
         if cfg.get(key) is not True and cfg.get(key) in unset:
             continue
         raise ValueError(f"{key}: an anchored backend keeps the run settings of the anchor's own measurement")

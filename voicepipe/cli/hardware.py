@@ -259,6 +259,9 @@ MaxSeqsOpt = typer.Option(None, "--max-seqs", min=1, help="the engine's cap on r
 MaxTokensOpt = typer.Option(None, "--max-num-tokens", min=1, help="the engine's step token budget (vLLM "
                             "--max-num-batched-tokens, TensorRT-LLM --max_num_tokens, SGLang --chunked-prefill-size): "
                             "prompts share a step up to it; default: the stack's (one prompt a step where it sets none)")  # fmt: skip
+AdpOpt = typer.Option(False, "--attention-dp", help="attention data parallelism (SGLang --enable-dp-attention, "
+                      "TensorRT-LLM enable_attention_dp, vLLM --data-parallel-size): each chip runs the attention "
+                      "of its own share of the sequences; two chips or more")  # fmt: skip
 LengthsOpt = typer.Option("fixed", "--lengths", help="the requests' lengths: fixed (every one the stated lengths), "
                           "uniform (1 … twice the stated, a random dataset at range ratio 0) or exponential (a "
                           "dataset like ShareGPT: most short, a few long, at the stated means)")  # fmt: skip
@@ -271,7 +274,7 @@ def _predict(
     tp: int | None, precision: str | None, kv_precision: str | None, stk: catalog.Stack | None,
     spec: Speculative | None, timing: Literal["client", "engine"] | None = None, eager: bool = False,
     scheduler_steps: int = 1, max_seqs: int | None = None, max_num_tokens: int | None = None,
-    lengths: Lengths = "fixed",
+    lengths: Lengths = "fixed", attention_dp: bool = False,
 ) -> Prediction:  # fmt: skip
     """``hardware predict``'s call; a sweep row (:class:`voicepipe.hardware.sweep.SweepJob`) makes the same
     one without ``spec`` (same chips for the same batch)."""
@@ -279,6 +282,7 @@ def _predict(
         dev, mdl, precision=precision, batch=batch, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
         tp=tp, spec=spec, kv_precision=kv_precision, stack=stk, timing=timing, eager=eager,
         scheduler_steps=scheduler_steps, max_seqs=max_seqs, max_num_tokens=max_num_tokens, lengths=lengths,
+        attention_dp=attention_dp,
     )  # fmt: skip
 
 
@@ -306,6 +310,7 @@ def predict(
     max_seqs: int | None = MaxSeqsOpt,
     max_num_tokens: int | None = MaxTokensOpt,
     lengths: str = LengthsOpt,
+    attention_dp: bool = AdpOpt,
     fmt: str = FormatOpt,
     json_out: Path | None = JsonOpt,
 ) -> None:
@@ -320,10 +325,12 @@ def predict(
     if anchor is not None:  # ANCHORED numbers: voicepipe.cli.anchored
         if timing is not None:
             _fail("--ttft-timing: an anchored TTFT keeps the timing of the anchor's own measurement (client-side)")
-        if eager or scheduler_steps != 1 or max_seqs is not None or max_num_tokens is not None or lengths != "fixed":
+        if (eager or scheduler_steps != 1 or max_seqs is not None or max_num_tokens is not None or lengths != "fixed"
+                or attention_dp):
             flag = ("--eager" if eager else "--scheduler-steps" if scheduler_steps != 1
                     else "--max-seqs" if max_seqs is not None
-                    else "--max-num-tokens" if max_num_tokens is not None else "--lengths")  # fmt: skip
+                    else "--max-num-tokens" if max_num_tokens is not None
+                    else "--attention-dp" if attention_dp else "--lengths")  # fmt: skip
             _fail(f"{flag}: an anchored prediction keeps the run settings of the anchor's own measurement")
         from voicepipe.cli.anchored import predict_anchored
 
@@ -331,7 +338,7 @@ def predict(
                                 stack, spec, fmt, json_out)  # fmt: skip
     try:
         p = _predict(dev, mdl, batch, prompt_tokens, output_tokens, tp, precision, kv_precision, stk, spec, timing,
-                     eager, scheduler_steps, max_seqs, max_num_tokens, kind)  # fmt: skip
+                     eager, scheduler_steps, max_seqs, max_num_tokens, kind, attention_dp)  # fmt: skip
     except DoesNotFit as exc:
         if fmt == "json":
             typer.echo(json.dumps({"fits": False, "error": str(exc), "hardware": hardware, "model": model}))
@@ -352,6 +359,7 @@ def predict(
     out["validation_near"] = near.model_dump()
     out["speculative"] = None if spec is None else spec.__dict__
     out["eager"], out["scheduler_steps"], out["max_num_tokens"] = eager, scheduler_steps, max_num_tokens
+    out["attention_dp"] = attention_dp
     out["lengths"] = lengths
     out["sources"] = {"device": dev.sources, "model": mdl.sources, "method": "docs/hardware-model.md"}
     if _emit_json(out, fmt, json_out):
@@ -431,6 +439,7 @@ def sweep(
     max_seqs: int | None = MaxSeqsOpt,
     max_num_tokens: int | None = MaxTokensOpt,
     lengths: str = LengthsOpt,
+    attention_dp: bool = AdpOpt,
     fmt: str = FormatOpt,
     json_out: Path | None = JsonOpt,
     wide: bool = WideOpt,
@@ -445,7 +454,7 @@ def sweep(
     bs = _batches(batches)
     cfg: dict[str, Any] = {"hardware": hardware, "model": model, "precision": precision, "tp": tp,
                            "kv_precision": kv_precision, "stack": stack, "eager": eager,
-                           "scheduler_steps": scheduler_steps}  # fmt: skip
+                           "scheduler_steps": scheduler_steps, "attention_dp": attention_dp}  # fmt: skip
     # the backend's default deployment (its max_batch marks the "default" row); --max-seqs is a cap, not a
     # batch the backend must hold at its sizing context (a backend's max_batch is sized strictly), so it only
     # replaces that mark: a row past what fits runs what fits, as `hardware predict --max-seqs` does
@@ -453,7 +462,7 @@ def sweep(
     default = dep.max_batch if max_seqs is None else max_seqs
     bs = sorted(set(bs) | {FAST_MAX_BATCH, default})
     job = SweepJob(dev, mdl, prompt_tokens, output_tokens, tp, precision, kv_precision, stk, FAST_MAX_BATCH,
-                   default, eager, scheduler_steps, max_seqs, max_num_tokens, kind)  # fmt: skip
+                   default, eager, scheduler_steps, max_seqs, max_num_tokens, kind, attention_dp)  # fmt: skip
     rows = _sweep_rows(job, bs, executor)
     rngs = []
     for r in rows:
@@ -466,6 +475,7 @@ def sweep(
         "hardware": dev.key, "model": mdl.key, "precision": dep.system.precision, "kv_precision": dep.system.kv,
         "stack": dep.system.serving.key, "stack_build": dep.system.serving.name, "ttft_timing": dep.system.ttft_timing,
         "eager": dep.system.eager, "scheduler_steps": dep.system.scheduler_steps, "max_num_tokens": max_num_tokens,
+        "attention_dp": dep.system.attention_dp,
         "lengths": lengths, "default_max_batch": default, "fast_max_batch": FAST_MAX_BATCH,
         "modelled": True, "validation": _validation(), "interval_level": LEVEL,
         "validation_near": near.model_dump(), "rows": rows,

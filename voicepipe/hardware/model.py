@@ -305,6 +305,7 @@ def predict(
     max_seqs: int | None = None,
     max_num_tokens: int | None = None,
     lengths: Lengths = "fixed",
+    attention_dp: bool = False,
 ) -> Prediction:
     """One request among ``batch`` clients each holding one in flight, as the serving engine runs them
     (:func:`voicepipe.hardware.workload.steady`: the burst that fills the device, then a measured round;
@@ -325,6 +326,8 @@ def predict(
     step token budget, vLLM ``--max-num-batched-tokens`` / TensorRT-LLM ``--max_num_tokens``; None: the
     stack's default). ``lengths``: the clients' requests all at the stated lengths ("fixed"), or drawn
     around them (:func:`voicepipe.hardware.workload.request_lengths`: "uniform", "exponential").
+    ``attention_dp``: each chip runs the attention of its own share of the ``batch`` sequences
+    (:class:`System`; on two chips or more, :func:`make_system`).
     """
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch}")
@@ -332,7 +335,7 @@ def predict(
     system = make_system(
         device, model, precision, tp=tp, seqs=batch if device.kind == "sram" else 1, context=ctx_max,
         eff=eff, kv_precision=kv_precision, stack=stack, timing=timing, eager=eager,
-        scheduler_steps=scheduler_steps, max_seqs=max_seqs, max_num_tokens=max_num_tokens,
+        scheduler_steps=scheduler_steps, max_seqs=max_seqs, max_num_tokens=max_num_tokens, attention_dp=attention_dp,
     )  # fmt: skip
     room = kv_sequences(system, prompt_tokens, output_tokens)
     limit = seq_cap(system)

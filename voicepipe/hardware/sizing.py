@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from typing import Literal
 
+from voicepipe.errors import UnsupportedSetting
 from voicepipe.hardware.catalog import Device, ModelSpec, Stack, check_kv_precision, check_precision
 from voicepipe.hardware.catalog import stack as catalog_stack
 from voicepipe.hardware.system import (
@@ -284,6 +285,7 @@ def make_system(
     max_seqs: int | None = None,
     dense_precision: str | None = None,
     max_num_tokens: int | None = None,
+    attention_dp: bool = False,
 ) -> System:
     """Size a system that holds the weights and ``seqs`` sequences of ``context`` tokens.
 
@@ -295,6 +297,8 @@ def make_system(
     two change what vLLM's start-up profile reserves (:func:`profile_shape`), the others do not change the
     sizing.
     ``dense_precision`` is the checkpoint's own format outside the routed experts (:class:`System`).
+    ``attention_dp``: each chip runs the attention of its own share of the sequences (:class:`System`), which
+    takes a group of two or more: the smallest such width (or ``tp``, refused below 2).
     """
     prec = check_precision(precision or model.default_precision)
     kv = check_kv_precision(kv_precision) if kv_precision else None
@@ -303,10 +307,12 @@ def make_system(
         return System(
             device, model, prec, width, eff, kv, stack, timing=timing, eager=eager,
             scheduler_steps=scheduler_steps, max_seqs=max_seqs, dense_precision=dense_precision,
-            max_num_tokens=max_num_tokens,
+            max_num_tokens=max_num_tokens, attention_dp=attention_dp,
         )  # fmt: skip
 
     if device.kind == "sram":
+        if attention_dp:
+            build(1)  # the run-setting check: an SRAM machine has no attention DP to set
         if tp is not None:
             raise ValueError(f"tp does not apply to {device.key}: its chip count follows from SRAM capacity")
         probe = build(1)
@@ -323,6 +329,12 @@ def make_system(
         widths = [tp]
     else:
         widths = tp_options(device)
+    if attention_dp:
+        build(2 if device.max_tp >= 2 else 1)  # the run-setting check (the stack's switch) before the width's
+        widths = [w for w in widths if w >= 2]
+        if not widths:
+            raise UnsupportedSetting("attention_dp", "it spreads the requests over a tensor-parallel group's "
+                                     f"chips: it needs --tp 2 or more{' (this device runs one)' if device.max_tp < 2 else ''}")  # fmt: skip
     for spill_ok in (False, True):  # prefer a width that holds the weights in HBM to one that spills
         for width in widths:
             system = build(width)

@@ -392,8 +392,9 @@ class Stack(BaseModel):
     # with async scheduling, the host time a step that overlaps nothing (sampled tokens to the next inputs)
     async_gap_us: float = Field(default=0.0, ge=0)
     multi_chip: Literal["tensor", "pipeline"] = "tensor"  # how it spreads a model over several chips
-    # under attention DP the dense MLPs and shared experts run "own" (whole on each rank, over its own
-    # tokens: replicated like the attention) or "split" (over the group, on every rank's tokens gathered)
+    # attention DP (System.attention_dp; attention_dp_flag: the stack's switch for it, "" none): the dense MLPs and
+    # shared experts run "own" (whole on each rank over its own tokens) or "split" (over the group, tokens gathered)
+    attention_dp_flag: str = ""
     attention_dp_mlp: Literal["own", "split"] = "own"
     # False: the decode attention kernel reads a GQA group's shared KV head once per query head
     gqa_kv_shared: bool = True
@@ -467,10 +468,9 @@ class Stack(BaseModel):
     # the kernel this build runs a block-scaled FP8 checkpoint's dense GEMMs with (BlockFp8Gemm; a run's own
     # setting, System.block_fp8_gemm, overrides it)
     block_fp8_gemm: BlockFp8Gemm = "none"
-    # the run settings this stack has a switch for ("" : none, and a run asking for it is refused, since
-    # the profile would price a setting the stack cannot be run with): the option that turns its CUDA/HIP
-    # graphs off (System.eager: vLLM --enforce-eager, SGLang --disable-cuda-graph) and the one that
-    # schedules N decode steps at once (System.scheduler_steps: vLLM V0 --num-scheduler-steps)
+    # the run settings this stack has a switch for ("": none, and a run asking for it is refused): the option
+    # that turns its CUDA/HIP graphs off (System.eager: vLLM --enforce-eager, SGLang --disable-cuda-graph) and
+    # the one that schedules N decode steps at once (System.scheduler_steps: vLLM V0 --num-scheduler-steps)
     eager_flag: str = ""
     scheduler_steps_flag: str = ""
     # the build of this profile on one maker's devices, where it differs ("AMD": the ROCm build): the fields
@@ -518,7 +518,7 @@ class Stack(BaseModel):
                         if not self.sources.get(f)]  # fmt: skip
         if self.block_fp8_gemm != "none" and not self.sources.get("block_fp8_gemm"):
             missing.append("block_fp8_gemm")
-        for f in ("eager_flag", "scheduler_steps_flag"):
+        for f in ("eager_flag", "scheduler_steps_flag", "attention_dp_flag"):
             if getattr(self, f) and not self.sources.get(f):
                 missing.append(f)
         if self.host_layer_us > 0 and not self.sources.get("cudagraph_mode"):

@@ -39,6 +39,7 @@ class SweepJob:
     max_seqs: int | None = None  # the engine's cap on running sequences (System.max_seqs; None: the stack's)
     max_num_tokens: int | None = None  # the step token budget (System.max_num_tokens; None: the stack's)
     lengths: Lengths = "fixed"  # the clients' request lengths around the stated ones (workload.request_lengths)
+    attention_dp: bool = False  # each chip the attention of its own sequences (System.attention_dp)
 
     def row(self, batch: int) -> dict[str, Any]:
         """The sweep's row at ``batch`` (raises ValueError, e.g. DoesNotFit, as ``predict`` does)."""
@@ -46,7 +47,7 @@ class SweepJob:
             self.device, self.model, precision=self.precision, batch=batch, prompt_tokens=self.prompt_tokens,
             output_tokens=self.output_tokens, tp=self.tp, spec=None, kv_precision=self.kv_precision,
             stack=self.stack, eager=self.eager, scheduler_steps=self.scheduler_steps, max_seqs=self.max_seqs,
-            max_num_tokens=self.max_num_tokens, lengths=self.lengths,
+            max_num_tokens=self.max_num_tokens, lengths=self.lengths, attention_dp=self.attention_dp,
         )  # fmt: skip
         cost = p.chips * self.device.price_per_chip_hour / (p.aggregate_tokens_per_second * 3600) * 1e6
         modes = (("fast", batch == self.fast_max_batch), ("default", batch == self.default_max_batch))

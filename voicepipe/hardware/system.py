@@ -147,7 +147,7 @@ class System:
     def __post_init__(self) -> None:
         if self.scheduler_steps < 1:
             raise ValueError(f"scheduler_steps must be >= 1, got {self.scheduler_steps}")
-        if self.eager or self.scheduler_steps > 1:
+        if self.eager or self.scheduler_steps > 1 or self.attention_dp:
             self._check_run_settings()
         if self.max_seqs is not None and self.max_seqs < 1:
             raise ValueError(f"max_seqs must be >= 1, got {self.max_seqs}")
@@ -158,15 +158,17 @@ class System:
 
     def _check_run_settings(self) -> None:
         """Refuse a run setting the stack has no switch for (:attr:`Stack.eager_flag`,
-        :attr:`Stack.scheduler_steps_flag`): the model would price a run nobody can start."""
+        :attr:`Stack.scheduler_steps_flag`, :attr:`Stack.attention_dp_flag`): the model would price a run nobody
+        can start."""
         if self.device.kind != "hbm":
-            setting = "eager" if self.eager else "scheduler_steps"
+            setting = "eager" if self.eager else "scheduler_steps" if self.scheduler_steps > 1 else "attention_dp"
             raise UnsupportedSetting(setting, f"{self.device.key} is an SRAM machine running its vendor's compiled "
-                                              "program: no CUDA graphs or host scheduler steps to set")  # fmt: skip
+                                              "program: no CUDA graphs, host scheduler steps or attention DP to set")  # fmt: skip
         stk = self.serving
         for setting, on, flag, what in (
             ("eager", self.eager, stk.eager_flag, "switch to run without CUDA/HIP graphs"),
             ("scheduler_steps", self.scheduler_steps > 1, stk.scheduler_steps_flag, "multi-step scheduling"),
+            ("attention_dp", self.attention_dp, stk.attention_dp_flag, "attention data parallelism"),
         ):  # fmt: skip
             if on and not flag:
                 have = sorted(k for k, s in catalog_stacks().items() if getattr(s, f"{setting}_flag"))
