@@ -129,3 +129,14 @@ def test_the_agents_backend_takes_attention_dp_as_a_key():
     assert not make_hardware_backend(spec).system.attention_dp
     with pytest.raises(ValueError, match="attention_dp must be true or false"):
         make_hardware_backend({**spec, "attention_dp": "yes"})
+
+
+def test_an_anchored_prediction_keeps_the_anchors_run_settings_so_refuses_attention_dp(tmp_path):
+    r = cli("predict", "--attention-dp", "--anchor", str(tmp_path / "anchor.json"), "-H", "h200-sxm", "-m",
+            "deepseek-r1", "--tp", "8")  # fmt: skip
+    assert r.exit_code == 2 and r.output.strip().startswith("error: --attention-dp: an anchored prediction keeps")
+    from voicepipe.backends.hardware import make_hardware_backend
+
+    with pytest.raises(ValueError, match="attention_dp: an anchored backend keeps the run settings"):
+        make_hardware_backend({"hardware": "h200-sxm", "model": "deepseek-r1", "anchor": str(tmp_path / "a.json"),
+                               "attention_dp": True})  # fmt: skip
