@@ -12,7 +12,7 @@ import voicepipe.hardware.model as hm
 from voicepipe.hardware import catalog as cat
 from voicepipe.hardware.blockfp8 import Gemm, block_fp8_gemms
 from voicepipe.hardware.sizing import weight_split
-from voicepipe.hardware.system import attention_params, body_params, dp_own_params
+from voicepipe.hardware.system import attention_params, body_params, dp_own_params, table_bytes
 
 
 def system(mlp: str, attention_dp: bool = True) -> hm.System:
@@ -23,8 +23,9 @@ def system(mlp: str, attention_dp: bool = True) -> hm.System:
 
 def test_the_shipped_stacks_state_where_their_mlps_run():
     assert cat.stack("sglang").attention_dp_mlp == "split"
-    assert cat.stack("trtllm").attention_dp_mlp == "own"
-    assert "attention_dp_mlp" in cat.stack("sglang").sources and "attention_dp_mlp" in cat.stack("trtllm").sources
+    assert cat.stack("trtllm").attention_dp_mlp == cat.stack("vllm").attention_dp_mlp == "own"
+    for s in cat.stacks().values():  # every stack with a switch for attention DP says where its MLPs run
+        assert not s.attention_dp_flag or "attention_dp_mlp" in s.sources, s.key
 
 
 def test_a_rank_keeps_the_attention_alone_or_every_weight_outside_the_routed_experts():
@@ -32,6 +33,12 @@ def test_a_rank_keeps_the_attention_alone_or_every_weight_outside_the_routed_exp
     assert dp_own_params(system("split")) == attention_params(m)
     assert dp_own_params(system("own")) == body_params(m) > attention_params(m)
     assert dp_own_params(system("own", attention_dp=False)) == 0.0
+    # never less than the attention, whatever a model's rounded published active count says (Qwen3 MoE's
+    # put its "body" below its attention)
+    stack = cat.stack("trtllm")
+    for mdl in cat.models().values():
+        s = hm.System(cat.device("h200-sxm"), mdl, mdl.default_precision, 8, stack=stack, attention_dp=True)
+        assert dp_own_params(s) >= attention_params(mdl), mdl.key
 
 
 def test_one_long_prompt_runs_its_mlps_over_the_group_where_the_stack_splits_them():
@@ -47,13 +54,21 @@ def test_one_long_prompt_runs_its_mlps_over_the_group_where_the_stack_splits_the
     assert float(plain[0].flops_s) == float(plain[1].flops_s)
 
 
-def test_a_stack_that_keeps_the_mlps_on_each_rank_streams_and_stores_them_whole():
+def test_a_stack_that_keeps_the_mlps_on_each_rank_streams_and_stores_them_and_the_head_whole():
     split, own = (hm.step_parts(system(k), 64, 64 * 2000.0) for k in ("split", "own"))
-    m = cat.model("deepseek-r1")
-    extra = (body_params(m) - attention_params(m)) * (1.0 - 1.0 / 8) * 1.0  # fp8: a byte a param
-    bw = system("own").device.stream_bytes_s
+    m, s = cat.model("deepseek-r1"), system("own")
+    head = m.embed_params * table_bytes(s.head_format)  # TensorRT-LLM's LM head is replicated under ADP
+    extra = ((body_params(m) - attention_params(m)) * 1.0 + head) * (1.0 - 1.0 / 8)  # fp8: a byte a param
+    bw = s.device.stream_bytes_s
     assert float(own.dense_s) - float(split.dense_s) == pytest.approx(extra / bw, rel=1e-9)
     assert weight_split(system("own"))[0] - weight_split(system("split"))[0] == pytest.approx(extra, rel=1e-9)
+
+
+def test_block_fp8_gemms_a_rank_keeps_run_over_its_own_tokens():
+    # SGLang's build runs DeepSeek's block-FP8 GEMMs tile-bound: a rank that keeps its MLPs whole runs them
+    # over its own tokens, wider GEMMs (more tiles) over fewer rows than the split ones
+    split, own = (hm.step_parts(system(k), 0, 0, prefill_tokens=256, prefill_seqs=8) for k in ("split", "own"))
+    assert float(own.fixed_s) != pytest.approx(float(split.fixed_s), rel=1e-6)
 
 
 def test_block_fp8_mlp_gemms_are_whole_on_the_rank_where_it_keeps_them():

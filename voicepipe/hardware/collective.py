@@ -77,9 +77,10 @@ def _limit(limits: dict[int, int], tp: int) -> int | None:
     return limits[min(fit)] if fit else None
 
 
-def allreduce_path(stack: Stack, device: Device, tp: int, message_bytes: ArrayLike) -> np.ndarray:
+def allreduce_path(stack: Stack, device: Device, tp: int, message_bytes: ArrayLike) -> np.ndarray | str:
     """Which collective ``stack`` runs for an all-reduce of ``message_bytes`` over ``tp`` ``device``s:
-    "oneshot" / "twoshot" (its custom kernel) or "nccl" (vectorised over the message size)."""
+    "oneshot" / "twoshot" (its custom kernel) or "nccl" (vectorised over the message size; a str for one
+    message given as a number)."""
     s = arr(message_bytes)
     nccl = "nccl" if isinstance(s, float) else np.full(s.shape, "nccl", dtype="<U7")
     if tp <= 1 or stack.allreduce != "custom" or not device.custom_allreduce_us:

@@ -4,9 +4,12 @@ The fit and the sweeps call the physics on arrays (a column of candidate constan
 points); the serving engine calls it on one step shape at a time, Python numbers, hundreds of thousands
 of times a run, where numpy's fixed cost per call (a 0-d array for every operation) was most of the
 time. These helpers keep numpy's semantics for arrays and do the same IEEE double operation on plain
-numbers (a Python ``float`` out, which mixes with numpy as a float64 does): the same results, bit for
-bit, either way (tests/test_num_scalar_path.py; NaN aside, which no step produces). A numpy scalar that is not a Python float subclass (an ``int64``, a ``bool_``)
-takes the numpy path.
+numbers (a Python ``float`` out, which mixes with numpy as a float64 does). The engine's results are the
+ones it computed before this path: its numbers were numpy scalars, and a power of numpy scalars is the C
+library's, as a Python float's is. Against the array path (the same formula on one-element arrays) they
+agree to the last bit or so: numpy's vectorised power may round a last bit differently on some CPUs
+(tests/test_num_scalar_path.py). NaN, ±inf and −0.0 are not handled as numpy does; no step produces them.
+A numpy scalar that is not a Python float subclass (an ``int64``, a ``bool_``) takes the numpy path.
 
 Typed as numpy arrays for the callers' sake: a float where every input is a number, an array otherwise.
 """

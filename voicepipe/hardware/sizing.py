@@ -24,9 +24,11 @@ from voicepipe.hardware.system import (
     System,
     attention_params,
     bytes_per_param,
+    dp_keeps_mlps,
     dp_own_params,
     kv_bytes_per_token,
     kv_shards,
+    table_bytes,
     tp_replicated_params,
     weight_bytes,
 )
@@ -165,8 +167,10 @@ def _weight_split(system: System) -> tuple[float, float]:
     dev = system.device
     per_chip = system.stored_weight_bytes / system.chips
     dense = bytes_per_param(system.dense_format)  # attention and MLA projections are outside the experts
-    if system.attention_dp:  # a full copy of the weights each rank keeps to itself (dp_own_params)
+    if system.attention_dp:  # a full copy of the weights each rank keeps to itself (dp_own_params), the head too
         per_chip += dp_own_params(system) * dense * (1 - 1 / system.chips)
+        if dp_keeps_mlps(system):
+            per_chip += system.model.embed_params * table_bytes(system.head_format) * (1 - 1 / system.chips)
     else:  # under TP, a full copy of the replicated projections (MLA's down-projections)
         per_chip += tp_replicated_params(system.model) * dense * (1 - 1 / system.chips)
     usable = weight_room(system)

@@ -518,9 +518,9 @@ class Stack(BaseModel):
                         if not self.sources.get(f)]  # fmt: skip
         if self.block_fp8_gemm != "none" and not self.sources.get("block_fp8_gemm"):
             missing.append("block_fp8_gemm")
-        for f in ("eager_flag", "scheduler_steps_flag", "attention_dp_flag"):
-            if getattr(self, f) and not self.sources.get(f):
-                missing.append(f)
+        for f, on in (("eager_flag", self.eager_flag), ("scheduler_steps_flag", self.scheduler_steps_flag),
+                      ("attention_dp_flag", self.attention_dp_flag), ("attention_dp_mlp", self.attention_dp_flag)):
+            missing += [f] if on and not self.sources.get(f) else []
         if self.host_layer_us > 0 and not self.sources.get("cudagraph_mode"):
             missing.append("cudagraph_mode")
         for flag in ("first_token_from_decode", "window_kv", "prefill_chunked", "async_scheduling", "quantized_head",

@@ -33,6 +33,7 @@ from voicepipe.hardware.system import (
     body_params,
     bytes_per_param,
     decode_attention_width,
+    dp_keeps_mlps,
     dp_own_params,
     expected_tokens_per_step,
     kv_bytes_per_token,
@@ -189,7 +190,7 @@ def step_parts(
     routed = experts * (m.experts_active / m.experts if m.is_moe else 0.0)
     body = body_params(m)  # each token's matmuls outside the routed experts and the head
     own = dp_own_params(system) if par > 1 else 0.0
-    pre_linear = 2.0 * n * (own * local + (body - own) / par)
+    pre_linear = 2.0 * n * (own * local + max(body - own, 0.0) / par)
     pre_attn = 2.0 * m.layers * m.heads * prefill_attention_width(m) * n * m.held(span)  # attention's own
     # projections every TP rank holds whole (MLA's down-projections) multiply every token on every rank
     rep = 0.0 if system.attention_dp or par == 1 else tp_replicated_params(m) * (1.0 - 1.0 / par)
@@ -222,11 +223,13 @@ def step_parts(
         offload_bw = float(dev.offload_bw_tbs or 1.0) * 1e12
         # attention DP: every chip streams the whole of the weights it keeps (dp_own_params), not a 1/tp slice
         replicated = own * (1.0 - 1.0 / par) if system.attention_dp else rep
-        # the output head (vocab x hidden, split over the ranks) streams at its own format (System.head_format)
-        dense_bytes = ((dense_p - head_p) / par + replicated) * bpd + head_p / par * bph
+        # the output head (vocab x hidden, split over the ranks, whole on each where the ranks keep the MLPs:
+        # dp_keeps_mlps) streams at its own format (System.head_format)
+        head_share = 1.0 if dp_keeps_mlps(system) else 1.0 / par
+        dense_bytes = ((dense_p - head_p) / par + replicated) * bpd + head_p * head_share * bph
         weights_s = dense_bytes + expert_p / par * bpp
         dense_s = dense_bytes * hbm_share / bw + zero
-        head_s = head_p / par * bph * hbm_share / bw + zero  # the head's share of dense_s
+        head_s = head_p * head_share * bph * hbm_share / bw + zero  # the head's share of dense_s
         # a block-scaled FP8 GEMM with fewer output tiles than SMs streams on those SMs only, each at its
         # share of the sustained bandwidth (docs §1): a fixed GPU cost, outside η_mem
         kernel = system_kernel(system)

@@ -367,11 +367,19 @@ def body_params(model: ModelSpec) -> float:
 def dp_own_params(system: System) -> float:
     """Params an attention-DP rank holds whole and runs over its own tokens only (0 without attention DP):
     the attention's, and where the stack keeps the MLPs on the rank too (``Stack.attention_dp_mlp`` "own")
-    every param outside the routed experts and the head (:func:`body_params`)."""
+    every param outside the routed experts and the head (:func:`body_params`; at least the attention's, which
+    a model's rounded published active count can put below it: Qwen3 MoE)."""
     if not system.attention_dp:
         return 0.0
-    own = system.serving.attention_dp_mlp == "own"
-    return body_params(system.model) if own else attention_params(system.model)
+    attention = attention_params(system.model)
+    return max(body_params(system.model), attention) if dp_keeps_mlps(system) else attention
+
+
+def dp_keeps_mlps(system: System) -> bool:
+    """Whether each rank of an attention-DP group keeps the MLPs, and the output head, whole
+    (``Stack.attention_dp_mlp`` "own": TensorRT-LLM, whose LM head is replicated under attention DP unless
+    the prototype ``enable_lm_head_tp_in_adp`` is set; vLLM, whose DP ranks are whole engines)."""
+    return system.attention_dp and system.serving.attention_dp_mlp == "own"
 
 
 # ---------------------------------------------------------------- capacity
