@@ -92,7 +92,7 @@ def cli(*args: str):
 
     from voicepipe.cli.hardware import app
 
-    return CliRunner().invoke(app, list(args))
+    return CliRunner().invoke(app, list(args), env={"COLUMNS": "250"})  # a table's cells unfolded
 
 
 def test_predict_with_attention_dp_is_the_engines_run_of_that_system():
@@ -155,3 +155,10 @@ def test_an_anchored_prediction_keeps_the_anchors_run_settings_so_refuses_attent
     with pytest.raises(ValueError, match="attention_dp: an anchored backend keeps the run settings"):
         make_hardware_backend({"hardware": "h200-sxm", "model": "deepseek-r1", "anchor": str(tmp_path / "a.json"),
                                "attention_dp": True})  # fmt: skip
+
+
+def test_the_predict_table_says_the_chips_run_attention_dp():
+    r = cli("predict", "--attention-dp", "-H", "h200-sxm", "-m", "deepseek-r1", "--tp", "8", "--stack", "sglang")
+    assert r.exit_code == 0 and "8 (attention DP: each runs the attention of its own sequences)" in r.output
+    plain = cli("predict", "-H", "h200-sxm", "-m", "deepseek-r1", "--tp", "8", "--stack", "sglang")
+    assert "attention DP" not in plain.output

@@ -366,7 +366,7 @@ def predict(
         return
     fits = "yes" if p.fits else f"NO: runs {p.effective_batch} of {p.batch} at a time, queues the rest"
     rows = [
-        ("chips", f"{p.chips}"),
+        ("chips", f"{p.chips}" + (" (attention DP: each runs the attention of its own sequences)" if attention_dp else "")),
         ("precision (weights / KV)", f"{p.weights_label()} / {p.kv_precision}"),
         *([("weight-only", f"no {p.precision} math here: bf16 matmuls")] if out["weight_only"] else []),
         ("stack", p.stack),
