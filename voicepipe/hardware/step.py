@@ -28,7 +28,6 @@ from voicepipe.hardware.system import (
     FArray,
     Speculative,
     System,
-    _expert_split,
     _read_split,
     body_params,
     bytes_per_param,
@@ -39,6 +38,7 @@ from voicepipe.hardware.system import (
     kv_bytes_per_token,
     kv_shards,
     prefill_attention_width,
+    routed_params,
     table_bytes,
     tp_replicated_params,
 )
@@ -186,8 +186,7 @@ def step_parts(
     local: FArray | float = 1.0 / par
     if system.attention_dp and par > 1:
         local = where(n > 0, ceil(ps / par) / ps, 1.0 / par)
-    _, experts = _expert_split(m)
-    routed = experts * (m.experts_active / m.experts if m.is_moe else 0.0)
+    routed = routed_params(m)
     body = body_params(m)  # each token's matmuls outside the routed experts and the head
     own = dp_own_params(system) if par > 1 else 0.0
     pre_linear = 2.0 * n * (own * local + max(body - own, 0.0) / par)

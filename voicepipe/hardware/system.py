@@ -356,12 +356,16 @@ def matmul_params(model: ModelSpec) -> float:
     return model.active_params - (0.0 if model.tied_embeddings else model.embed_params)
 
 
+def routed_params(model: ModelSpec) -> float:
+    """Routed-expert params each token multiplies through (its top-k of E; 0 for a dense model)."""
+    _, experts = _expert_split(model)
+    return experts * (model.experts_active / model.experts if model.is_moe else 0.0)
+
+
 def body_params(model: ModelSpec) -> float:
     """Params each token multiplies through outside the routed experts and the output head: attention,
     dense MLPs, shared experts, routers."""
-    _, experts = _expert_split(model)
-    routed = experts * (model.experts_active / model.experts if model.is_moe else 0.0)
-    return matmul_params(model) - routed - model.embed_params
+    return matmul_params(model) - routed_params(model) - model.embed_params
 
 
 def dp_own_params(system: System) -> float:
