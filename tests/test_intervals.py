@@ -73,17 +73,22 @@ def test_sweep_table_shows_the_range_beside_the_value():
     assert f"{row['ttft_ms']:.0f} {val.fmt_range(*row['intervals']['ttft_ms'])}" in text
 
 
-def test_a_configuration_without_evidence_gets_at_least_the_band_of_all_residuals():
-    """No device or stack evidence: the range holds the 90 % band of every HBM residual (two thin slices),
-    wherever its own cell falls. (A well-covered cell may be wider still: its evidence says so.)"""
+def test_a_configuration_without_evidence_gets_at_least_the_90_pct_band_of_its_cell_two_keys_coarser():
+    """No device or stack evidence (two thin slices): the range holds the family-weighted 90 % band of its
+    cell with two keys dropped, wherever its own cell falls. (A well-covered cell may be wider still.)"""
     acc = val.shipped_accuracy()
     mdl = catalog.model("llama-3.1-8b")
     covered = val.ranges(acc, VALUES, "h100-sxm", "hbm", "vllm", mdl, 8, "bf16")
     nowhere = val.ranges(acc, VALUES, "no-such-device", "hbm", "no-such-stack", mdl, 8, "bf16")
     assert covered.thin == ()
     assert nowhere.thin == ("device no-such-device (0 points)", "stack no-such-stack (0 points)")
-    lo, hi = val.speed_band([r.log_speed for r in acc.residuals if r.device_kind == "hbm"], 0.9)
     for m in METRICS:
+        q = val.config_query(mdl, 8, "bf16", m, "no-such-device", "", "no-such-stack")  # no catalog maker
+        keys = val.cell_keys(acc.residuals, q)
+        coarse = val.cell_of_keys(acc.residuals, q, keys[: max(0, len(keys) - 2)])
+        band = val.family_band(coarse, 0.9)
+        assert band is not None
+        lo, hi = band
         a, b = nowhere.intervals[m]
         value = VALUES[m]
         if m in ("tokens_per_second", "aggregate_tokens_per_second"):
@@ -135,10 +140,10 @@ def test_changing_one_residual_changes_its_cells_interval_and_no_other():
     mdl = catalog.model("llama-3.1-8b")
     base = val.ranges(acc, VALUES, "h100-sxm", "hbm", "vllm", mdl, 8, "bf16")
     members = val.cell_members(acc.residuals, query("ttft_ms"))
-    band = val.speed_band([r.log_speed for r in members])
+    band = val.family_band(members)
     assert band is not None
     hi = band[1]
-    above = min(r.log_speed for r in members if r.log_speed > hi)  # moving the top rank's one up to here moves it
+    above = min(r.log_speed for r in members if r.log_speed > hi)  # moving the top end's one up to here moves it
     edge = next(r for r in members if r.log_speed == hi)
     moved = [r.model_copy(update={"log_speed": (hi + above) / 2}) if r.id == edge.id else r for r in acc.residuals]
     changed = val.ranges(acc.model_copy(update={"residuals": moved}), VALUES, "h100-sxm", "hbm", "vllm", mdl, 8,
@@ -229,3 +234,42 @@ def test_a_cell_just_large_enough_stands_at_the_level_not_at_its_extremes():
     n = val.MIN_POINTS
     assert val.speed_band([float(i) for i in range(n)]) == (1.0, float(n - 2))
     assert val.speed_band([float(i) for i in range(n - 1)]) == (0.0, float(n - 2))
+
+
+def test_a_family_with_many_points_is_one_vote_in_a_band():
+    """Nine families read 0 and one harness publishes 90 points reading 1.0 (7x fast), half the cell: by
+    count its points would fill the band's top; as one family of ten it is past the 90th percentile."""
+    q = query("step_ms")
+    cell = synthetic(45, 9, 0.0) + synthetic(90, 1, 1.0, "big")
+    band = val.family_band(cell)
+    assert band is not None and 0.0 <= band[0] < band[1] <= 0.044 + 1e-9  # within the nine families' spread
+    count_weighted = val.speed_band([r.log_speed for r in cell])
+    assert count_weighted is not None and count_weighted[1] > 1.0  # the band the rule does not use
+    (_, hi), thin = val.band(cell, q)
+    assert thin == () and hi < 1.0
+
+
+def test_the_family_band_puts_at_most_the_tail_weight_outside_each_end():
+    """Ten families of one residual each: the 80 % band runs from the second lowest to the second highest
+    (the lowest is 10 % of the weight, the highest 10 %). Splitting the lowest family's vote over two
+    points moves nothing: together they are still 10 %."""
+    one_each = [val.Residual(id=str(i), family=f"f{i}", log_speed=float(i), publisher_family="independent",
+                             architecture="dense", batch="batched", phase="decode", precision="16-bit",
+                             device="h100-sxm", maker="NVIDIA", stack="vllm") for i in range(10)]  # fmt: skip
+    assert val.family_band(one_each) == (1.0, 8.0)
+    split = [*one_each, one_each[0].model_copy(update={"id": "0b", "log_speed": -1.0})]
+    assert val.family_band(split) == (1.0, 8.0)
+    assert val.family_band(one_each, 0.6) == (2.0, 7.0)
+    assert val.family_band([]) is None
+
+
+def test_a_thin_slice_widens_with_the_cell_one_key_coarser_not_with_other_phases():
+    """One thin slice: the union with the 80 % band of the cell one key coarser. A TTFT range never takes
+    the spread of decode residuals through it (the old rule took every residual of the kind)."""
+    ttft_far = synthetic(40, 8, 3.0, phase="ttft")  # other phase, far away
+    decode = synthetic(40, 8, 0.0) + synthetic(40, 8, 0.5, "sg", stack="sglang")
+    q = query("step_ms", "rare-stack")
+    (_, hi), thin = val.band(ttft_far + decode, q)
+    assert thin == ("stack rare-stack (0 points)",)
+    assert hi < 3.0  # the TTFT residuals are not in a decode range
+    assert hi >= 0.5  # both stacks of its phase speak for a stack with no evidence

@@ -13,16 +13,20 @@ reads the TTFT residuals; ``step_ms`` and ``tokens_per_second`` the decode ones;
 0. **Its kind of machine.** Only residuals of devices of the configuration's memory kind (HBM devices, or
    SRAM machines: Cerebras, Groq) speak for it: the two physics miss in different ways.
 1. **Its cell (Mondrian).** Among those, the residuals sharing the configuration's phase, device maker,
-   stack profile (its version era with it: vllm-v0 vs vllm), architecture, batch regime and precision
+   architecture, batch regime, stack profile (its version era with it: vllm-v0 vs vllm) and precision
    class; while fewer than ``MIN_POINTS`` (19) share them, or they come from fewer than ``MIN_FAMILIES``
    (3) publisher families, the last key is dropped (precision, then stack, batch, architecture, maker).
-   The conformal ranks ⌊(n+1)·0.1⌋ and ⌈(n+1)·0.9⌉ of the cell's residuals give the band; a cell's
-   signed bias is in it (the ranks are of signed residuals, themselves held out).
+   The band is the cell's family-weighted 10th and 90th percentiles
+   (:func:`~voicepipe.hardware.validate.slices.family_band`: each publisher family one vote, its n
+   residuals 1/n each — the family is what the hold-out leaves out and what a new publisher will be); the
+   percentiles are of signed residuals (themselves held out), so a cell's bias is in the band.
 2. **Far from evidence, wider.** The configuration's *thin* slices are those of its device, stack,
    architecture, batch regime and precision class with fewer than ``THIN`` (10) residuals (a device or
    stack with no published point has 0; an SRAM machine runs its vendor's software, so it has no stack
-   slice). With ``k`` thin slices the band becomes the union of the cell's band and the band of **all**
-   residuals of its kind at level ``1 − 0.2 / 2^(k−1)`` (80 % for one thin slice, 90 % for two, ...).
+   slice). With ``k`` thin slices the band becomes the union of the cell's band and the family-weighted
+   band, at level ``1 − 0.2 / 2^(k−1)`` (80 % for one thin slice, 90 % for two, ...), of the cell ``k``
+   keys coarser (every residual of the kind once no key is left): each kind of evidence missing forgets
+   one more thing the configuration shares with its evidence.
 
 The true speed is the modelled speed over exp(residual): a rate's range is ``value·exp(−high)`` to
 ``value·exp(−low)``, a time's ``value·exp(low)`` to ``value·exp(high)``. Every bound is modelled, not

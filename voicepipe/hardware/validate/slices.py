@@ -7,10 +7,11 @@ batch (1 or batched), phase (TTFT, decode: per-token metrics, or throughput/end-
 signed error) and count. A :class:`Residual` is one point's held-out log speed ratio (modelled over
 published speed; > 0 reads faster) with its slices; the shipped ones are in the accuracy file.
 
-:func:`band` is the interval rule (Mondrian conformal, see :mod:`~voicepipe.hardware.validate.ranges`):
-the conformal ranks of the residuals in the finest cell of the configuration's phase, device maker, stack,
-architecture, batch regime and precision that holds ``MIN_POINTS`` residuals from ``MIN_FAMILIES``
-families, widened where the configuration's slices are thin. :func:`coverage` measures how often that
+:func:`band` is the interval rule (Mondrian, conformal-style, see :mod:`~voicepipe.hardware.validate.ranges`):
+the family-weighted 10th and 90th percentiles (every publisher family one vote) of the residuals in the
+finest cell of the configuration's phase, device maker, architecture, batch regime, stack and precision
+that holds ``MIN_POINTS`` residuals from ``MIN_FAMILIES`` families, widened where the configuration's
+slices are thin. :func:`coverage` measures how often that
 band, built for each point's own configuration without the point's family's residuals, holds the point.
 """
 
@@ -29,7 +30,8 @@ from voicepipe.hardware.validate.points import Point, stack_key
 
 LEVEL = 0.8
 # a cell with fewer residuals widens to a coarser one: 19 is the smallest n whose conformal ranks
-# ⌊(n+1)·0.1⌋, ⌈(n+1)·0.9⌉ stand at the level; below it they are the cell's min and max (15: 87.5 %)
+# ⌊(n+1)·0.1⌋, ⌈(n+1)·0.9⌉ stand at the level (below it they are the cell's min and max: 15 gives 87.5 %);
+# kept as the floor for the family-weighted band too (twenty-seventh pass: 15-39 all cover 80-83 %)
 MIN_POINTS = 19
 SPEED = ("tok_s_user", "tok_s_total")
 DECODE = ("tpot_ms", "itl_ms", "itl_median_ms", "tok_s_user")
@@ -162,21 +164,28 @@ def query_of(r: Residual) -> Query:
                  device_kind=r.device_kind)  # fmt: skip
 
 
-def cell_members(res: Sequence[Residual], q: Query) -> list[Residual]:
-    """The residuals of ``q``'s device kind in the finest cell around ``q`` (keys :data:`CELL_KEYS`, the
-    last dropped first) holding at least MIN_POINTS residuals from at least MIN_FAMILIES families."""
+def cell_keys(res: Sequence[Residual], q: Query) -> list[str]:
+    """The keys of the finest cell around ``q`` (:data:`CELL_KEYS`, the last dropped first) whose residuals
+    of ``q``'s device kind number at least MIN_POINTS from at least MIN_FAMILIES families; [] when only
+    every residual of the kind is enough (or not even that)."""
     pool = [r for r in res if r.device_kind == q.device_kind]
     keys = [k for k in CELL_KEYS if q.slice(k) is not None]
-    while True:
+    while keys:
         got = [r for r in pool if all(r.slice(k) == q.slice(k) for k in keys)]
-        if (len(got) >= MIN_POINTS and len({r.family for r in got}) >= MIN_FAMILIES) or not keys:
-            return got
+        if len(got) >= MIN_POINTS and len({r.family for r in got}) >= MIN_FAMILIES:
+            break
         keys.pop()
+    return keys
 
 
-def cell(res: Sequence[Residual], q: Query) -> list[float]:
-    """The log speed residuals of :func:`cell_members`."""
-    return [r.log_speed for r in cell_members(res, q)]
+def cell_of_keys(res: Sequence[Residual], q: Query, keys: Sequence[str]) -> list[Residual]:
+    """The residuals of ``q``'s device kind that share ``q``'s value of every one of ``keys``."""
+    return [r for r in res if r.device_kind == q.device_kind and all(r.slice(k) == q.slice(k) for k in keys)]
+
+
+def cell_members(res: Sequence[Residual], q: Query) -> list[Residual]:
+    """The residuals of ``q``'s device kind in the finest cell around ``q`` (:func:`cell_keys`)."""
+    return cell_of_keys(res, q, cell_keys(res, q))
 
 
 def thin_slices(res: Sequence[Residual], q: Query) -> tuple[str, ...]:
@@ -199,23 +208,50 @@ def speed_band(values: Sequence[float], level: float = LEVEL) -> tuple[float, fl
     return float(s[lo - 1]), float(s[hi - 1])
 
 
+def family_band(res: Sequence[Residual], level: float = LEVEL) -> tuple[float, float] | None:
+    """The equal-tailed ``level`` band of the log speed residuals with every publisher family one vote:
+    each of a family's n residuals weighs 1/n. The low end is the largest residual with at most
+    (1 − level)/2 of the weight below it, the high end the smallest with at most that much above it.
+    None for no residuals.
+
+    A family is the unit the hold-out leaves out and the unit a new configuration's publisher will be:
+    a harness with 140 points is one harness's bias, not 140 pieces of evidence (docs §3, *Intervals*)."""
+    if not res:
+        return None
+    count: dict[str, int] = {}
+    for r in res:
+        count[r.family] = count.get(r.family, 0) + 1
+    order = sorted(res, key=lambda r: r.log_speed)
+    values = np.array([r.log_speed for r in order])
+    cum = np.cumsum([1.0 / count[r.family] for r in order]) / len(count)
+    tail = (1 - level) / 2
+    # rounded first, as speed_band: a family's 1/n weights need not sum to exactly 1 in binary
+    cum = np.round(cum, 9)
+    lo = int(np.searchsorted(cum, round(tail, 9), side="right"))
+    hi = int(np.searchsorted(cum, round(1 - tail, 9), side="left"))
+    return float(values[lo]), float(values[min(hi, len(values) - 1)])
+
+
 def band(res: Sequence[Residual], q: Query,
          exclude_family: str | None = None) -> tuple[tuple[float, float], tuple[str, ...]]:  # fmt: skip
     """The 80 % band of log(modelled / true speed) for ``q``, and its thin slices: the one rule behind
     every printed range and its measured coverage (docs/hardware-model.md §3, "Intervals").
 
     Only residuals of other families than ``exclude_family`` count (coverage() passes the point's own).
-    The cell's conformal ranks (:func:`cell`, :func:`speed_band`); with ``k`` thin slices, the union with
-    the band of every residual of the device kind at level ``1 − 0.2 / 2^(k−1)``."""
+    The cell's family-weighted band (:func:`cell_keys`, :func:`family_band`); with ``k`` thin slices, the
+    union with the family-weighted band, at level ``1 − 0.2 / 2^(k−1)``, of the cell ``k`` keys coarser
+    (every residual of the device kind once no key is left)."""
     pool = [r for r in res if r.family != exclude_family]
-    kind = [r.log_speed for r in pool if r.device_kind == q.device_kind]
-    if not kind:
+    if not any(r.device_kind == q.device_kind for r in pool):
         raise ValueError(f"no residuals of {q.device_kind} devices: no interval can be given")
     thin = thin_slices(pool, q)
-    # too few even for the coarsest cell: the widest seen
-    got = speed_band(cell(pool, q)) or (min(kind), max(kind))
+    keys = cell_keys(pool, q)
+    got = family_band(cell_of_keys(pool, q, keys))
+    assert got is not None  # the device kind has residuals: every cell of it holds some
     if thin:
-        wide = speed_band(kind, 1 - (1 - LEVEL) / 2 ** (len(thin) - 1)) or (min(kind), max(kind))
+        coarse = cell_of_keys(pool, q, keys[: max(0, len(keys) - len(thin))])
+        wide = family_band(coarse, 1 - (1 - LEVEL) / 2 ** (len(thin) - 1))
+        assert wide is not None
         got = (min(got[0], wide[0]), max(got[1], wide[1]))
     return got, thin
 
