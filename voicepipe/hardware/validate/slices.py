@@ -170,12 +170,14 @@ def cell_keys(res: Sequence[Residual], q: Query) -> list[str]:
     every residual of the kind is enough (or not even that)."""
     pool = [r for r in res if r.device_kind == q.device_kind]
     keys = [k for k in CELL_KEYS if q.slice(k) is not None]
-    while keys:
-        got = [r for r in pool if all(r.slice(k) == q.slice(k) for k in keys)]
-        if len(got) >= MIN_POINTS and len({r.family for r in got}) >= MIN_FAMILIES:
-            break
+    while keys and not enough([r for r in pool if all(r.slice(k) == q.slice(k) for k in keys)]):
         keys.pop()
     return keys
+
+
+def enough(cell: Sequence[Residual]) -> bool:
+    """Whether a cell stands on its own: MIN_POINTS residuals from MIN_FAMILIES publisher families."""
+    return len(cell) >= MIN_POINTS and len({r.family for r in cell}) >= MIN_FAMILIES
 
 
 def cell_of_keys(res: Sequence[Residual], q: Query, keys: Sequence[str]) -> list[Residual]:
@@ -238,22 +240,33 @@ def band(res: Sequence[Residual], q: Query,
     every printed range and its measured coverage (docs/hardware-model.md §3, "Intervals").
 
     Only residuals of other families than ``exclude_family`` count (coverage() passes the point's own).
-    The cell's family-weighted band (:func:`cell_keys`, :func:`family_band`); with ``k`` thin slices, the
-    union with the family-weighted band, at level ``1 − 0.2 / 2^(k−1)``, of the cell ``k`` keys coarser
-    (every residual of the device kind once no key is left)."""
+    The cell's family-weighted band (:func:`cell_keys`, :func:`family_band`; its extremes when even every
+    residual of the kind is too few, :func:`enough`); with ``k`` thin slices, the union with the
+    family-weighted band, at level ``1 − 0.2 / 2^(k−1)``, of the cell ``k`` keys coarser (every residual of
+    the device kind once no key is left)."""
     pool = [r for r in res if r.family != exclude_family]
     if not any(r.device_kind == q.device_kind for r in pool):
         raise ValueError(f"no residuals of {q.device_kind} devices: no interval can be given")
     thin = thin_slices(pool, q)
     keys = cell_keys(pool, q)
-    got = family_band(cell_of_keys(pool, q, keys))
-    assert got is not None  # the device kind has residuals: every cell of it holds some
+    got = _cell_band(cell_of_keys(pool, q, keys), LEVEL)
     if thin:
         coarse = cell_of_keys(pool, q, keys[: max(0, len(keys) - len(thin))])
-        wide = family_band(coarse, 1 - (1 - LEVEL) / 2 ** (len(thin) - 1))
-        assert wide is not None
+        wide = _cell_band(coarse, 1 - (1 - LEVEL) / 2 ** (len(thin) - 1))
         got = (min(got[0], wide[0]), max(got[1], wide[1]))
     return got, thin
+
+
+def _cell_band(cell: Sequence[Residual], level: float) -> tuple[float, float]:
+    """:func:`family_band` of a cell that stands on its own (:func:`enough`); a smaller one (every residual
+    of a device kind with few points, the SRAM machines' today) gives the widest seen, its extremes: too
+    few families for their percentiles to mean the level."""
+    got = family_band(cell, level)
+    assert got is not None  # the device kind has residuals: every cell of it holds some
+    if not enough(cell):
+        values = [r.log_speed for r in cell]
+        return min(values), max(values)
+    return got
 
 
 def config_query(model: catalog.ModelSpec, batch: int, precision: str, metric: str, device: str, maker: str,
