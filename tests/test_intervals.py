@@ -285,3 +285,37 @@ def test_a_kind_with_too_few_residuals_for_the_level_gives_its_extremes():
     (lo, hi), _ = val.band(sram + hbm, q)
     assert (lo, hi) == (0.0, pytest.approx(0.011))
     assert val.family_band(sram) != (lo, hi)  # the percentiles would have been narrower
+
+
+def test_two_thin_slices_union_the_cell_with_the_90_pct_band_of_the_cell_two_keys_coarser():
+    """A new device with a new stack: the cell (phase, maker, architecture, batch) unioned with the
+    family-weighted 90 % band of (phase, maker): two keys coarser, not one, and at 90 %, not 80 or 95."""
+    cell = synthetic(40, 8, 0.0)
+    other_batch = synthetic(40, 8, -1.0, "b1", batch="batch 1")  # one key coarser
+    other_arch = synthetic(40, 8, 2.0, "moe", architecture="moe")  # two keys coarser
+    other_maker = synthetic(40, 8, 5.0, "amd", maker="AMD")  # past the phase and maker: never
+    res = cell + other_batch + other_arch + other_maker
+    q = query("step_ms", "rare-stack", device="rare-device")
+    (lo, hi), thin = val.band(res, q)
+    assert len(thin) == 2
+    assert val.cell_keys(res, q) == ["phase", "maker", "architecture", "batch"]
+    wide = val.family_band(cell + other_batch + other_arch, 0.9)
+    own = val.family_band(cell)
+    assert wide is not None and own is not None
+    assert (lo, hi) == (min(own[0], wide[0]), max(own[1], wide[1]))
+    assert (lo, hi) != val.family_band(cell + other_arch + other_batch, 0.95)
+    assert 1.0 < hi < 5.0  # the MoE residuals two keys away speak (one key away they would not); AMD's not
+
+
+def test_a_familys_weights_that_sum_to_the_tail_in_binary_leave_the_band_whole():
+    """Nine residuals of one family among ten families are exactly 10 % of the weight, though nine ninths
+    do not sum to 1 in binary: the band's low end is the first residual above them."""
+    def r(i: int, family: str, v: float) -> val.Residual:
+        return val.Residual(id=str(i), family=family, log_speed=v, publisher_family="independent",
+                            architecture="dense", batch="batched", phase="decode", precision="16-bit",
+                            device="h100-sxm", maker="NVIDIA", stack="vllm")  # fmt: skip
+
+    big = [r(i, "big", -9.0 + i) for i in range(9)]  # -9 … -1
+    singles = [r(10 + i, f"s{i}", float(i)) for i in range(9)]  # 0 … 8
+    band = val.family_band(big + singles)
+    assert band is not None and band[0] == 0.0

@@ -29,9 +29,9 @@ from voicepipe.hardware.validate.fit import Row
 from voicepipe.hardware.validate.points import Point, stack_key
 
 LEVEL = 0.8
-# a cell with fewer residuals widens to a coarser one: 19 is the smallest n whose conformal ranks
-# ⌊(n+1)·0.1⌋, ⌈(n+1)·0.9⌉ stand at the level (below it they are the cell's min and max: 15 gives 87.5 %);
-# kept as the floor for the family-weighted band too (twenty-seventh pass: 15-39 all cover 80-83 %)
+# a cell with fewer residuals widens to a coarser one: 19 was the smallest n whose conformal ranks
+# ⌊(n+1)·0.1⌋, ⌈(n+1)·0.9⌉ stand at the level (twenty-fourth pass); the family-weighted percentiles that
+# replaced the ranks (twenty-seventh pass) have no such rule, and every value from 15 to 39 covers 80-84 %
 MIN_POINTS = 19
 SPEED = ("tok_s_user", "tok_s_total")
 DECODE = ("tpot_ms", "itl_ms", "itl_median_ms", "tok_s_user")
