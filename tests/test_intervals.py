@@ -261,6 +261,8 @@ def test_the_family_band_puts_at_most_the_tail_weight_outside_each_end():
     assert val.family_band(split) == (1.0, 8.0)
     assert val.family_band(one_each, 0.6) == (2.0, 7.0)
     assert val.family_band([]) is None
+    with pytest.raises(ValueError, match="level"):
+        val.family_band(one_each, 0.0)
 
 
 def test_a_thin_slice_widens_with_the_cell_one_key_coarser_not_with_other_phases():

@@ -218,6 +218,8 @@ def family_band(res: Sequence[Residual], level: float = LEVEL) -> tuple[float, f
 
     A family is the unit the hold-out leaves out and the unit a new configuration's publisher will be:
     a harness with 140 points is one harness's bias, not 140 pieces of evidence (docs §3, *Intervals*)."""
+    if not 0 < level <= 1:
+        raise ValueError(f"a band's level is in (0, 1], not {level}")
     if not res:
         return None
     count: dict[str, int] = {}
