@@ -99,8 +99,9 @@ GROWS = "the KV cache fills before they finish: the newest are evicted and recom
 
 
 def _range_note(level: float, thin: Sequence[str]) -> str:
-    far = f"; widened, far from evidence: {', '.join(thin)}" if thin else ""
-    return f"(low–high): the {level:.0%} range from the held-out residuals of this configuration's slices{far}"
+    far = f"; far from evidence: {', '.join(thin)}" if thin else ""
+    return (f"(low–high): the {level:.0%} range from the held-out residuals of this configuration's slices, "
+            f"each publisher family one vote{far}")  # fmt: skip
 
 
 def _print_near(con: Console, near: NearReport) -> None:
