@@ -223,6 +223,16 @@ def test_pairs_are_one_harness_on_two_devices_or_chip_counts():
     assert got == {("a", "b"), ("a", "c"), ("b", "c"), ("b", "f"), ("c", "f")}
 
 
+def test_a_point_without_a_timing_pairs_as_its_stacks_default_timing():
+    """A point that leaves ``timing`` unset is run with its stack's default, and pairs as that: an unset
+    field is not a different harness; a stated other timing is."""
+    default = catalog.stack("vllm").timing
+    other = "engine" if default == "client" else "client"
+    a, b = pt("a", timing=default), pt("b", "a100-80gb")
+    c = pt("c", "l40s", timing=other)
+    assert {(x.id, y.id) for x, y in pairs([a, b, c])} == {("a", "b")}
+
+
 def test_one_publishers_per_device_files_of_one_group_are_one_harness():
     """An author who ran one script on three devices and kept a result file per device: the files share a
     group (what the family hold-out holds out together), so their points pair; a file of another publisher

@@ -9,7 +9,8 @@ two chip counts) with one harness.
 files one publisher wrote (:attr:`Point.held_out_with`: one author's per-device result files are one
 harness; the publisher family must match too) — with the same model, precision, KV precision, stack,
 batch (an open-loop client's request rate and count instead), prompt and output lengths, metric, load
-shape (closed loop, attention DP), speculative settings, engine, engine version and timing, but a
+shape (closed loop, attention DP), speculative settings, engine, engine version and timing (the stack's
+default where the point states none: :func:`timing`), but a
 different device or chip count. Every two such points form one pair. Only points that are evidence are
 paired: answered, not one of the points an SRAM machine was fitted to, not speculative (as
 :func:`voicepipe.hardware.validate.slices.residual`).
@@ -33,6 +34,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from voicepipe.hardware import catalog
 from voicepipe.hardware.validate.fit import Row
 from voicepipe.hardware.validate.points import Point, stack_key
 from voicepipe.hardware.validate.slices import (
@@ -58,7 +60,13 @@ def pair_key(p: Point) -> PairKey:
             p.prompt_tokens, p.output_tokens, p.metric, p.closed_loop, p.attention_dp, p.eager, p.scheduler_steps,
             p.max_seqs,
             p.dense_precision, p.block_fp8_gemm, p.speculative or "none", p.engine, p.engine_version,
-            p.timing)  # fmt: skip
+            timing(p))  # fmt: skip
+
+
+def timing(p: Point) -> str:
+    """Where the point's times were taken, as the engine runs it: the point's own ``timing``, else its
+    stack's default (:attr:`~voicepipe.hardware.specs.Stack.timing`, what :class:`System` falls back to)."""
+    return p.timing or catalog.stack(p.stack).timing
 
 
 def is_evidence(p: Point) -> bool:
