@@ -65,7 +65,7 @@ def pair_key(p: Point) -> PairKey:
 
 def timing(p: Point) -> str:
     """Where the point's times were taken, as the engine runs it: the point's own ``timing``, else its
-    stack's default (:attr:`~voicepipe.hardware.specs.Stack.timing`, what :class:`System` falls back to)."""
+    stack's default (the ``timing`` of its :class:`~voicepipe.hardware.specs.Stack`, as ``System`` reads it)."""
     return p.timing or catalog.stack(p.stack).timing
 
 
