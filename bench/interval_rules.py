@@ -41,7 +41,7 @@ def by_count(cell: Sequence[S.Residual], level: float) -> Band:
 
 
 def by_family(cell: Sequence[S.Residual], level: float) -> Band:
-    return S._cell_band(cell, level)
+    return S.cell_band(cell, level)
 
 
 def variant(weigh: Callable[[Sequence[S.Residual], float], Band], widen: str) -> Rule:

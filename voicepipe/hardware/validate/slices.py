@@ -251,15 +251,15 @@ def band(res: Sequence[Residual], q: Query,
         raise ValueError(f"no residuals of {q.device_kind} devices: no interval can be given")
     thin = thin_slices(pool, q)
     keys = cell_keys(pool, q)
-    got = _cell_band(cell_of_keys(pool, q, keys), LEVEL)
+    got = cell_band(cell_of_keys(pool, q, keys), LEVEL)
     if thin:
         coarse = cell_of_keys(pool, q, keys[: max(0, len(keys) - len(thin))])
-        wide = _cell_band(coarse, 1 - (1 - LEVEL) / 2 ** (len(thin) - 1))
+        wide = cell_band(coarse, 1 - (1 - LEVEL) / 2 ** (len(thin) - 1))
         got = (min(got[0], wide[0]), max(got[1], wide[1]))
     return got, thin
 
 
-def _cell_band(cell: Sequence[Residual], level: float) -> tuple[float, float]:
+def cell_band(cell: Sequence[Residual], level: float) -> tuple[float, float]:
     """:func:`family_band` of a cell that stands on its own (:func:`enough`); a smaller one (every residual
     of a device kind with few points, the SRAM machines' today) gives the widest seen, its extremes: too
     few families for their percentiles to mean the level."""
