@@ -73,10 +73,12 @@ def test_second_arrival_slows_the_first_but_keeps_its_past():
     arrive = before[50] + 1  # reaches the engine then; it was sent the stack's per-request cost earlier
     second = s.open(req("b", out=200), arrive - round(request_overhead_s(b.system) * 1e9))
     after = [first.at_ns(i) for i in range(200)]
-    assert after[:51] == before[:51]  # produced before the arrival: unchanged
-    assert all(a > b for a, b in zip(after[52:], before[52:], strict=True))
-    # the newcomer's prefill shares steps: the first's token gap during it exceeds a plain 2-sequence step
-    gap_prefill = after[51] - after[50]
+    # produced before the arrival, and by the step running when it came: unchanged (the engine takes
+    # the newcomer when that step ends, at token 51)
+    assert after[:52] == before[:52]
+    assert all(a > b for a, b in zip(after[53:], before[53:], strict=True))
+    # the newcomer's prefill shares the next step: the first's token gap then exceeds a plain 2-sequence step
+    gap_prefill = after[52] - after[51]
     plain_two = float(mixed_step_s(b.system, 2, 2 * 544.0)) * 1e9
     assert gap_prefill > 1.5 * plain_two
     # once both decode, the first's pace is the 2-sequence step (per-user speed falls with batch)
@@ -84,6 +86,18 @@ def test_second_arrival_slows_the_first_but_keeps_its_past():
     gap_two = after[121] - after[120]
     alone = before[121] - before[120]
     assert alone < gap_two < 1.5 * alone
+
+
+def test_an_arrival_mid_step_starts_when_that_step_ends():
+    b = make_hardware_backend("h100-sxm/llama-3.1-8b")
+    s = b.server
+    first = s.open(req("a", out=200), T0)
+    ends = [first.at_ns(i) for i in range(200)]
+    lead = round(request_overhead_s(b.system) * 1e9)
+    early = s.open(req("b", out=20), ends[60] + 1 - lead)  # just after a step ended: waits almost a step
+    assert abs(s.start_ns(early.job) - ends[61]) <= 1  # (token instants are whole ns)
+    solo = make_hardware_backend("h100-sxm/llama-3.1-8b").server.open(req("c", out=20), T0)
+    assert early.at_ns(0) - (ends[60] + 1 - lead) > solo.at_ns(0) - T0 + 0.9 * (ends[61] - ends[60])
 
 
 def test_fcfs_queue_when_batch_is_full_and_cancel_frees_the_slot():

@@ -11,7 +11,8 @@ import pytest
 from voicepipe.hardware import catalog
 from voicepipe.hardware.model import DEFAULT_EFFICIENCY, System
 from voicepipe.hardware.serving import DeviceServer
-from voicepipe.hardware.workload import Run, open_loop, static_batch
+from voicepipe.hardware.step import request_overhead_s
+from voicepipe.hardware.workload import Run, open_loop, static_batch, steady
 
 points = importlib.import_module("voicepipe.hardware.validate.points")
 
@@ -133,3 +134,28 @@ def test_the_fit_retimes_every_figure_of_an_open_loop_point_as_the_engine_runs_i
     engine = [fit.metric_of(x, fit.engine_run(x)) for x in xs]
     # (the fit merges a long run's stretches into at most MAX_ROWS step shapes: a few per mille)
     assert retimed == pytest.approx(engine, rel=5e-3)
+
+
+def test_an_arrival_while_the_decoders_step_runs_starts_when_that_step_ends():
+    srv = server()
+    r = open_loop(srv, 2, 1 / 0.3003, 256, 400, poisson=False)  # the second comes while the first decodes
+    first, second = r.jobs
+    step = r.step_s()[1] * 1e9  # the first decoding alone (after its prefill): steps of one length
+    assert second.arrive_ns > first.first_ns
+    waited = second.start_ns - second.arrive_ns
+    assert 0 < waited < step
+    steps_in = (second.start_ns - first.first_ns) / step
+    assert steps_in == pytest.approx(round(steps_in), abs=1e-6)  # on the first's step grid
+
+
+def test_a_closed_loop_request_reaches_the_engine_its_per_request_cost_after_the_last_finished():
+    srv = server()
+    lead = request_overhead_s(srv.system) * 1e9
+    assert lead > 0
+    r = steady(srv, 3, 256, 32, rounds=3)
+    done = {(j.req.session, j.req.turn): j for j in r.jobs}
+    later = [j for j in r.jobs if j.req.turn == 2]
+    assert later
+    for j in later:
+        before = done[(j.req.session, 1)]
+        assert j.arrive_ns == pytest.approx(before.finish_ns + lead, abs=1e-3)

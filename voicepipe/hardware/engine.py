@@ -135,6 +135,9 @@ class _State:
         self.reserved = 0.0  # cache held by the prompts in prefill (admitted, not yet decoding)
         self.redo: dict[int, int] = {}  # an evicted job -> output tokens its next prefill recomputes
         self.segment: dict[int, int] = {}  # job -> times evicted
+        # the progress clock's value at the last prefill step's end: the decoders' steps end where V is
+        # v0 plus whole steps' tokens (the step lattice a queued arrival waits for; see boundary_ns)
+        self.v0 = 0.0
         self._step = -1.0  # step_ns() of the current batch; < 0 once the batch changed
         self._pf: tuple[int, int, int, float] = (0, 0, 0, 0.0)  # (tokens, context before, prompts, span)
         # where set (a whole run on virtual time, voicepipe.hardware.workload): every stretch between
@@ -154,7 +157,7 @@ class _State:
         s.prefill, s.chunks, s.carry = self.prefill, self.chunks, self.carry
         s.prefill_left, s._pf, s.pending = self.prefill_left, self._pf, self.pending
         s.queue = deque(self.queue)
-        s.book, s.admitted = dict(self.book), self.admitted
+        s.book, s.admitted, s.v0 = dict(self.book), self.admitted, self.v0
         s.kv_base, s.reserved, s.redo, s.segment = self.kv_base, self.reserved, dict(self.redo), dict(self.segment)
         s._step = self._step
         return s
@@ -193,10 +196,32 @@ class _State:
         return self.server.tokens_per_step / self.step_ns()
 
     def can_admit(self, job: Job) -> bool:
-        """Whether ``job``, arriving now, would start its prefill at once (nothing ahead, a slot free, its
-        prompt fits the pool at the state's instant; a later instant only holds more)."""
-        return (not self.prefill and not self.queue and len(self.members) + 1 <= self.server.max_batch
-                and self.fits(job, 0.0))  # fmt: skip
+        """Whether ``job``, arriving now, would start its prefill at once: the device runs nothing (an
+        engine mid-step takes a new request only when that step ends: :meth:`boundary_ns`), nothing is
+        ahead, a slot is free and its prompt fits the pool."""
+        return (not self.members and not self.prefill and not self.queue
+                and len(self.members) + 1 <= self.server.max_batch and self.fits(job, 0.0))  # fmt: skip
+
+    def boundary_ns(self, r: float) -> tuple[float, float]:
+        """(instant, V) of the decode step's end at which the queue's head, waiting for it, starts; (INF, 0)
+        where it is not waiting for a step to end (nothing queued, a prefill step running, the decoders
+        paused, no slot free or its prompt does not fit: those end at events of their own).
+
+        An engine runs in steps: the scheduler admits new requests between them (Orca's iteration-level
+        scheduling, Yu et al., OSDI '22; vLLM's engine core loop, SGLang's and TensorRT-LLM's executors),
+        so a request that arrives while the decoders' step runs starts with the next one. Every decode
+        step advances the progress clock by the tokens a step emits, from ``v0`` (a prefill step's end),
+        so the next step's end is the first such V at or after the head's arrival."""
+        q = self.queue
+        if not q or r <= 0 or self.prefill or len(self.members) >= self.server.max_batch or not self.fits(q[0], 0.0):
+            return INF, 0.0
+        e = self.server.tokens_per_step
+        t_ref = max(self.t, q[0].arrive_ns)
+        v_ref = self.v + (t_ref - self.t) * r
+        v_b = self.v0 + e * max(math.ceil((v_ref - self.v0) / e - 1e-9), 0)
+        if v_b < self.v:
+            v_b = self.v
+        return self.t + (v_b - self.v) / r, v_b
 
     def need(self, job: Job) -> int:
         """Prompt tokens ``job``'s prefill runs: its own, and the output it recomputes after an eviction."""
@@ -406,9 +431,19 @@ class _State:
         t_ev = t_pf if t_pf < t_fin else t_fin
         if t_kv < t_ev:
             t_ev = t_kv
+        t_b, v_b = self.boundary_ns(r) if self.queue else (INF, 0.0)
+        if t_b < t_ev:
+            t_ev = t_b
         if t_ev > until or t_ev == INF:
             return False
-        if t_kv < t_pf and t_kv < t_fin:  # the growing caches fill the pool
+        if t_b == t_ev and t_b < t_fin and t_b < t_kv:  # a decode step ends: the queue's head starts
+            self._move(t_ev, r, step)
+            if v_b > self.v:
+                self.v = v_b  # the step's end itself (rounding of t may leave V a few ulps short)
+            top = self.top()
+            if top is not None and self.v > top[0]:
+                self.v = top[0]
+        elif t_kv < t_pf and t_kv < t_fin:  # the growing caches fill the pool
             self._move(t_ev, r, step)
             self.v = max(self.v, v_full)  # the fill point itself (rounding of t may leave V a few ulps short)
             top = self.top()
@@ -425,6 +460,7 @@ class _State:
                 jobs = jobs[:last]
             self.prefill, self.chunks, self.carry, self.prefill_left = (), (), 0, 0.0
             self._pf = (0, 0, 0, 0.0)
+            self.v0 = self.v  # a step ends here: the decoders' later steps end a step's tokens apart
             for job in jobs:
                 self.release(job)
                 redo = self.redo.pop(job.id, None) if self.redo else None

@@ -29,7 +29,9 @@ the queue first sleeps until a lower bound of its first token that needs no proj
 (:meth:`DeviceServer.earliest_first_ns`), so a cancel on a device with a long queue re-projects only the
 near future that decoding streams wait for, not the whole queue.
 
-Admission: FCFS, whenever no prefill step runs, while fewer than ``max_batch`` sequences hold slots (at
+Admission: FCFS, at once on a device that runs nothing, else when the running step ends (a request that
+arrives while the decoders' step runs starts with the next one: :meth:`~voicepipe.hardware.engine._State.boundary_ns`;
+a prefill step's end is a step's end too), while fewer than ``max_batch`` sequences hold slots (at
 most the engine's cap on running sequences, :func:`~voicepipe.hardware.sizing.seq_cap`): one
 whole prompt per step, or, on a stack with a step token budget (``prefill_token_budget``: vLLM's
 ``max_num_batched_tokens``, SGLang's ``chunked_prefill_size``, TensorRT-LLM's ``max_num_tokens``), as many
@@ -231,7 +233,8 @@ class DeviceServer:
         s.segment.pop(job.id, None)
         s.changed()
         self._finalise(job)
-        s.admit(self._real)
+        if not s.members:  # (decoders running: the freed room is taken when their step ends)
+            s.admit(self._real)
         self._changed(bounds=ahead_moved)
 
     def _capped(self, tokens: int) -> float:
@@ -562,10 +565,13 @@ def closed_loop(
     cached_prompt_tokens: int = 0,
 ) -> LoadResult:
     """``clients`` users each send a request as soon as their previous one finished (virtual time only).
+    A request reaches the engine the stack's per-request cost after it was sent, as through
+    :meth:`DeviceServer.open`, and its TTFT counts from the send, as a client times it.
 
     A finish is final once no arrival precedes it, so the run walks arrivals and finishes in time order.
     """
-    pending: list[tuple[float, int, int]] = [(0.0, c, 0) for c in range(clients)]
+    lead = round(request_overhead_s(server.system) * 1e9)
+    pending: list[tuple[float, int, int]] = [(float(lead), c, 0) for c in range(clients)]
     active: dict[int, tuple[Job, int]] = {}
     done: list[Job] = []
     while pending or active:
@@ -575,13 +581,13 @@ def closed_loop(
             job, k = active.pop(fin[1])
             done.append(job)
             if k + 1 < requests_per_client:
-                heapq.heappush(pending, (fin[0], fin[1], k + 1))
+                heapq.heappush(pending, (fin[0] + lead, fin[1], k + 1))
             continue
         t, c, k = heapq.heappop(pending)
         req = LLMRequest(f"u{c}", k, prompt_tokens, output_tokens, cached_prompt_tokens)
         active[c] = (server.submit(req, t), k)
     end = max(server.finish_ns(j) for j in done)
-    ttft = [server.first_ns(j) - j.arrive_ns for j in done]
+    ttft = [server.first_ns(j) - j.arrive_ns + lead for j in done]
     rates = [
         (j.outputs - 1) / ((server.finish_ns(j) - server.first_ns(j)) / 1e9) for j in done if j.outputs > 1
     ]

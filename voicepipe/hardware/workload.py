@@ -26,6 +26,7 @@ server charges before a request reaches the engine.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -168,8 +169,10 @@ class Run:
 
 
 class _Driver(_Recorder):
-    """Realises a whole run on an engine state of its own, no projections: a client's next request joins
-    the queue at the instant its last one finishes (as :meth:`DeviceServer.submit` there would)."""
+    """Realises a whole run on an engine state of its own, no projections: a client sends its next request
+    the instant its last one finishes, and the request reaches the engine the stack's per-request cost
+    later, as through :meth:`DeviceServer.open`; there it is taken as :meth:`DeviceServer.submit` takes
+    it (at once on a device that runs nothing, else at the end of the running step or later)."""
 
     def __init__(self, server: DeviceServer, rounds: int) -> None:
         super().__init__(_Curve())
@@ -180,6 +183,8 @@ class _Driver(_Recorder):
         self.jobs: list[tuple[Job, int]] = []  # (job, round)
         self.prompt = self.output = self.cached = 0
         self.lengths: list[tuple[int, int]] = []  # per request in submission order (empty: all equal)
+        self.request_ns = request_overhead_s(server.system) * 1e9
+        self.sent: list[tuple[float, int, int, int]] = []  # heap: (reaches the engine, order, client, round)
 
     def mark(self, t: float, v: float, r: float) -> None:
         pass  # the run reads its stretches from the trace, not the curve
@@ -197,7 +202,30 @@ class _Driver(_Recorder):
         job.finish_ns = t
         k = job.req.turn
         if k + 1 < self.rounds:
-            self.add(int(job.req.session[1:]), k + 1, t)
+            heapq.heappush(self.sent, (t + self.request_ns, len(self.sent) + len(self.jobs), int(job.req.session[1:]), k + 1))
+
+    def arrive(self, t: float, client: int, k: int) -> None:
+        """A request reaches the engine at ``t``: it starts at once or waits in the queue."""
+        s = self.state
+        s.move_to(t)  # a stretch starts at every arrival (the run counts a job as arrived from a stretch's start)
+        self.add(client, k, t)
+        job = s.queue.pop()
+        admit = s.can_admit(job)
+        s.queue.append(job)
+        if admit:
+            s.admit(self)
+
+    def drive(self) -> None:
+        """Every event and every sent request in time order, until nothing is left."""
+        s, sent = self.state, self.sent
+        while True:
+            until = sent[0][0] if sent else INF
+            if s.step(self, until):
+                continue
+            if not sent:
+                return
+            t, _, client, k = heapq.heappop(sent)
+            self.arrive(t, client, k)
 
     def run(self, clients: int, prompt_tokens: int, output_tokens: int, measure_from: int, cached: int = 0,
             lengths: Lengths = "fixed") -> Run:  # fmt: skip
@@ -207,7 +235,7 @@ class _Driver(_Recorder):
         for c in range(clients):
             self.add(c, 0, 0.0)
         self.state.admit(self)
-        self.state.run(INF, self)
+        self.drive()
         measured = [j for j, k in self.jobs if k >= measure_from]
         if lengths != "fixed" and self.rounds > 1:
             # varied lengths fall out of step: once the first client has sent its last request the load
@@ -235,15 +263,7 @@ class _Arrivals(_Driver):
         for i, at in enumerate(times_s):
             t = float(at) * 1e9
             s.run(t, self)
-            # a stretch starts at every arrival, so a queued request waits from its own instant on (the
-            # run counts a job as arrived from the start of a stretch)
-            s.move_to(t)
-            self.add(i, 0, t)
-            job = s.queue.pop()
-            admit = s.can_admit(job)  # as DeviceServer.submit: at once, or it waits in the queue
-            s.queue.append(job)
-            if admit:
-                s.admit(self)
+            self.arrive(t, i, 0)
         s.run(INF, self)
         measured = [j for j, _ in self.jobs]
         run = _run(self.server, s.trace or [], measured, len(measured), output_tokens)
