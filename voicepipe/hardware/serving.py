@@ -29,10 +29,9 @@ the queue first sleeps until a lower bound of its first token that needs no proj
 (:meth:`DeviceServer.earliest_first_ns`), so a cancel on a device with a long queue re-projects only the
 near future that decoding streams wait for, not the whole queue.
 
-Admission: FCFS, at once on a device that runs nothing, else when the running step ends (a request that
-arrives while the decoders' step runs starts with the next one: :meth:`~voicepipe.hardware.engine._State.boundary_ns`;
-a prefill step's end is a step's end too), while fewer than ``max_batch`` sequences hold slots (at
-most the engine's cap on running sequences, :func:`~voicepipe.hardware.sizing.seq_cap`): one
+Admission: FCFS, at once on an idle device, else when the running step ends
+(:meth:`~voicepipe.hardware.engine._State.boundary_ns`), while fewer than ``max_batch`` sequences hold
+slots (at most the engine's cap on running sequences, :func:`~voicepipe.hardware.sizing.seq_cap`): one
 whole prompt per step, or, on a stack with a step token budget (``prefill_token_budget``: vLLM's
 ``max_num_batched_tokens``, SGLang's ``chunked_prefill_size``, TensorRT-LLM's ``max_num_tokens``), as many
 waiting prompts as fit beside the decoders' tokens, a prompt that does not fit split over steps where the
@@ -564,9 +563,8 @@ def closed_loop(
     output_tokens: int,
     cached_prompt_tokens: int = 0,
 ) -> LoadResult:
-    """``clients`` users each send a request as soon as their previous one finished (virtual time only).
-    A request reaches the engine the stack's per-request cost after it was sent, as through
-    :meth:`DeviceServer.open`, and its TTFT counts from the send, as a client times it.
+    """``clients`` users each send a request as soon as their previous one finished (virtual time only),
+    reaching the engine the per-request cost later (as :meth:`DeviceServer.open`); TTFT counts from the send.
 
     A finish is final once no arrival precedes it, so the run walks arrivals and finishes in time order.
     """
