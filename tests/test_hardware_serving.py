@@ -13,6 +13,7 @@ from voicepipe.backends import build_backend
 from voicepipe.backends.base import LLMRequest, ScheduledStream
 from voicepipe.backends.hardware import make_hardware_backend, modelled_prices
 from voicepipe.clock import now_ns
+from voicepipe.hardware.engine import _Curve
 from voicepipe.hardware.model import mixed_step_s, request_overhead_s
 from voicepipe.hardware.serving import DeviceServer, closed_loop
 
@@ -96,6 +97,9 @@ def test_an_arrival_mid_step_starts_when_that_step_ends():
     lead = round(request_overhead_s(b.system) * 1e9)
     early = s.open(req("b", out=20), ends[60] + 1 - lead)  # just after a step ended: waits almost a step
     assert abs(s.start_ns(early.job) - ends[61]) <= 1  # (token instants are whole ns)
+    # an arrival a hair after a step's end (within rounding of it) starts there, never before it arrived
+    hair = s.submit(req("d", out=20), s.token_ns(first.job, 80) + 0.002)
+    assert s.start_ns(hair) >= hair.arrive_ns
     solo = make_hardware_backend("h100-sxm/llama-3.1-8b").server.open(req("c", out=20), T0)
     assert early.at_ns(0) - (ends[60] + 1 - lead) > solo.at_ns(0) - T0 + 0.9 * (ends[61] - ends[60])
 
@@ -424,3 +428,69 @@ def test_a_cancel_cannot_reach_before_a_token_already_handed_out():
     s.commit(handed)  # token 20 of `a` was handed out (token_time commits what it returns)
     s.cancel(a.job, a.at_ns(10))  # asked for an earlier instant: it takes effect at the handed-out one
     assert c.spans(9)[1].start_ns == handed
+
+
+
+# opens (at T0 + ns, prompt, output, cached) and cancels (at T0 + ns, stream) on SGLang, whose prefill steps
+# pause the decoders: the step lattice puts finishes within ulps of one instant (a review's randomised trace)
+LATTICE_TRACE = [
+    ("open", 18927548, 777, 113, 13),
+    ("open", 53688558, 646, 41, 102),
+    ("open", 83829082, 1260, 81, 131),
+    ("open", 122905319, 218, 58, 0),
+    ("open", 131043529, 111, 42, 0),
+    ("open", 134727697, 1092, 44, 369),
+    ("open", 145803345, 643, 77, 0),
+    ("open", 160317393, 927, 116, 170),
+    ("open", 162811377, 696, 96, 341),
+    ("open", 186074329, 774, 101, 392),
+    ("cancel", 189839480, 5),
+    ("open", 218859397, 1144, 118, 76),
+    ("open", 227659373, 1285, 100, 336),
+    ("open", 227943047, 1260, 97, 0),
+    ("open", 255644694, 966, 126, 390),
+    ("open", 291433328, 1199, 63, 235),
+    ("cancel", 293881945, 10),
+    ("open", 329454897, 1243, 70, 29),
+    ("open", 355869112, 1334, 32, 332),
+    ("cancel", 359728478, 14),
+    ("open", 386155620, 488, 5, 297),
+    ("open", 396655409, 840, 63, 42),
+    ("open", 416844538, 987, 24, 0),
+    ("open", 451537358, 416, 51, 217),
+    ("open", 461265977, 237, 39, 0),
+    ("open", 468165927, 1052, 116, 0),
+    ("open", 483215467, 866, 68, 0),
+    ("open", 506084081, 560, 42, 0),
+    ("open", 518649437, 1077, 47, 230),
+    ("open", 524951747, 1190, 105, 285),
+    ("open", 548831256, 550, 75, 30),
+    ("open", 585488487, 768, 41, 383),
+    ("open", 597288745, 1367, 23, 0),
+]
+
+
+def test_every_token_has_a_schedule_and_comes_out_in_order_where_finishes_meet_on_the_step_lattice():
+    s = make_hardware_backend({"hardware": "h100-sxm", "model": "llama-3.1-8b", "max_batch": 4, "stack": "sglang"}).server
+    streams = []
+    for op in LATTICE_TRACE:
+        if op[0] == "open":
+            _, t, p, o, c = op
+            streams.append(s.open(LLMRequest(f"u{len(streams)}", 0, p, o, min(c, p)), T0 + t))
+        else:
+            s.cancel(streams[op[2]].job, T0 + op[1])
+    live = [st for st in streams if not st.job.cancelled]
+    projected = [[st.at_ns(i) for i in range(st.job.outputs)] for st in live]  # raises where one has none
+    s.drain()
+    for st, before in zip(live, projected, strict=True):
+        out = [s.token_ns(st.job, i) for i in range(st.job.outputs)]
+        assert out == sorted(out)
+        assert [round(x) for x in out] == before
+
+
+def test_a_progress_target_passed_at_a_breakpoint_is_reached_at_that_instant():
+    flat_then_jump = _Curve([0.0, 10.0], [5.0, 5.0 + 1e-12], [0.0, 1.0])
+    assert flat_then_jump.time_at(5.0 + 5e-13) == 10.0
+    jump = _Curve([0.0, 2.0], [0.0, 5.0], [1.0, 1.0])  # V leapt from 2 to 5 at t = 2
+    assert jump.time_at(3.0) == 2.0
+    assert jump.time_at(7.0) == 4.0

@@ -92,8 +92,11 @@ class _Curve:
         if k == 0:
             return None
         if self.r[k - 1] <= 0:
-            return None
-        return self.t[k - 1] + (target - self.v[k - 1]) / self.r[k - 1]
+            # V stood still and then passed the target at the next breakpoint (events at one instant can
+            # move V by a few ulps there): the target is reached at that instant
+            return self.t[k] if k < len(self.v) else None
+        t = self.t[k - 1] + (target - self.v[k - 1]) / self.r[k - 1]
+        return min(t, self.t[k]) if k < len(self.v) else t
 
 
 class _State:
@@ -196,11 +199,9 @@ class _State:
         return self.server.tokens_per_step / self.step_ns()
 
     def can_admit(self, job: Job) -> bool:
-        """Whether ``job``, arriving now, would start its prefill at once: the device runs nothing (an
-        engine mid-step takes a new request only when that step ends: :meth:`boundary_ns`), nothing is
-        ahead, a slot is free and its prompt fits the pool."""
-        return (not self.members and not self.prefill and not self.queue
-                and len(self.members) + 1 <= self.server.max_batch and self.fits(job, 0.0))  # fmt: skip
+        """Whether ``job``, arriving now, would start its prefill at once: only on a device that runs and
+        queues nothing (an engine mid-step takes a new request when that step ends: :meth:`boundary_ns`)."""
+        return not (self.members or self.prefill or self.queue)  # (anything fits a device that runs nothing)
 
     def boundary_ns(self, r: float) -> tuple[float, float]:
         """(instant, V) of the decode step's end at which the queue's head, waiting for it, starts; (INF, 0)
@@ -218,10 +219,10 @@ class _State:
         e = self.server.tokens_per_step
         t_ref = max(self.t, q[0].arrive_ns)
         v_ref = self.v + (t_ref - self.t) * r
-        v_b = self.v0 + e * max(math.ceil((v_ref - self.v0) / e - 1e-9), 0)
-        if v_b < self.v:
-            v_b = self.v
-        return self.t + (v_b - self.v) / r, v_b
+        # a step's end a rounding error before the arrival is that step's end (not one a step later)
+        steps = math.ceil((v_ref - self.v0) / e - 1e-9 * max(1.0, abs(v_ref) * 1e-3))
+        v_b = max(self.v0 + e * max(steps, 0), self.v)
+        return max(self.t + (v_b - self.v) / r, t_ref), v_b
 
     def need(self, job: Job) -> int:
         """Prompt tokens ``job``'s prefill runs: its own, and the output it recomputes after an eviction."""

@@ -14,7 +14,7 @@ class _Projection(_Recorder):
     """The device's future from a realised state, assuming no more arrivals — extended lazily, one event
     at a time, as far as a lookup needs, and amended instead of recomputed where that is exact.
 
-    A request that must queue (something is ahead of it, or every slot or the prefill step is busy)
+    A request that must queue (the device runs something: it waits at least for the running step's end)
     changes nothing before the first admission after its arrival. It joins the projection's queue as it
     stands at its arrival (the projection run up to that instant); where the projection has already run
     past the arrival and emptied its queue, it is re-run from the ``draining`` checkpoint (the state just

@@ -1,6 +1,6 @@
 """A shared device on virtual time: continuous batching, FCFS queue, prefix cache, speculative decoding.
 
-The device is a fluid model of a continuous-batching engine. Between membership changes (an arrival, a
+The device is a fluid model of a continuous-batching engine. Between membership changes (an admission, a
 prefill finishing, a sequence finishing, a cancel) its state is constant, so every decoding sequence
 advances at the same rate ``E / t_step`` tokens per second, where ``t_step`` is
 :func:`voicepipe.hardware.model.mixed_step_s` of the current batch (``d`` decoders, their KV tokens,

@@ -248,8 +248,8 @@ class _Driver(_Recorder):
 
 class _Arrivals(_Driver):
     """Realises an open loop: requests arrive at the given instants whatever the server does, and each is
-    taken as :meth:`DeviceServer.submit` would take it (admitted at once where a slot and its KV are free,
-    else queued)."""
+    taken as :meth:`DeviceServer.submit` would take it (admitted at once on an idle device, else queued
+    for the running step's end or a free slot)."""
 
     def __init__(self, server: DeviceServer) -> None:
         super().__init__(server, rounds=1)
