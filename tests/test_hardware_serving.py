@@ -494,3 +494,70 @@ def test_a_progress_target_passed_at_a_breakpoint_is_reached_at_that_instant():
     jump = _Curve([0.0, 2.0], [0.0, 5.0], [1.0, 1.0])  # V leapt from 2 to 5 at t = 2
     assert jump.time_at(3.0) == 2.0
     assert jump.time_at(7.0) == 4.0
+
+
+def _sglang(**extra: object):
+    return make_hardware_backend({"hardware": "h100-sxm", "model": "llama-3.1-8b", "stack": "sglang", **extra})
+
+
+def test_an_overlap_scheduler_starts_a_mid_step_arrival_a_step_after_the_running_one():
+    # SGLang forms the next batch while a step runs: an arrival mid-step is taken in as that step ends,
+    # after the next step's batch was formed, so it starts when that next step ends
+    b = _sglang()
+    s = b.server
+    assert s.schedule_ahead == 1
+    first = s.open(req("a", out=200), T0)
+    ends = [first.at_ns(i) for i in range(200)]
+    lead = round(request_overhead_s(b.system) * 1e9)
+    late = s.open(req("b", out=20), ends[60] + 1 - lead)
+    assert abs(s.start_ns(late.job) - ends[62]) <= 1
+    # the same engine forming each batch between steps starts it one step sooner
+    sync = _sglang().server
+    sync.schedule_ahead = 0
+    f2 = sync.open(req("a", out=200), T0)
+    assert [f2.at_ns(i) for i in range(62)] == ends[:62]
+    early = sync.open(req("b", out=20), ends[60] + 1 - lead)
+    assert abs(sync.start_ns(early.job) - ends[61]) <= 1
+
+
+def test_an_overlap_scheduler_starts_a_request_at_once_on_an_idle_device():
+    s = _sglang().server
+    job = s.submit(req("a", out=8), T0)
+    assert s.start_ns(job) == T0
+    again = s.submit(req("b", out=8), s.finish_ns(job) + 5_000_000)  # idle again by then
+    assert s.start_ns(again) == again.arrive_ns
+
+
+def test_a_request_waiting_for_a_cancelled_prefill_to_end_starts_at_the_cancel():
+    # taken in when the running prefill step would end; that step is cancelled away, the device idles,
+    # and the waiting request starts at once instead of waiting for a step that never comes
+    s = _sglang().server
+    long = s.submit(req("a", prompt=8000, out=50), T0)
+    waiting = s.submit(req("b", out=20), T0 + 1_000_000)
+    assert waiting.recv_ns is not None and waiting.recv_ns > T0 + 1_000_000
+    s.cancel(long, T0 + 2_000_000)
+    assert s.start_ns(waiting) == T0 + 2_000_000
+    assert s.token_ns(waiting, 19) > s.first_ns(waiting)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_an_overlap_scheduler_keeps_projection_and_realised_equal(seed):
+    rng = np.random.default_rng(seed)
+    server = _sglang(max_batch=6).server
+    streams = []
+    t = T0
+    for k in range(24):
+        t += int(rng.integers(1, 8_000_000))
+        st = server.open(req(f"u{k}", prompt=int(rng.integers(100, 500)), out=int(rng.integers(1, 400))), t)
+        streams.append(st)
+        if rng.random() < 0.5:
+            st.at_ns(0)
+        if rng.random() < 0.08:
+            server.cancel(streams[int(rng.integers(0, len(streams)))].job, t)
+    live = [st for st in streams if not st.job.cancelled]
+    projected = [[st.at_ns(i) for i in range(st.job.outputs)] for st in live]
+    server.drain()
+    assert [[st.at_ns(i) for i in range(st.job.outputs)] for st in live] == projected
+    assert all(times == sorted(times) for times in projected)
+    assert all(server.start_ns(st.job) >= st.job.arrive_ns for st in live)
+    assert any(st.job.recv_ns is not None for st in live), "the case under test: arrivals mid-step"

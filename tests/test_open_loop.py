@@ -159,3 +159,18 @@ def test_a_closed_loop_request_reaches_the_engine_its_per_request_cost_after_the
     for j in later:
         before = done[(j.req.session, 1)]
         assert j.arrive_ns == pytest.approx(before.finish_ns + lead, abs=1e-3)
+
+
+def test_an_overlap_scheduler_starts_an_arrival_one_step_after_the_running_step_ends():
+    s = System(catalog.device("h100-sxm"), catalog.model("llama-3.1-8b"), "bf16", 1, DEFAULT_EFFICIENCY,
+               None, catalog.stack("sglang"))  # fmt: skip
+    srv = DeviceServer(s, max_batch=64, prompt_cache=False)
+    assert srv.schedule_ahead == 1
+    r = open_loop(srv, 2, 1 / 0.3003, 256, 400, poisson=False)  # the second comes while the first decodes
+    first, second = r.jobs
+    step = r.step_s()[1] * 1e9
+    assert second.arrive_ns > first.first_ns
+    waited = second.start_ns - second.arrive_ns
+    assert step < waited < 2 * step  # the rest of the running step, and the one formed ahead of it
+    steps_in = (second.start_ns - first.first_ns) / step
+    assert steps_in == pytest.approx(round(steps_in), abs=1e-6)  # on the first's step grid

@@ -23,6 +23,9 @@ if TYPE_CHECKING:
     from voicepipe.hardware.serving import DeviceServer
 
 INF = math.inf
+# a step's end within this of the instant a request was taken in is the step starting then (its end comes
+# a whole step later); far below any step, far above the clock's rounding
+AHEAD_SLACK_NS = 1000.0
 
 
 def token_v(v_join: float, i: int) -> float:
@@ -64,6 +67,9 @@ class Job:
     # ``cuts[k-1]`` comes out of the re-prefill at ``joins[k-1][1]`` and token i at ``token_v(offset, i)``
     cuts: list[int] = field(default_factory=list)
     joins: list[tuple[float, float]] = field(default_factory=list)
+    # where the stack forms its next batch while a step runs (Stack.schedule_ahead): the instant the
+    # scheduler took the request in (_State.receive); None: its arrival, the batch formed between steps
+    recv_ns: float | None = None
 
 
 @dataclass
@@ -203,6 +209,41 @@ class _State:
         queues nothing (an engine mid-step takes a new request when that step ends: :meth:`boundary_ns`)."""
         return not (self.members or self.prefill or self.queue)  # (anything fits a device that runs nothing)
 
+    def receive(self, job: Job) -> None:
+        """Note when the scheduler takes in ``job``, which arrived while the device runs, on a stack that
+        forms its next batch while a step runs (``Stack.schedule_ahead``: SGLang's overlap scheduler "runs
+        one batch ahead", its event loop forming batch n + 1 and launching it before it processes batch n's
+        result). Such a loop takes in new requests as each step starts; one that arrives mid-step is taken
+        in when the step ends, the next step's batch is formed by then, and it starts with the batch after:
+        at the end of the step that starts when it was taken in (:meth:`ready`). Else nothing to note."""
+        if not self.server.schedule_ahead:
+            return
+        t = job.arrive_ns
+        if self.prefill:  # a prefill step runs: the next starts at its end (or now, if it starts now)
+            starts_now = self.prefill_left >= 1.0 and self.t >= t
+            job.recv_ns = t if starts_now else max(t, self.t + self.prefill_left * self.step_ns())
+        elif self.members and self.rate() > 0:  # the decoders' next step starts where the running one ends
+            job.recv_ns = self.step_end(t, self.rate())[0]
+        else:
+            job.recv_ns = t
+
+    def ready(self, job: Job, idle: bool) -> bool:
+        """Whether ``job`` may start now: always, unless it was taken in mid-step on a stack that forms
+        batches ahead (:meth:`receive`); then at a step's end after it was taken in, or at once on a device
+        that runs nothing (``idle``: no batch was formed ahead of it; also where the step it waited for was
+        cancelled away)."""
+        recv = job.recv_ns
+        return recv is None or self.t > recv + AHEAD_SLACK_NS or (idle and self.t >= job.arrive_ns)
+
+    def step_end(self, t_ref: float, r: float) -> tuple[float, float]:
+        """(instant, V) of the decoders' first step end at or after ``t_ref`` (a step end a rounding error
+        before it is that step's end): the progress clock's first ``v0 + k·E`` there (:meth:`boundary_ns`)."""
+        e = self.server.tokens_per_step
+        v_ref = self.v + (t_ref - self.t) * r
+        steps = math.ceil((v_ref - self.v0) / e - 1e-9 * max(1.0, abs(v_ref) * 1e-3))
+        v_b = max(self.v0 + e * max(steps, 0), self.v)
+        return max(self.t + (v_b - self.v) / r, t_ref), v_b
+
     def boundary_ns(self, r: float) -> tuple[float, float]:
         """(instant, V) of the decode step's end at which the queue's head, waiting for it, starts; (INF, 0)
         where it is not waiting for a step to end (nothing queued, a prefill step running, the decoders
@@ -216,13 +257,8 @@ class _State:
         q = self.queue
         if not q or r <= 0 or self.prefill or len(self.members) >= self.server.max_batch or not self.fits(q[0], 0.0):
             return INF, 0.0
-        e = self.server.tokens_per_step
-        t_ref = max(self.t, q[0].arrive_ns)
-        v_ref = self.v + (t_ref - self.t) * r
-        # a step's end a rounding error before the arrival is that step's end (not one a step later)
-        steps = math.ceil((v_ref - self.v0) / e - 1e-9 * max(1.0, abs(v_ref) * 1e-3))
-        v_b = max(self.v0 + e * max(steps, 0), self.v)
-        return max(self.t + (v_b - self.v) / r, t_ref), v_b
+        recv = q[0].recv_ns  # taken in at a step's start on a stack that forms batches ahead: the next end
+        return self.step_end(max(self.t, q[0].arrive_ns if recv is None else recv + AHEAD_SLACK_NS), r)
 
     def need(self, job: Job) -> int:
         """Prompt tokens ``job``'s prefill runs: its own, and the output it recomputes after an eviction."""
@@ -340,8 +376,9 @@ class _State:
         srv, queue, pending = self.server, self.queue, self.pending
         slots = srv.max_batch - len(self.members)
         budget = srv.prefill_budget
+        idle = not (self.members or pending)  # nothing runs (a batch formed ahead would hold the queue back)
         if budget is None:
-            if queue and slots >= 1 and self.fits(queue[0], 0.0):
+            if queue and slots >= 1 and self.fits(queue[0], 0.0) and self.ready(queue[0], idle):
                 if len(queue) == 1:
                     on.draining(self)
                 job = queue.popleft()  # one prefill at a time: at most one admission per instant
@@ -371,7 +408,7 @@ class _State:
         extra = 0.0  # cache of the prompts this step admits
         while k < len(queue) and slots >= 1 and (room > 0 or not jobs):
             job = queue[k]
-            if not self.fits(job, extra):
+            if not self.fits(job, extra) or not self.ready(job, idle):
                 break
             n = self.need(job)
             if not jobs:  # the step's first prompt always runs

@@ -99,10 +99,10 @@ class DeviceServer:
         self.prefill_budget = prefill_budget(system)
         self.prefill_chunked = stk.prefill_chunked and self.prefill_budget is not None
         self.prefill_mixed = stk.prefill_mixed or system.device.kind != "hbm"  # False: decoders wait
+        self.schedule_ahead = stk.schedule_ahead if system.device.kind == "hbm" else 0  # _State.receive
         self.decode_tokens = 1 if spec is None else spec.gamma + 1  # tokens a decoder puts in a step
-        # the KV pool the engine fills and evicts from (engine._State): tracked on a stack that grows its
-        # caches; one that reserves a request's whole length at admission (and an SRAM machine, sized for
-        # the whole length) never outgrows what its slots allow
+        # the KV pool the engine fills and evicts from (engine._State): tracked on a stack that grows its caches;
+        # one reserving a request's whole length at admission (and an SRAM machine) never outgrows its slots
         grow = system.device.kind == "hbm" and stk.kv_admission == "grow"
         self.kv_pool = kv_capacity_tokens(system) if grow else INF
         m = system.model
@@ -126,8 +126,7 @@ class DeviceServer:
         self._committed = -INF  # latest token instant handed out; the past before it is fixed
         self._changed_at = -INF  # latest arrival or cancel: a later call cannot change what came before it
         self._queue_cancels = 0  # requests cancelled while queued (for earliest_first_ns)
-        # the shortest a prefill step can take: one prompt token on an idle device (a step never shortens
-        # with more work; tested)
+        # the shortest a prefill step can take: one prompt token on an idle device (never shorter with more work)
         self._min_prefill_ns = float(mixed_step_s(system, 0, 0, prefill_tokens=1, spec=spec)) * 1e9
 
     # ------------------------------------------------------------ model
@@ -182,6 +181,7 @@ class DeviceServer:
         if not s.can_admit(job):
             # it waits: nothing before its start changes and nothing anywhere moves earlier (more work on
             # the device only slows it), so the projection is amended and no wait needs waking
+            s.receive(job)
             s.queue.append(job)
             # on a device saturated for long (or one that evicts) the projection starts afresh (the same
             # schedule, tested) rather than keep every past event

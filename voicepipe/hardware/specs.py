@@ -425,18 +425,15 @@ class Stack(BaseModel):
     quantized_head: bool = False
     quantized_head_floor: Literal["q6_k"] | None = None
     quantized_embedding: bool = False
-    # how the scheduler admits a request into the KV cache: "grow" (paged blocks allocated as the sequence
-    # grows, so the running batch is what fits at the mean context: vLLM, SGLang, LMDeploy) or "reserve"
-    # (blocks for prompt + maximum output reserved at admission, so a started request is never evicted:
-    # TensorRT-LLM's default GUARANTEED_NO_EVICT capacity scheduler)
+    # how the scheduler admits a request into the KV cache: "grow" (paged blocks allocated as it grows, so
+    # the running batch is what fits at the mean context: vLLM, SGLang, LMDeploy) or "reserve" (prompt +
+    # maximum output reserved at admission, never evicted: TensorRT-LLM's default GUARANTEED_NO_EVICT)
     kv_admission: Literal["grow", "reserve"] = "grow"
-    # how the KV pool is sized: "total" (a share of the whole memory, less the weights: vLLM's
-    # gpu_memory_utilization, SGLang's mem_fraction_static) or "free" (a share of what the loaded weights
-    # leave free: TensorRT-LLM's free_gpu_memory_fraction); the share is Efficiency.usable_memory
+    # how the KV pool is sized: "total" (a share of the whole memory less the weights: vLLM, SGLang) or
+    # "free" (a share of what the loaded weights leave: TensorRT-LLM); the share is Efficiency.usable_memory
     kv_pool: Literal["total", "free"] = "total"
-    # the KV-cache format when none is given: "weights" (the weights' format when it is a KV format, else
-    # bf16: TensorRT-LLM's fp8 recipes) or "activations" (the model's 16-bit data type whatever the weights:
-    # vLLM's and SGLang's kv_cache_dtype "auto"), see system.default_kv_precision
+    # the KV-cache format when none is given: "weights" (theirs if a KV format, else bf16: TensorRT-LLM) or
+    # "activations" (16-bit whatever the weights: vLLM's and SGLang's "auto"), system.default_kv_precision
     kv_default: Literal["weights", "activations"] = "weights"
     # tokens one engine step may carry (the decoders' tokens first, then waiting prompts' prefill tokens, in
     # arrival order: vLLM's max_num_batched_tokens, SGLang's chunked_prefill_size, TensorRT-LLM's
@@ -449,6 +446,9 @@ class Stack(BaseModel):
     # False: a step that prefills carries no decoders, who wait for it (SGLang's prefill batches without
     # --enable-mixed-chunk); True: prefill shares the step with the decoders (vLLM V1, TensorRT-LLM)
     prefill_mixed: bool = True
+    # 1: the scheduler forms the next batch while a step runs (an overlap scheduler), so a request arriving
+    # mid-step runs a step later (engine._State.receive); 0: it forms each batch between steps
+    schedule_ahead: int = Field(default=0, ge=0, le=1)
     # what the engine keeps per GPU besides weights and KV (activation peak, non-torch memory) and the share
     # of memory it budgets; None: nothing (the pool is Efficiency.usable_memory of the memory less the weights)
     memory: EngineMemory | None = None
@@ -524,7 +524,7 @@ class Stack(BaseModel):
         if self.host_layer_us > 0 and not self.sources.get("cudagraph_mode"):
             missing.append("cudagraph_mode")
         for flag in ("first_token_from_decode", "window_kv", "prefill_chunked", "async_scheduling", "quantized_head",
-                     "quantized_head_floor", "quantized_embedding"):  # fmt: skip
+                     "quantized_head_floor", "quantized_embedding", "schedule_ahead"):  # fmt: skip
             if getattr(self, flag) and not self.sources.get(flag):
                 missing.append(flag)
         for key, default in (("kv_admission", "grow"), ("kv_pool", "total"), ("kv_default", "weights")):

@@ -211,6 +211,8 @@ class _Driver(_Recorder):
         self.add(client, k, t)
         job = s.queue.pop()
         admit = s.can_admit(job)
+        if not admit:
+            s.receive(job)
         s.queue.append(job)
         if admit:
             s.admit(self)
