@@ -233,7 +233,7 @@ class _State:
         that runs nothing (``idle``: no batch was formed ahead of it; also where the step it waited for was
         cancelled away)."""
         recv = job.recv_ns
-        return recv is None or self.t > recv + AHEAD_SLACK_NS or (idle and self.t >= job.arrive_ns)
+        return recv is None or self.t >= recv + AHEAD_SLACK_NS or (idle and self.t >= job.arrive_ns)
 
     def step_end(self, t_ref: float, r: float) -> tuple[float, float]:
         """(instant, V) of the decoders' first step end at or after ``t_ref`` (a step end a rounding error

@@ -94,12 +94,12 @@ class DeviceServer:
         self.stage = stage
         self.tokens_per_step = tokens_per_step(spec)
         stk = system.serving
-        # a step's token budget and whether prompts split over steps (None: one whole prompt per step;
-        # SRAM machines stream one token through the layers and have no such batching)
+        # a step's token budget, whether prompts split over steps (None: one whole prompt a step; SRAM: none)
         self.prefill_budget = prefill_budget(system)
         self.prefill_chunked = stk.prefill_chunked and self.prefill_budget is not None
         self.prefill_mixed = stk.prefill_mixed or system.device.kind != "hbm"  # False: decoders wait
-        self.schedule_ahead = stk.schedule_ahead if system.device.kind == "hbm" else 0  # _State.receive
+        # _State.receive; not when speculating (finishes off the step grid; SGLang < 0.5 ran it without overlap)
+        self.schedule_ahead = stk.schedule_ahead if system.device.kind == "hbm" and spec is None else 0
         self.decode_tokens = 1 if spec is None else spec.gamma + 1  # tokens a decoder puts in a step
         # the KV pool the engine fills and evicts from (engine._State): tracked on a stack that grows its caches;
         # one reserving a request's whole length at admission (and an SRAM machine) never outgrows its slots
@@ -120,8 +120,8 @@ class DeviceServer:
         self._step_cache: dict[tuple[int, float, int, int, int, float], float] = {}
         # sleeping token waits: future -> (deadline, re-read of that token's instant)
         self._waiters: dict[asyncio.Future[None], tuple[int, Callable[[], int]]] = {}
-        # queued streams sleeping until earliest_first_ns (that bound only falls when a queued or prefilling
-        # request is cancelled, so only such a cancel re-reads them)
+        # queued streams sleeping until earliest_first_ns (it falls only when a queued or prefilling request is
+        # cancelled, so only such a cancel re-reads them)
         self._bound_waiters: dict[asyncio.Future[None], tuple[int, Callable[[], int]]] = {}
         self._committed = -INF  # latest token instant handed out; the past before it is fixed
         self._changed_at = -INF  # latest arrival or cancel: a later call cannot change what came before it
