@@ -178,9 +178,11 @@ def test_a_stack_that_runs_prefill_apart_holds_the_decoders_for_the_step():
         first_b = s.first_ns(b)
         prefill_only = s.step_ns(0, 0.0, 4000, 0)
         if not mixed:
-            assert first_b == pytest.approx(t1 + prefill_only, rel=1e-12)
+            # (SGLang's overlap scheduler had formed the step starting at t1: b runs after it, at A's token 51)
+            assert s.start_ns(b) == pytest.approx(s.token_ns(a, 51), rel=1e-12)
+            assert first_b == pytest.approx(s.start_ns(b) + prefill_only, rel=1e-12)
             # A's next token waits for the prefill step, then one more decode step
-            assert s.token_ns(a, 51) > first_b
+            assert s.token_ns(a, 52) > first_b
         else:
             assert first_b == pytest.approx(t1 + s.step_ns(1, 256 + 100.0, 4000, 0), rel=1e-12)
             assert s.token_ns(a, 51) == pytest.approx(first_b, rel=1e-12)  # one token in the shared step
