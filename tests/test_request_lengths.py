@@ -52,17 +52,29 @@ def test_a_cache_bound_burst_of_varied_lengths_serves_fewer_tokens_a_second_than
     assert varied < 0.9 * equal
 
 
-def test_a_point_with_a_prompt_count_but_no_rate_must_say_its_lengths_vary():
+def test_a_point_with_a_prompt_count_but_no_rate_runs_the_burst_it_states():
     base = dict(id="x", device="h100-sxm", chips=1, model="llama-3.1-8b", precision="bf16", batch=8,
                 prompt_tokens=300, output_tokens=200, stack="vllm", metric="tok_s_total", value=100.0,
                 date="2025-01", source="https://example.org", tier=2)  # fmt: skip
-    with pytest.raises(ValueError, match="num_prompts without request_rate"):
-        points.Point(**base, num_prompts=100)
-    p = points.Point(**base, num_prompts=100, lengths="uniform")
-    x = points.prepare(p)
-    assert (x.workload, x.requests, x.lengths) == ("static", 100, "uniform")  # the requests it sent
-    fixed = points.prepare(points.Point(**base))
-    assert (fixed.requests, fixed.lengths) == (8, "fixed")
+    varied = points.prepare(points.Point(**base, num_prompts=100, lengths="uniform"))
+    assert (varied.workload, varied.requests, varied.lengths) == ("static", 100, "uniform")  # the requests it sent
+    equal = points.prepare(points.Point(**base, num_prompts=100))
+    assert (equal.workload, equal.requests, equal.batch) == ("static", 100, 8)  # 100 sent, 8 slots
+    unstated = points.prepare(points.Point(**base))
+    assert (unstated.requests, unstated.lengths) == (8, "fixed")  # one batch of what fits
+    # a count without a rate is a burst: a steady per-token mean or a closed loop has no such count
+    for bad in ({"metric": "tpot_ms"}, {"closed_loop": True}):
+        with pytest.raises(ValueError, match="num_prompts without request_rate is a burst"):
+            points.Point(**{**base, **bad}, num_prompts=100)
+
+
+def test_a_burst_of_several_batches_pays_the_ramp_and_the_drain_once():
+    # in-flight batching starts a queued request as a slot frees, so three batches' worth of equal requests
+    # serve more tokens a second than one batch (its fill and its drain amortised), and fewer than 1.5x
+    server = make_hardware_backend({"hardware": "h100-sxm", "model": "llama-3.1-8b", "max_batch": 32}).server
+    one = throughput(static_batch(server, 32, 1000, 100), static=True)
+    three = throughput(static_batch(server, 96, 1000, 100), static=True)
+    assert one * 1.02 < three < one * 1.5
 
 
 def test_hardware_predict_runs_the_lengths_it_is_given_and_refuses_others():

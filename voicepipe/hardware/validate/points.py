@@ -16,7 +16,9 @@ published batch) runs as many as fit under that cap. A per-token metric at concu
 and a closed-loop client's throughput, are figures of a steady run (B clients, each holding one request in
 flight); a median inter-token gap (``itl_median_ms``) is the median gap between the measured requests'
 tokens (a step that also prefills is a longer gap). TTFT, end-to-end latency and a burst's throughput are
-figures of a static batch: B requests arriving together. A point whose client sent ``num_prompts``
+figures of a static batch: B requests arriving together, or a burst of ``num_prompts`` requests where
+the source states how many it sent at once (more than fit: the server takes the rest as slots free,
+in-flight, so the ramp and the drain are paid once, not once per B). A point whose client sent ``num_prompts``
 requests at ``request_rate`` a second (open loop) runs as that: Poisson arrivals at that rate, as the
 clients send them (:func:`voicepipe.hardware.workload.open_loop`: fixed seeds, enough draws for ~2,000
 requests), the server runs what fits, and every figure is of those requests (a throughput over the first
@@ -56,6 +58,7 @@ Metric = Literal[
 # per-token means of a server under steady concurrent load (the others time whole static batches); a
 # median inter-token gap (itl_median_ms) is of the same run
 STEADY_STATE = ("tpot_ms", "itl_ms", "tok_s_user")
+BURST_METRICS = ("ttft_ms", "tok_s_total", "e2e_latency_s", "e2el_ms")  # the figures a burst of requests times
 DEFAULT_PROMPT, DEFAULT_OUTPUT = 1024, 256  # where a source publishes no lengths (as `hardware predict`)
 TRTLLM_BENCH = "trtllm-bench"  # a point's max_seqs: the run left max_batch_size to trtllm-bench's heuristic
 
@@ -100,7 +103,9 @@ class Point(BaseModel):
     # trtllm-bench at infinite rate) is not: the server takes a static batch of what fits
     closed_loop: bool = False
     # an open-loop client: ``num_prompts`` requests sent at ``request_rate`` a second whatever the server
-    # does (bench_serving --request-rate R --num-prompts N, a QPS sweep); None: not stated as one
+    # does (bench_serving --request-rate R --num-prompts N, a QPS sweep); without a rate, a burst of
+    # ``num_prompts`` requests sent at once (trtllm-bench throughput's dataset, benchmark_throughput's
+    # --num-prompts); None: not stated
     request_rate: float | None = Field(default=None, gt=0)
     num_prompts: int | None = Field(default=None, ge=1)
     # how the client drew each request's lengths around the recorded means (workload.request_lengths):
@@ -137,8 +142,11 @@ class Point(BaseModel):
             raise ValueError("closed_loop applies to tok_s_total only")
         if self.request_rate is not None and self.num_prompts is None:
             raise ValueError("request_rate needs num_prompts (an open-loop client's rate and count)")
-        if self.num_prompts is not None and self.request_rate is None and self.lengths == "fixed":
-            raise ValueError("num_prompts without request_rate is a burst of varied lengths (set lengths)")
+        if self.num_prompts is not None and self.request_rate is None and (
+            self.metric not in BURST_METRICS or self.closed_loop
+        ):
+            raise ValueError("num_prompts without request_rate is a burst sent at once (not a closed loop; "
+                             "a throughput, TTFT or end-to-end metric)")
         if self.request_rate is not None and self.closed_loop:
             raise ValueError("request_rate is an open-loop client; closed_loop is the other kind")
         return self
@@ -300,8 +308,8 @@ def prepare(p: Point) -> Prepared:
                         spec=spec, lengths=p.lengths)  # fmt: skip
     steady = p.metric in STEADY_STATE or p.metric == "itl_median_ms" or p.closed_loop
     requests = asked if p.batch is not None else batch
-    if not steady and p.lengths != "fixed" and p.num_prompts is not None:
-        # equal requests in waves of what fits read as one wave; varied ones do not (the mix, the tail)
+    if not steady and p.num_prompts is not None:
+        # the burst the source sent: past the slots, the rest start in flight as requests finish
         requests = p.num_prompts
     return Prepared(p, system=system, workload="steady" if steady else "static", requests=requests,
                     batch=batch, prompt=prompt, out=out, spec=spec, lengths=p.lengths)  # fmt: skip

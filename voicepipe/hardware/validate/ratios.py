@@ -55,7 +55,7 @@ PairKey = tuple[object, ...]
 def pair_key(p: Point) -> PairKey:
     """What two points must share to be one harness's measurement of two devices (device and chips aside)."""
     # an open loop's published concurrency is an outcome of the run; its rate and count are the setting
-    load = (p.request_rate, p.num_prompts) if p.request_rate is not None else p.batch
+    load = (p.request_rate, p.num_prompts) if p.request_rate is not None else (p.batch, p.num_prompts)
     return (p.held_out_with, p.family, p.model, p.precision, p.kv_precision, stack_key(p.stack), load,
             p.prompt_tokens, p.output_tokens, p.metric, p.closed_loop, p.attention_dp, p.eager, p.scheduler_steps,
             p.max_seqs,
