@@ -21,7 +21,8 @@ HBM devices (GPUs, TPUs), per chip of a tensor-parallel group of ``tp``::
              run unless the stack quantises it: Stack.quantized_head, quantized_head_floor)
     t_W    = (W_dense/tp / w + W_exp(T)/tp / (w_e·η_moe)) / (η_mem · BW_s) + W_spill/tp / BW_offload
     t_KV   = KV(r·K/e_kv + m + T)/shards / (η_mem · BW_s)     (e_kv: the build's decode_kv_eff, else 1)
-    t_GEMM = 2·T·(P_dense / (F_s(p_dense)·w) + P_exp / (F_s(precision)·w_e)) / (tp · MFU)
+    t_GEMM = 2·T·(P_dense / (F_s(p_dense)·w·MFU) + P_exp / (F_s(precision)·w_e·min(MFU, s_moe))) / tp
+             (s_moe: the share of F_s the routed experts' grouped GEMMs reach, Efficiency.moe_gemm_share)
              (P_dense less the head's vocab·hidden, which runs for the sampled rows only, d·q + s of
               them, at F_s of System.head_format: 16-bit beside quantised weights unless the stack
               quantises it)

@@ -21,7 +21,7 @@ from voicepipe.hardware.catalog import (
     kv_rereads,
 )
 from voicepipe.hardware.collective import allreduce_s
-from voicepipe.hardware.num import arr, ceil, maximum, where
+from voicepipe.hardware.num import arr, ceil, maximum, minimum, where
 from voicepipe.hardware.sizing import weight_split
 from voicepipe.hardware.specs import DENSE_LAYER_OPS
 from voicepipe.hardware.system import (
@@ -69,6 +69,9 @@ class StepParts:
     gap_s: FArray | float = 0.0  # async scheduling: the host time per step that overlaps nothing
     stream_s: FArray | float = 0.0  # the API process streaming the step's chunks (a floor: it runs beside)
     expert_flops_s: FArray | float = 0.0  # routed-expert matmul FLOPs per chip / sustained rate at the precision
+    # the most of the sustained rate the routed experts' grouped GEMMs reach (Efficiency.moe_gemm_share;
+    # 1 where no such ceiling applies): their math runs at min(MFU, this) of it
+    expert_share: FArray | float = 1.0
     # the routed experts are dequantised in-kernel (their precision has no math here); with weight_only it
     # differs only where the experts and the rest are stored apart (ModelSpec.dense_precision: gpt-oss)
     expert_weight_only: bool | NDArray[np.bool_] = False
@@ -264,6 +267,7 @@ def step_parts(
             gap_s=zero + stk.async_gap_us * 1e-6,
             stream_s=zero + (stream_s(system, d) if streamed else 0.0),
             expert_flops_s=expert_flops_s,
+            expert_share=eff.moe_gemm_share,
             expert_weight_only=dev.weight_only(system.precision),
             native_s=head_s if native_head else zero,
             native_flops_s=zero + (head_flops / dev.matmul_flops(head_fmt) if native_head else 0.0),
@@ -327,7 +331,9 @@ def combine(
     weights = (dense + parts.expert_s / (we * arr(eta_moe))) / eta + parts.spill_s
     cache = parts.kv_s / eta
     # weight-only kernels dequantise inside the GEMM (not the native parts beside them)
-    matmul = ((parts.flops_s - native_flops) / w + native_flops) / u + parts.expert_flops_s / (u * we)
+    # the routed experts' grouped GEMMs: the dense share of the rate, at most their own (moe_gemm_share)
+    expert_u = minimum(u, arr(parts.expert_share))
+    matmul = ((parts.flops_s - native_flops) / w + native_flops) / u + parts.expert_flops_s / (expert_u * we)
     attention = parts.attn_s / u  # attention math is 16-bit whatever the weight format
     memory, compute = weights + cache, matmul + attention
     # HBM: one roofline per kernel class, run one after the other on the stream: the weight GEMMs

@@ -60,6 +60,12 @@ class Efficiency:
     # SGLang PR #11816 (B200, TP 8) 45.8 µs and vLLM PR #36559 (H200, TP 2) 37.5 µs (docs §3, nineteenth pass)
     moe_route_block_s: float = 41.7e-6
     link_eff: float = 0.45  # share of link bandwidth NCCL reaches at 0.1-10 MB messages
+    # the share of the sustained matmul rate the routed experts' grouped GEMMs reach where they are
+    # compute-bound: the median of three tuned fused-MoE kernel benchmarks at their largest published batch,
+    # net of t_route — vLLM PR #24700 (H100, Mixtral-8x7B bf16 at TP 2 shapes, 1,536 tokens: 0.62), vLLM
+    # PR #44818 (H200, Gemma-4 bf16, 4,096 tokens: 0.42), DeepGEMM PR #73 (H800, DeepSeek-shape fp8
+    # grouped GEMMs: 0.79-0.94); a dense step's GEMMs run at MFU of it (docs §3, thirty-second pass)
+    moe_gemm_share: float = 0.62
     usable_memory: float = 0.90  # share of HBM for weights + KV, or of what weights leave (Stack.kv_pool)
     usable_sram: float = 1.0  # SRAM machines map weights and KV directly
 
